@@ -1,0 +1,3 @@
+def main() -> int:
+    print("stub")
+    return 0

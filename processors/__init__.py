@@ -1,0 +1,1 @@
+"""Processors: one folder per processor, listed by hand in otel_ebpf.components."""
