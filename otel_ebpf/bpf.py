@@ -1,0 +1,346 @@
+"""Loading BCC programs: environment checks, compilation, attachment, ring-buffer polling.
+
+:class:`BpfReceiver` is the base of every BPF receiver. A subclass names its ``.bpf.c`` file,
+its library key and probes, and turns raw records into typed events; the base does the rest:
+compile with ``-D`` parameters, seed the traced PIDs, attach uprobes to every known copy of the
+library (and to copies opened later), poll the ring buffer on its own thread, export the
+in-kernel drop counters, and clean up (detach, resume paused processes) on shutdown.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes as ct
+import logging
+import os
+import platform
+import signal
+import struct
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from otel_ebpf.clock import KernelClock
+from otel_ebpf.errors import AttachError, BccMissingError, BpfLoadError, KernelHeadersError, PrivilegeError
+from otel_ebpf.events import LibraryLoaded, ProcessExit
+from otel_ebpf.pipeline import Consumer, Context
+
+__all__ = ["INCLUDE_DIR", "BpfReceiver", "Probe", "headers_dir", "import_bcc", "require_bpf"]
+
+log = logging.getLogger(__name__)
+INCLUDE_DIR = Path(__file__).parent / "bpfinc"
+COMMON_SRC = INCLUDE_DIR / "common.bpf.c"
+DROP_REASONS = ("ringbuf_full", "pid_map_full", "state_map_full", "stats_map_full")
+_EXIT = struct.Struct("<B3xIQ16s")
+_LIBOPEN = struct.Struct("<BB2xII4xQ256s")
+HEADERS_HINT = ("install the headers of the running kernel (Debian/Ubuntu: apt install "
+                "linux-headers-$(uname -r)); when the distribution has none for this kernel, install "
+                "the generic ones (linux-headers-amd64) and link them: ln -s /usr/src/linux-headers-X-amd64 "
+                "/lib/modules/$(uname -r)/build; ln -s /usr/src/linux-headers-X-common "
+                "/lib/modules/$(uname -r)/source  (scripts/setup.sh does this)")
+
+
+def import_bcc() -> Any:
+    """The ``bcc`` module, or BccMissingError explaining where BCC lives."""
+    try:
+        import bcc
+    except ImportError:
+        raise BccMissingError(
+            "the BCC Python module is not importable from this interpreter",
+            hint="install python3-bpfcc (apt) and run otel-ebpf from a venv made with "
+                 "/usr/bin/python3 -m venv --system-site-packages (PyPI's 'bcc' is an unrelated package)",
+        ) from None
+    return bcc
+
+
+def headers_dir() -> Path | None:
+    d = Path(f"/lib/modules/{platform.release()}/build")
+    return d if (d / "include").is_dir() else None
+
+
+def require_bpf() -> Any:
+    """Checks privilege, BCC and headers; returns the bcc module or raises a clear error."""
+    if os.geteuid() != 0:
+        raise PrivilegeError("loading eBPF programs needs root (or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN)",
+                             hint="run with sudo, or grant the capabilities to the agent's container")
+    bcc = import_bcc()
+    if headers_dir() is None:
+        raise KernelHeadersError(f"no kernel headers for kernel {platform.release()}: BCC cannot compile",
+                                 hint=HEADERS_HINT)
+    return bcc
+
+
+class _Captured:
+    def __init__(self) -> None:
+        self.data = b""
+
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
+
+@contextlib.contextmanager
+def _capture_stderr() -> Iterator[_Captured]:
+    """Capture fd 2 (clang and the verifier write there) and echo it back afterwards."""
+    captured = _Captured()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            captured.data = tmp.read()[-200_000:]
+            if captured.data:
+                log.debug("BCC output:\n%s", captured.text())
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A uprobe on ``symbol`` calling BPF function ``entry`` and/or uretprobe ``ret``.
+    ``optional`` symbols (absent in some library versions) fail silently when missing."""
+
+    symbol: str
+    entry: str | None = None
+    ret: str | None = None
+    optional: bool = False
+
+
+class BpfReceiver:
+    """Base of BPF receivers. Subclasses set ``name``, ``src_file``, ``library_key``, ``probes``
+    and implement :meth:`decode` (raw bytes -> event or None) and optionally :meth:`poll_maps`.
+
+    Thread safety: decode runs on the poll thread only. ``shutdown`` is idempotent.
+    """
+
+    name = "bpf"
+    src_file: Path
+    library_key: str | None = None
+    lib_pattern: str | None = None
+    probes: Sequence[Probe] = ()
+
+    def __init__(self, ctx: Context, next_: Consumer, *, ringbuf_pages: int = 256,
+                 pause_on_load: bool = False, extra_libraries: Sequence[str] = (),
+                 poll_interval: float = 0.1) -> None:
+        self.ctx, self.next = ctx, next_
+        self.clock = KernelClock()
+        self._ringbuf_pages = ringbuf_pages
+        self._pause = pause_on_load
+        self._extra_libs = list(extra_libraries)
+        self._poll_ms = max(1, int(poll_interval * 1000))
+        self._bpf: Any = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._batch: list[object] = []
+        self._attached: set[str] = set()
+        self._paused: set[int] = set()
+        self._drops_seen = [0] * len(DROP_REASONS)
+        self._attach_lock = threading.Lock()
+        self.received = 0
+
+    # ---- to override -----------------------------------------------------------------
+    def cflags(self) -> list[str]:
+        return []
+
+    def decode(self, etype: int, raw: bytes) -> object | None:
+        return None
+
+    def poll_maps(self) -> list[object]:
+        """Called every poll round-trip at most once per ``maps_interval``: read in-kernel maps."""
+        return []
+
+    # ---- program ---------------------------------------------------------------------
+    def program_cflags(self) -> list[str]:
+        flags = [f"-I{Path(self.src_file).parent}",
+                 f"-DOE_FILTER_PIDS={1 if self.ctx.target_pids else 0}",
+                 f"-DOE_RINGBUF_PAGES={self._ringbuf_pages}",
+                 f"-DOE_PAUSE_ON_LOAD={1 if self._pause else 0}", "-Wno-unused-function"]
+        if self.lib_pattern:
+            flags.append(f'-DOE_LIB_PATTERN="{self.lib_pattern}"')
+        return flags + self.cflags()
+
+    def source(self) -> str:
+        """The shared part (common.bpf.c) followed by the receiver's own program."""
+        return (f"// ---- {COMMON_SRC.name}\n{COMMON_SRC.read_text()}\n"
+                f"// ---- {Path(self.src_file).name}\n#line 1 \"{self.src_file}\"\n"
+                f"{Path(self.src_file).read_text()}")
+
+    def dump(self) -> str:
+        """The program as compiled: the -D parameters, then the source."""
+        return "// cflags: " + " ".join(self.program_cflags()) + "\n" + self.source()
+
+    def _load(self) -> Any:
+        bcc = require_bpf()
+        try:
+            with _capture_stderr() as errors:
+                return bcc.BPF(text=self.source(), cflags=self.program_cflags())
+        except Exception as exc:
+            detail = "\n".join(line for line in errors.text().splitlines() if "error" in line)[-3000:]
+            raise BpfLoadError(f"{self.name}: BPF program {self.src_file} failed to load: {exc}\n{detail}",
+                               hint="run with --dump-bpf to see the program; see docs/troubleshooting.md"
+                               ) from None
+
+    # ---- attach ----------------------------------------------------------------------
+    def attach_library(self, path: str) -> int:
+        """Attach every probe to ``path``; returns how many attached. Safe to call twice."""
+        real = os.path.realpath(path)
+        with self._attach_lock:
+            if real in self._attached or self._bpf is None:
+                return 0
+            self._attached.add(real)
+            n = 0
+            for p in self.probes:
+                n += self._attach_one(real, p)
+        tel = self.ctx.telemetry
+        tel.add("otel_ebpf.probes.attached", n, receiver=self.name, library=os.path.basename(real))
+        log.info("%s: attached %d probes to %s", self.name, n, real)
+        return n
+
+    def _attach_one(self, path: str, p: Probe) -> int:
+        n = 0
+        for fn, attach in ((p.entry, self._bpf.attach_uprobe), (p.ret, self._bpf.attach_uretprobe)):
+            if fn is None:
+                continue
+            try:
+                attach(name=path, sym=p.symbol, fn_name=fn)
+                n += 1
+            except Exception as exc:
+                if p.optional:
+                    continue
+                self.ctx.telemetry.add("otel_ebpf.probes.failed", 1, receiver=self.name,
+                                       library=os.path.basename(path))
+                err = AttachError(path, p.symbol, str(exc).strip() or type(exc).__name__)
+                if self.ctx.strict:
+                    raise err from None
+                log.warning("%s: %s", self.name, err)
+        return n
+
+    def initial_libraries(self) -> list[str]:
+        from otel_ebpf.libraries import find_libraries
+
+        if self.library_key is None:
+            return []
+        return find_libraries(self.library_key, configured=self._extra_libs,
+                              pids=self.ctx.target_pids,
+                              command=self.ctx.libraries.get("command", []))
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        if self._bpf is not None:
+            return
+        self._bpf = self._load()
+        if self.ctx.target_pids:
+            traced = self._bpf["traced"]
+            for pid in self.ctx.target_pids:
+                traced[ct.c_uint32(pid)] = ct.c_uint8(1)
+        for lib in self.initial_libraries():
+            self.attach_library(lib)
+        self._bpf["events"].open_ring_buffer(self._on_record)
+        self._thread = threading.Thread(target=self._run, name=f"otel-ebpf-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _on_record(self, _ctx: Any, data: Any, size: int) -> int:
+        try:
+            raw = ct.string_at(data, size)
+            etype = raw[0]
+            if etype == 1:
+                _, pid, ts, comm = _EXIT.unpack_from(raw)
+                ev: object | None = ProcessExit(pid, self.clock.to_epoch_ns(ts),
+                                                comm.split(b"\0", 1)[0].decode(errors="replace"), -1)
+            elif etype == 2:
+                ev = self._library_opened(raw)
+            else:
+                ev = self.decode(etype, raw)
+            if ev is not None:
+                self._batch.append(ev)
+                self.received += 1
+        except Exception:  # hot path: count, never raise into BCC
+            self.ctx.telemetry.dropped(self.name, "decode_error")
+        return 0
+
+    def _library_opened(self, raw: bytes) -> LibraryLoaded:
+        _, paused, pid, tid, ts, path_b = _LIBOPEN.unpack_from(raw)
+        path = path_b.split(b"\0", 1)[0].decode(errors="replace")
+        if paused:
+            self._paused.add(pid)
+        try:
+            full = path if path.startswith("/") else os.path.join(os.readlink(f"/proc/{pid}/cwd"), path)
+            root = f"/proc/{pid}/root{full}"
+            self.attach_library(root if os.path.exists(root) else full)
+        except OSError as exc:
+            log.warning("%s: pid %d opened %s but it cannot be attached: %s", self.name, pid, path, exc)
+        finally:
+            if paused:
+                self._resume(pid)
+        return LibraryLoaded(pid, tid, self.clock.to_epoch_ns(ts), path)
+
+    def _resume(self, pid: int) -> None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
+        self._paused.discard(pid)
+
+    def _flush(self) -> None:
+        extra = self.poll_maps()
+        batch, self._batch = self._batch, []
+        if extra:
+            batch.extend(extra)
+        if batch:
+            self.ctx.telemetry.add("otel_ebpf.events.received", len(batch), receiver=self.name)
+            self.next.consume(batch)
+
+    def _read_drops(self) -> None:
+        drops = self._bpf["drops"]
+        for i, reason in enumerate(DROP_REASONS):
+            total = drops[ct.c_int(i)].value
+            if total > self._drops_seen[i]:
+                self.ctx.telemetry.dropped(self.name, reason, total - self._drops_seen[i])
+                self._drops_seen[i] = total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._bpf.ring_buffer_poll(self._poll_ms)
+                self._read_drops()
+                self._flush()
+            except Exception:
+                log.exception("%s: poll loop error", self.name)
+        self._drain()
+
+    def _drain(self) -> None:
+        try:
+            self._bpf.ring_buffer_consume()
+            self._read_drops()
+            self._flush()
+        except Exception:
+            log.exception("%s: final drain failed", self.name)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        for pid in list(self._paused):
+            self._resume(pid)
+        if self._bpf is not None:
+            try:
+                self._bpf.cleanup()
+            except Exception:
+                log.debug("%s: cleanup failed", self.name, exc_info=True)
+            self._bpf = None
+
+    def add_target(self, pid: int) -> None:
+        """Trace one more process tree (used by ``run -- CMD`` after fork, before exec)."""
+        if self._bpf is not None:
+            self._bpf["traced"][ct.c_uint32(pid)] = ct.c_uint8(1)
+
+    @property
+    def bpf(self) -> Any:
+        return self._bpf
+
+
+Decoder = Callable[[bytes], object]

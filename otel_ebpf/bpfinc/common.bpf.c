@@ -1,0 +1,181 @@
+/* Shared part of every otel-ebpf BPF program. otel_ebpf.bpf prepends it to each receiver's
+ * <name>.bpf.c before compiling: BCC rewrites tracepoint arguments and map calls only in the
+ * main source text (not in #included files, not inside macros).
+ *
+ * - which processes are traced: OE_FILTER_PIDS=1 keeps a set of thread-group ids, seeded from
+ *   Python with the target PIDs and followed through fork() in the kernel (task_newtask), so
+ *   children that live a few milliseconds are traced from their first instruction;
+ *   OE_FILTER_PIDS=0 traces every process that maps a probed library.
+ * - one ring buffer per program ("events"), and a drop counter array ("drops").
+ * - process exit (sched_process_exit of the group leader) as an event.
+ * - watching a traced process open a library whose basename starts with OE_LIB_PATTERN
+ *   (sys_enter_openat), so Python can attach uprobes before the library is mapped. With
+ *   OE_PAUSE_ON_LOAD=1 the process is stopped (SIGSTOP) until Python attached and sent SIGCONT,
+ *   so not even its first call into the library is missed.
+ *
+ * Only tracepoint arguments and helpers are used, never task_struct fields: the kernel headers
+ * BCC compiles against may be older than the running kernel (e.g. Debian 6.1 headers on 6.18),
+ * and their struct layouts would be wrong.
+ *
+ * Every event struct starts with a u8 type; receivers use types >= 16.
+ */
+#include <uapi/linux/ptrace.h>
+
+#ifndef OE_FILTER_PIDS
+#define OE_FILTER_PIDS 1
+#endif
+#ifndef OE_MAX_PIDS
+#define OE_MAX_PIDS 16384
+#endif
+#ifndef OE_RINGBUF_PAGES
+#define OE_RINGBUF_PAGES 256
+#endif
+#ifndef OE_PAUSE_ON_LOAD
+#define OE_PAUSE_ON_LOAD 0
+#endif
+#define OE_PATH_MAX 256
+
+#define OE_EV_PROC_EXIT 1
+#define OE_EV_LIB_OPEN 2
+
+/* drops[] indexes, mirrored in otel_ebpf/bpf.py DROP_REASONS */
+#define OE_DROP_RINGBUF 0
+#define OE_DROP_PIDMAP 1
+#define OE_DROP_STATEMAP 2
+#define OE_DROP_STATSMAP 3
+#define OE_DROP_SLOTS 4
+
+struct oe_proc_exit {
+    u8 type;
+    u8 _pad[3];
+    u32 pid;
+    u64 ts;
+    char comm[16];
+};
+
+struct oe_lib_open {
+    u8 type;
+    u8 paused;
+    u8 _pad[2];
+    u32 pid;
+    u32 tid;
+    u32 _pad2;
+    u64 ts;
+    char path[OE_PATH_MAX];
+};
+
+BPF_RINGBUF_OUTPUT(events, OE_RINGBUF_PAGES);
+BPF_HASH(traced, u32, u8, OE_MAX_PIDS);
+BPF_ARRAY(drops, u64, OE_DROP_SLOTS);
+
+static __always_inline void oe_drop(int idx)
+{
+    u64 *v = drops.lookup(&idx);
+    if (v)
+        __sync_fetch_and_add(v, 1);
+}
+
+static __always_inline int oe_is_traced(u32 tgid)
+{
+#if OE_FILTER_PIDS
+    return traced.lookup(&tgid) != NULL;
+#else
+    return 1;
+#endif
+}
+
+/* Records are reserved in the ring buffer, zeroed (the verifier rejects reads of padding),
+ * and a full buffer is counted in drops[OE_DROP_RINGBUF]. Map calls cannot sit in macros. */
+
+#if OE_FILTER_PIDS
+TRACEPOINT_PROBE(task, task_newtask)
+{
+    u32 parent = bpf_get_current_pid_tgid() >> 32;
+    if (args->clone_flags & 0x00010000 /* CLONE_THREAD: same process */)
+        return 0;
+    if (!traced.lookup(&parent))
+        return 0;
+    u32 child = args->pid;
+    u8 one = 1;
+    if (traced.update(&child, &one) != 0)
+        oe_drop(OE_DROP_PIDMAP);
+    return 0;
+}
+#endif
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if ((u32)id != tgid)
+        return 0; /* a thread, not the process */
+    if (!oe_is_traced(tgid))
+        return 0;
+#if OE_FILTER_PIDS
+    traced.delete(&tgid);
+#endif
+    struct oe_proc_exit *e = events.ringbuf_reserve(sizeof(struct oe_proc_exit));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->type = OE_EV_PROC_EXIT;
+    e->pid = tgid;
+    e->ts = bpf_ktime_get_ns();
+    bpf_get_current_comm(&e->comm, sizeof(e->comm));
+    events.ringbuf_submit(e, 0);
+    return 0;
+}
+
+#ifdef OE_LIB_PATTERN
+/* basename(path) starts with OE_LIB_PATTERN ("libcudart.so", "libnccl.so") */
+static __always_inline int oe_lib_match(const char *path)
+{
+    const char pat[] = OE_LIB_PATTERN;
+    int base = 0;
+#pragma unroll
+    for (int i = 0; i < OE_PATH_MAX - 1; i++) {
+        if (path[i] == 0)
+            break;
+        if (path[i] == '/')
+            base = i + 1;
+    }
+#pragma unroll
+    for (int j = 0; j < (int)sizeof(pat) - 1; j++) {
+        int k = (base + j) & (OE_PATH_MAX - 1);
+        if (path[k] != pat[j])
+            return 0;
+    }
+    return 1;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_openat)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!oe_is_traced(tgid))
+        return 0;
+    struct oe_lib_open *e = events.ringbuf_reserve(sizeof(struct oe_lib_open));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    if (bpf_probe_read_user_str(e->path, sizeof(e->path), args->filename) <= 0 || !oe_lib_match(e->path)) {
+        events.ringbuf_discard(e, 0);
+        return 0;
+    }
+    e->type = OE_EV_LIB_OPEN;
+    e->pid = tgid;
+    e->tid = (u32)id;
+    e->ts = bpf_ktime_get_ns();
+#if OE_PAUSE_ON_LOAD
+    if (bpf_send_signal(19 /* SIGSTOP */) == 0)
+        e->paused = 1;
+#endif
+    events.ringbuf_submit(e, 0);
+    return 0;
+}
+#endif /* OE_LIB_PATTERN */
+

@@ -1,0 +1,300 @@
+"""The emit stage: the only place where records become OTel SDK spans and metrics.
+
+Each traced process is its own OTel ``Resource`` (``process.pid``, executable, container...),
+so it gets its own ``TracerProvider`` and ``MeterProvider``. All TracerProviders share one
+SDK ``BatchSpanProcessor`` per exporter (spans carry their resource; the OTLP encoder groups
+them). Each MeterProvider has a pull reader; one timer thread collects them all every
+``metrics_interval``, adds the weighted histograms, and hands a single merged ``MetricsData``
+to every metric exporter.
+
+Bounds: at most ``max_processes`` providers. When a process exits (ProcessExit) its metrics
+are exported once more and its provider released; when the limit is hit, the least recently
+used process is flushed the same way and the eviction counted
+(``otel_ebpf.events.dropped{reason=process_evicted}`` counts nothing lost, only state freed:
+see ``otel_ebpf.processes.evicted``).
+
+Threading: ``consume`` runs on the pipeline worker, collection on the timer thread; one lock
+guards the provider table. ``shutdown`` exports the last metrics and flushes all spans.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    ResourceMetrics,
+    ScopeMetrics,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
+
+from otel_ebpf.emit.histograms import HistogramStore
+from otel_ebpf.emit.ids import ForcibleIdGenerator, forced_ids
+from otel_ebpf.events import MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.telemetry import Telemetry
+
+__all__ = ["Emitter", "ExporterSpec"]
+
+log = logging.getLogger(__name__)
+_KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT, "server": SpanKind.SERVER,
+          "producer": SpanKind.PRODUCER, "consumer": SpanKind.CONSUMER}
+
+
+@dataclass
+class ExporterSpec:
+    """One configured exporter: its id, SDK exporters and span batching."""
+
+    name: str
+    spans: SpanExporter
+    metrics: MetricExporter
+    queue_size: int = 8192
+    batch_size: int = 512
+    batch_delay: float = 1.0
+
+
+@dataclass
+class _Proc:
+    tracers: TracerProvider
+    meters: MeterProvider
+    reader: InMemoryMetricReader
+    resource: Resource
+    histograms: HistogramStore = field(default_factory=lambda: HistogramStore(2048))
+    instruments: dict[tuple[str, str, str], Any] = field(default_factory=dict)
+    exited: bool = False
+
+
+class Emitter:
+    """Consumer of SpanRecord, MetricRecord and ProcessExit; passes nothing on."""
+
+    def __init__(self, exporters: Sequence[ExporterSpec], telemetry: Telemetry, *,
+                 resource_of: Callable[[int, str | None], Mapping[str, Any]],
+                 agent_attributes: Mapping[str, Any], extra_attributes: Mapping[str, str] | None = None,
+                 max_processes: int = 1024, metrics_interval: float = 10.0) -> None:
+        self._exporters = list(exporters)
+        self._telemetry = telemetry
+        self._resource_of = resource_of
+        self._extra = dict(extra_attributes or {})
+        self._max = max_processes
+        self._interval = metrics_interval
+        self._lock = threading.RLock()
+        self._procs: OrderedDict[int, _Proc] = OrderedDict()
+        self._retired: list[ResourceMetrics] = []
+        self._ids = ForcibleIdGenerator()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._shut = False
+        self._agent = self._make_proc(Resource.create(dict(agent_attributes)))
+        self.span_processors = [
+            BatchSpanProcessor(e.spans, max_queue_size=e.queue_size, max_export_batch_size=e.batch_size,
+                               schedule_delay_millis=e.batch_delay * 1000, meter_provider=self._agent.meters)
+            for e in self._exporters]
+        self._observed: set[str] = set()
+        self.spans_emitted = 0
+
+    # ---- providers -------------------------------------------------------------------
+    def _make_proc(self, resource: Resource) -> _Proc:
+        reader = InMemoryMetricReader()
+        meters = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
+        tracers = TracerProvider(resource=resource, id_generator=self._ids, sampler=ALWAYS_ON,
+                                 shutdown_on_exit=False)
+        return _Proc(tracers, meters, reader, resource)
+
+    def _proc(self, pid: int | None, comm: str | None) -> _Proc:
+        if pid is None:
+            return self._agent
+        proc = self._procs.get(pid)
+        if proc is not None:
+            self._procs.move_to_end(pid)
+            return proc
+        if len(self._procs) >= self._max:
+            _old_pid, old = self._procs.popitem(last=False)
+            self._retire(old)
+            self._telemetry.add("otel_ebpf.processes.evicted", 1)
+        attrs = dict(self._resource_of(pid, comm))
+        attrs.update(self._extra)
+        proc = self._make_proc(Resource.create(attrs))
+        for sp in self.span_processors:
+            proc.tracers.add_span_processor(sp)
+        self._procs[pid] = proc
+        return proc
+
+    def _retire(self, proc: _Proc) -> None:
+        """Keep a process's final metrics for the next export, then let it go."""
+        rm = self._collect_proc(proc, time.time_ns())
+        if rm is not None:
+            self._retired.append(rm)
+
+    # ---- consume ---------------------------------------------------------------------
+    def consume(self, events: Sequence[object]) -> None:
+        with self._lock:
+            for ev in events:
+                try:
+                    if isinstance(ev, SpanRecord):
+                        self._span(ev)
+                    elif isinstance(ev, MetricRecord):
+                        self._metric(ev)
+                    elif isinstance(ev, ProcessExit):
+                        proc = self._procs.get(ev.pid)
+                        if proc is not None:
+                            proc.exited = True
+                except Exception:  # a bad record must not stop the others
+                    log.debug("cannot emit %r", ev, exc_info=True)
+                    self._telemetry.dropped("emit", "bad_record")
+
+    def _span(self, rec: SpanRecord) -> None:
+        proc = self._proc(rec.pid, rec.comm)
+        tracer = proc.tracers.get_tracer(rec.scope)
+        ctx = None
+        if rec.parent_span_id is not None:
+            parent = SpanContext(trace_id=rec.trace_id or self._ids.generate_trace_id(),
+                                 span_id=rec.parent_span_id, is_remote=True,
+                                 trace_flags=TraceFlags(TraceFlags.SAMPLED))
+            ctx = trace_api.set_span_in_context(NonRecordingSpan(parent))
+        links = [Link(SpanContext(lk.trace_id, lk.span_id, is_remote=True,
+                                  trace_flags=TraceFlags(TraceFlags.SAMPLED)), dict(lk.attributes))
+                 for lk in rec.links]
+        with forced_ids(rec.trace_id, rec.span_id):
+            span = tracer.start_span(rec.name, context=ctx, kind=_KINDS[rec.kind],
+                                     attributes=dict(rec.attributes), links=links,
+                                     start_time=rec.start_ns)
+        for ev in rec.events:
+            span.add_event(ev.name, dict(ev.attributes), timestamp=ev.time_ns)
+        if rec.error is not None:
+            span.set_status(Status(StatusCode.ERROR, rec.error))
+        span.end(end_time=max(rec.end_ns, rec.start_ns))
+        self.spans_emitted += 1
+
+    def _metric(self, rec: MetricRecord) -> None:
+        proc = self._proc(rec.pid, rec.comm)
+        if rec.kind == "histogram":
+            if not proc.histograms.record(rec.scope, rec.name, rec.unit, rec.description,
+                                          rec.attributes, rec.value, rec.count, time.time_ns()):
+                self._telemetry.dropped("emit", "histogram_series_limit")
+            return
+        key = (rec.scope, rec.name, rec.kind)
+        inst = proc.instruments.get(key)
+        if inst is None:
+            meter = proc.meters.get_meter(rec.scope)
+            make = {"counter": meter.create_counter, "updown": meter.create_up_down_counter,
+                    "gauge": meter.create_gauge}[rec.kind]
+            inst = proc.instruments[key] = make(rec.name, unit=rec.unit, description=rec.description)
+        if rec.kind == "gauge":
+            inst.set(rec.value, dict(rec.attributes))
+        else:
+            inst.add(rec.value * rec.count, dict(rec.attributes))
+
+    # ---- metrics collection ----------------------------------------------------------
+    def _observe(self, name: str) -> Callable[[CallbackOptions], list[Observation]]:
+        def callback(_: CallbackOptions) -> list[Observation]:
+            return [Observation(v, a) for n, a, v in self._telemetry.snapshot() if n == name]
+        return callback
+
+    def _register_telemetry(self) -> None:
+        meter = self._agent.meters.get_meter("otel_ebpf.agent")
+        for name, _attrs, _v in self._telemetry.snapshot():
+            if name not in self._observed:
+                self._observed.add(name)
+                meter.create_observable_counter(name, [self._observe(name)], unit="1",
+                                                description=Telemetry.description(name))
+
+    def _collect_proc(self, proc: _Proc, now_ns: int) -> ResourceMetrics | None:
+        scopes: dict[str, list[Any]] = {}
+        data = proc.reader.get_metrics_data()
+        for rm in (data.resource_metrics if data else ()):
+            for sm in rm.scope_metrics:
+                scopes.setdefault(sm.scope.name, []).extend(sm.metrics)
+        for scope, metrics in proc.histograms.collect(now_ns).items():
+            scopes.setdefault(scope, []).extend(metrics)
+        if not scopes:
+            return None
+        return ResourceMetrics(proc.resource, [ScopeMetrics(InstrumentationScope(s), m, "")
+                                               for s, m in scopes.items()], "")
+
+    def collect(self) -> MetricsData:
+        """Collect every process's metrics (and release exited ones) into one MetricsData."""
+        now = time.time_ns()
+        with self._lock:
+            self._register_telemetry()
+            out, self._retired = self._retired, []
+            for pid in list(self._procs):
+                proc = self._procs[pid]
+                rm = self._collect_proc(proc, now)
+                if rm is not None:
+                    out.append(rm)
+                if proc.exited:
+                    del self._procs[pid]
+            agent = self._collect_proc(self._agent, now)
+            if agent is not None:
+                out.append(agent)
+        return MetricsData(resource_metrics=out)
+
+    def export_metrics(self) -> None:
+        data = self.collect()
+        if not data.resource_metrics:
+            return
+        for spec in self._exporters:
+            try:
+                result = spec.metrics.export(data, timeout_millis=10_000)
+            except Exception:
+                log.warning("metric export to %s failed", spec.name, exc_info=True)
+                result = MetricExportResult.FAILURE
+            if result != MetricExportResult.SUCCESS:
+                self._telemetry.add("otel_ebpf.export.failed", 1, signal="metrics", exporter=spec.name)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.export_metrics()
+            except Exception:
+                log.exception("metrics collection failed")
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None and not self._shut:
+            self._thread = threading.Thread(target=self._loop, name="otel-ebpf-metrics", daemon=True)
+            self._thread.start()
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Export metrics now and push all queued spans out."""
+        self.export_metrics()
+        for sp in self.span_processors:
+            sp.force_flush(int(timeout_s * 1000))
+
+    def process_count(self) -> int:
+        with self._lock:
+            return len(self._procs)
+
+    def shutdown(self) -> None:
+        if self._shut:
+            return
+        self._shut = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        try:
+            self.flush()
+        finally:
+            for sp in self.span_processors:
+                sp.shutdown()
+            for spec in self._exporters:
+                try:
+                    spec.metrics.shutdown()
+                except Exception:
+                    log.debug("metric exporter shutdown failed", exc_info=True)

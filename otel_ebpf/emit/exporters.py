@@ -1,0 +1,105 @@
+"""Exporter configs (``exporters:`` section) and the SDK exporters they build.
+
+* ``file``: OTLP JSON lines in a directory (the default: useful with no server at all).
+* ``otlp``: the OTel SDK's OTLP exporters over gRPC or HTTP/protobuf.
+
+Each exporter gets its own SDK ``BatchSpanProcessor`` (bounded queue; drops are counted by
+the SDK's own ``otel.sdk.processor.span.processed{error.type}`` metric, exported on the
+agent's resource) and its metric exporter receives every collection.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlparse
+
+from opentelemetry.sdk.metrics.export import MetricExporter
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from otel_ebpf.config import doc
+from otel_ebpf.emit.jsonfile import JsonLinesMetricExporter, JsonLinesSpanExporter
+from otel_ebpf.errors import ConfigError
+
+__all__ = ["EXPORTER_TYPES", "BatchConfig", "FileExporterConfig", "OtlpExporterConfig", "build_exporters"]
+
+
+@dataclass
+class BatchConfig:
+    queue_size: int = doc(8192, "Most spans waiting to be exported per exporter (SDK BatchSpanProcessor); "
+                                "beyond it spans are dropped and counted.")
+    batch_size: int = doc(512, "Most spans per export request.")
+    batch_delay: float = doc(1.0, "Longest a span waits before its batch is sent.", duration=True)
+
+    def validate(self, path: str) -> None:
+        if self.queue_size < 1 or self.batch_size < 1:
+            raise ConfigError(path, "queue_size and batch_size must be >= 1")
+        if self.batch_size > self.queue_size:
+            raise ConfigError(f"{path}.batch_size", f"must be <= queue_size ({self.queue_size})")
+
+
+@dataclass
+class FileExporterConfig:
+    directory: str = doc("./otel-ebpf-out", "Directory for traces.jsonl and metrics.jsonl (OTLP/JSON lines, "
+                                            "one export request per line, as the Collector's file exporter).")
+    batch: BatchConfig = doc(BatchConfig(), "Span batching.")
+
+
+@dataclass
+class OtlpExporterConfig:
+    endpoint: str = doc("http://127.0.0.1:4317",
+                        "Collector endpoint. grpc: host:port or http(s)://host:port; "
+                        "http: base URL, /v1/traces and /v1/metrics are appended.")
+    protocol: Literal["grpc", "http"] = doc("grpc", "grpc or http (OTLP/HTTP with protobuf bodies).")
+    headers: dict[str, str] = doc({}, "Extra request headers (e.g. authorization).")
+    timeout: float = doc(10.0, "Per-request timeout.", duration=True)
+    compression: Literal["none", "gzip"] = doc("gzip", "Request compression.")
+    insecure: bool = doc(True, "grpc only: plaintext when the endpoint has no https:// scheme.")
+    batch: BatchConfig = doc(BatchConfig(), "Span batching.")
+
+    def validate(self, path: str) -> None:
+        url = self.endpoint if "://" in self.endpoint else f"http://{self.endpoint}"
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ConfigError(f"{path}.endpoint", f"not a valid endpoint URL: {self.endpoint!r}")
+        try:
+            _ = parsed.port
+        except ValueError:
+            raise ConfigError(f"{path}.endpoint", f"bad port in {self.endpoint!r}") from None
+
+
+EXPORTER_TYPES: dict[str, type] = {"file": FileExporterConfig, "otlp": OtlpExporterConfig}
+
+
+def _otlp(cfg: OtlpExporterConfig) -> tuple[SpanExporter, MetricExporter]:
+    from opentelemetry.exporter.otlp.proto.grpc.exporter import Compression as GrpcCompression
+
+    if cfg.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        comp = GrpcCompression.Gzip if cfg.compression == "gzip" else GrpcCompression.NoCompression
+        insecure = cfg.insecure and not cfg.endpoint.startswith("https://")
+        headers = tuple((k.lower(), v) for k, v in cfg.headers.items()) or None
+        return (OTLPSpanExporter(endpoint=cfg.endpoint, insecure=insecure, headers=headers,
+                                 timeout=cfg.timeout, compression=comp),
+                OTLPMetricExporter(endpoint=cfg.endpoint, insecure=insecure, headers=headers,
+                                   timeout=cfg.timeout, compression=comp))
+    from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetric
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpan
+
+    base = cfg.endpoint.rstrip("/")
+    if "://" not in base:
+        base = f"http://{base}"
+    hcomp = HttpCompression.Gzip if cfg.compression == "gzip" else HttpCompression.NoCompression
+    return (HttpSpan(endpoint=f"{base}/v1/traces", headers=dict(cfg.headers), timeout=cfg.timeout,
+                     compression=hcomp),
+            HttpMetric(endpoint=f"{base}/v1/metrics", headers=dict(cfg.headers), timeout=cfg.timeout,
+                       compression=hcomp))
+
+
+def build_exporters(cfg: FileExporterConfig | OtlpExporterConfig) -> tuple[SpanExporter, MetricExporter]:
+    """The SDK span and metric exporter for one configured exporter."""
+    if isinstance(cfg, FileExporterConfig):
+        return JsonLinesSpanExporter(cfg.directory), JsonLinesMetricExporter(cfg.directory)
+    return _otlp(cfg)

@@ -1,0 +1,90 @@
+"""Cumulative explicit-bucket histograms that accept weighted observations.
+
+In-kernel aggregation hands us "value v seen n times" (kernel launches by grid size); the SDK
+instrument API would need n ``record`` calls. This store adds n in O(log buckets) and yields
+SDK ``Metric`` objects that the SDK's OTLP encoders export like any other histogram.
+Bounded: at most ``max_series`` series; beyond it new series are dropped and counted by the
+caller via the return value of :meth:`record`. Not thread-safe: the emitter holds its lock.
+"""
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+)
+
+__all__ = ["HistogramStore", "bounds_for_unit"]
+
+_SECONDS = (0.0, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+            2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_POWERS_OF_4 = tuple(float(4 ** i) for i in range(0, 17))  # 1 .. 4 Gi
+
+
+def bounds_for_unit(unit: str) -> tuple[float, ...]:
+    """Latency buckets for seconds; powers of four (bytes, threads, counts) otherwise."""
+    return _SECONDS if unit == "s" else _POWERS_OF_4
+
+
+@dataclass
+class _Series:
+    bounds: tuple[float, ...]
+    start_ns: int
+    counts: list[int] = field(default_factory=list)
+    count: int = 0
+    total: float = 0.0
+    lo: float = float("inf")
+    hi: float = float("-inf")
+
+
+class HistogramStore:
+    def __init__(self, max_series: int = 8192) -> None:
+        self._max = max_series
+        # (scope, name) -> (unit, description, {attrs_key: series})
+        self._metrics: dict[tuple[str, str], tuple[str, str, dict[tuple, _Series]]] = {}
+        self._n = 0
+
+    def record(self, scope: str, name: str, unit: str, description: str,
+               attributes: Mapping[str, object], value: float, count: int, now_ns: int) -> bool:
+        """Add ``value`` ``count`` times. False when the series limit dropped it."""
+        entry = self._metrics.get((scope, name))
+        if entry is None:
+            entry = self._metrics[(scope, name)] = (unit, description, {})
+        key = tuple(sorted(attributes.items()))
+        series = entry[2].get(key)
+        if series is None:
+            if self._n >= self._max:
+                return False
+            bounds = bounds_for_unit(unit)
+            series = entry[2][key] = _Series(bounds, now_ns, [0] * (len(bounds) + 1))
+            self._n += 1
+        series.counts[bisect.bisect_left(series.bounds, value)] += count
+        series.count += count
+        series.total += value * count
+        series.lo = min(series.lo, value)
+        series.hi = max(series.hi, value)
+        return True
+
+    def collect(self, now_ns: int) -> dict[str, list[Metric]]:
+        """Cumulative SDK metrics grouped by scope name."""
+        out: dict[str, list[Metric]] = {}
+        for (scope, name), (unit, desc, series_map) in self._metrics.items():
+            points = [HistogramDataPoint(attributes=dict(k), start_time_unix_nano=s.start_ns,
+                                         time_unix_nano=now_ns, count=s.count, sum=s.total,
+                                         bucket_counts=list(s.counts), explicit_bounds=list(s.bounds),
+                                         min=s.lo, max=s.hi)
+                      for k, s in series_map.items()]
+            if points:
+                out.setdefault(scope, []).append(Metric(
+                    name=name, description=desc, unit=unit,
+                    data=Histogram(data_points=points,
+                                   aggregation_temporality=AggregationTemporality.CUMULATIVE)))
+        return out
+
+    def __len__(self) -> int:
+        return self._n

@@ -1,0 +1,111 @@
+"""OTLP JSON lines file exporters, as the OpenTelemetry Collector's file exporter writes them.
+
+Each export call appends one line: an ``ExportTraceServiceRequest`` or
+``ExportMetricsServiceRequest`` in the OTLP/JSON encoding (protobuf JSON mapping with
+lowerCamelCase keys, enums as integers, and - unlike plain protobuf JSON - trace and span
+ids as hex strings). Encoding is done by the SDK's own OTLP encoders; only the id
+spelling is adjusted, as the OTLP/JSON specification requires.
+
+Files: ``<directory>/traces.jsonl`` and ``<directory>/metrics.jsonl``. Thread-safe (a lock
+per file); an I/O error fails that export (the SDK counts it) and never raises.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+)
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+__all__ = ["JsonLinesMetricExporter", "JsonLinesSpanExporter", "to_otlp_json"]
+
+log = logging.getLogger(__name__)
+_ID_KEYS = {"traceId", "spanId", "parentSpanId"}
+
+
+def _hex_ids(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: (base64.b64decode(v).hex() if k in _ID_KEYS and isinstance(v, str) else _hex_ids(v))
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_hex_ids(v) for v in node]
+    return node
+
+
+def to_otlp_json(message: Any) -> str:
+    """One protobuf OTLP request as a single OTLP/JSON line (no trailing newline)."""
+    data = MessageToDict(message, use_integers_for_enums=True)
+    return json.dumps(_hex_ids(data), separators=(",", ":"), ensure_ascii=False)
+
+
+class _LineWriter:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def write(self, line: str) -> bool:
+        try:
+            with self._lock:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "a", encoding="utf-8") as fh:
+                    fh.write(line + "\n")
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            return True
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.path, exc)
+            return False
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self._writer = _LineWriter(Path(directory) / "traces.jsonl")
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not spans:
+            return SpanExportResult.SUCCESS
+        ok = self._writer.write(to_otlp_json(encode_spans(spans)))
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class JsonLinesMetricExporter(MetricExporter):
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        super().__init__(preferred_temporality={}, preferred_aggregation={})
+        self._writer = _LineWriter(Path(directory) / "metrics.jsonl")
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+               **kwargs: Any) -> MetricExportResult:
+        if not metrics_data.resource_metrics:
+            return MetricExportResult.SUCCESS
+        ok = self._writer.write(to_otlp_json(encode_metrics(metrics_data)))
+        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        pass
+
+
+_ = AggregationTemporality  # re-exported type used by callers' temporality maps

@@ -1,0 +1,121 @@
+"""Events shared by every stage, and the records that processors hand to ``emit``.
+
+Receivers define their own event types next to their BPF code (one frozen dataclass per kind,
+see ``receivers/cuda/events.py``). This module holds the kinds every receiver shares
+(process lifecycle, self-telemetry) and the two records the emit stage understands:
+
+* :class:`SpanRecord` - one finished span with explicit epoch-ns times and optional
+  deterministic ids (the collective join derives trace ids from (comm id, seq)).
+* :class:`MetricRecord` - one measurement. ``count > 1`` means the same value was observed
+  ``count`` times (in-kernel aggregation), which emit folds into a histogram in O(1).
+
+All records are immutable and cheap; nothing here imports the OTel SDK.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "AttrValue",
+    "Attributes",
+    "Event",
+    "LibraryLoaded",
+    "MetricKind",
+    "MetricRecord",
+    "ProcessExit",
+    "SpanEventRecord",
+    "SpanLinkRecord",
+    "SpanRecord",
+]
+
+AttrValue = str | int | float | bool | tuple
+Attributes = Mapping[str, AttrValue]
+MetricKind = Literal["counter", "updown", "histogram", "gauge"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpanEventRecord:
+    """A timestamped event inside a span (epoch ns)."""
+
+    name: str
+    time_ns: int
+    attributes: Attributes = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SpanLinkRecord:
+    """A link to another span (e.g. a ncclSend to its matching ncclRecv)."""
+
+    trace_id: int
+    span_id: int
+    attributes: Attributes = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRecord:
+    """One finished span, owned by the process ``pid`` (its resource).
+
+    ``trace_id``/``span_id``/``parent_span_id`` left as None get random ids (a new trace
+    unless a parent is given). ``error`` set means status ERROR with that description.
+    ``comm`` names the process when /proc has already lost it.
+    """
+
+    pid: int
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: Attributes
+    scope: str = "otel_ebpf"
+    kind: Literal["internal", "client", "server", "producer", "consumer"] = "internal"
+    trace_id: int | None = None
+    span_id: int | None = None
+    parent_span_id: int | None = None
+    error: str | None = None
+    events: tuple[SpanEventRecord, ...] = ()
+    links: tuple[SpanLinkRecord, ...] = ()
+    comm: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricRecord:
+    """One measurement for process ``pid`` (None: the agent's own resource).
+
+    counter/updown: ``value`` is a delta. gauge: the current value. histogram: ``value`` was
+    observed ``count`` times. ``unit`` uses UCUM as in OTel semantic conventions.
+    """
+
+    pid: int | None
+    name: str
+    kind: MetricKind
+    value: float
+    attributes: Attributes
+    unit: str = "1"
+    description: str = ""
+    scope: str = "otel_ebpf"
+    count: int = 1
+    comm: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessExit:
+    """A traced process (thread group) ended. Emitted by every BPF receiver's common part."""
+
+    pid: int
+    time_ns: int
+    comm: str
+    exit_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class LibraryLoaded:
+    """A traced process opened a library a receiver watches (before it is mapped)."""
+
+    pid: int
+    tid: int
+    time_ns: int
+    path: str
+
+
+Event = object  # every stage accepts any event and passes on what it does not handle

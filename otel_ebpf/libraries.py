@@ -1,0 +1,115 @@
+"""Finding the libraries to probe, per process, never from hard-coded paths.
+
+Sources, in order: paths from config; libraries already mapped by the target processes
+(``/proc/PID/maps``); the traced command's Python environment (PyTorch wheels ship
+``site-packages/nvidia/<pkg>/lib/libcudart.so.12`` etc. and load them lazily); and the
+dynamic linker cache (``ldconfig -p``). Libraries opened later are caught in the kernel
+(``OE_LIB_PATTERN``) and attached then.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+
+__all__ = ["LIBRARY_PATTERNS", "find_libraries", "mapped_libraries", "python_env_libraries"]
+
+# key -> basename prefix (also passed to the kernel as OE_LIB_PATTERN)
+LIBRARY_PATTERNS = {"cudart": "libcudart.so", "nccl": "libnccl.so"}
+_WHEEL_DIRS = {"cudart": "nvidia/cuda_runtime/lib", "nccl": "nvidia/nccl/lib"}
+
+
+def _real(paths: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for p in paths:
+        try:
+            rp = os.path.realpath(p)
+        except OSError:
+            continue
+        if os.path.isfile(rp) and rp not in out:
+            out.append(rp)
+    return out
+
+
+def mapped_libraries(pid: int, prefix: str, proc_root: str = "/proc") -> list[str]:
+    """Files mapped by ``pid`` whose basename starts with ``prefix`` (as the process sees
+    them, resolved through /proc/PID/root so container paths work)."""
+    try:
+        with open(f"{proc_root}/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+            lines = fh.readlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith(prefix):
+            path = parts[5].strip()
+            root_path = f"{proc_root}/{pid}/root{path}"
+            found.append(root_path if os.path.exists(root_path) else path)
+    return _real(found)
+
+
+def _python_site_dirs(python: str) -> list[str]:
+    exe = shutil.which(python) or python
+    try:
+        out = subprocess.run([exe, "-c", "import site,sys;print('\\n'.join(site.getsitepackages()+"
+                              "[site.getusersitepackages()]+sys.path))"],
+                             capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [d for d in out.splitlines() if d and os.path.isdir(d)]
+
+
+def python_env_libraries(command: Sequence[str], key: str) -> list[str]:
+    """Libraries for ``key`` in the Python environment the command would run in.
+
+    ``command[0]`` being a Python interpreter (or a script whose shebang names one, or a
+    console script of a venv like ``torchrun``) points at its site-packages.
+    """
+    if not command:
+        return []
+    exe = shutil.which(command[0]) or command[0]
+    python = None
+    if "python" in os.path.basename(exe):
+        python = exe
+    else:
+        try:
+            with open(exe, "rb") as fh:
+                first = fh.readline(256).decode(errors="replace")
+            if first.startswith("#!") and "python" in first:
+                python = first[2:].split()[0]
+        except OSError:
+            pass
+    if python is None:
+        return []
+    prefix = LIBRARY_PATTERNS[key]
+    paths: list[str] = []
+    for d in _python_site_dirs(python):
+        paths += glob.glob(os.path.join(d, _WHEEL_DIRS[key], prefix + "*"))
+        paths += glob.glob(os.path.join(d, "torch", "lib", prefix + "*"))
+    return _real(sorted(paths))
+
+
+def _ldconfig(prefix: str) -> list[str]:
+    exe = shutil.which("ldconfig") or "/sbin/ldconfig"
+    try:
+        out = subprocess.run([exe, "-p"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.rsplit("=>", 1)[1].strip() for line in out.splitlines()
+            if "=>" in line and line.strip().startswith(prefix)]
+
+
+def find_libraries(key: str, *, configured: Sequence[str] = (), pids: Sequence[int] = (),
+                   command: Sequence[str] = (), use_ldconfig: bool = True) -> list[str]:
+    """Every distinct (real path) library for ``key`` ('cudart', 'nccl') from all sources."""
+    prefix = LIBRARY_PATTERNS[key]
+    paths = list(configured)
+    for pid in pids:
+        paths += mapped_libraries(pid, prefix)
+    paths += python_env_libraries(command, key)
+    if use_ldconfig:
+        paths += _ldconfig(prefix)
+    return _real(paths)

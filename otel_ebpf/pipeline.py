@@ -1,0 +1,191 @@
+"""Stages joined by one consumer interface, after the OTel Collector's component model.
+
+``receiver -> BoundedQueue -> processor -> ... -> processor -> emit``
+
+* Every stage implements :class:`Consumer` (``consume(events)``) and :class:`Component`
+  (``start()`` / ``shutdown()``; shutdown is safe without start and safe twice).
+* Receivers run their own threads (ring-buffer polling) and hand batches to a
+  :class:`BoundedQueue`. One worker thread drains it through the processors, so processors
+  are single-threaded and need no locks. A full queue drops the batch and counts it.
+* A stage passes on every event it does not handle, unchanged.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from otel_ebpf.telemetry import Telemetry
+
+__all__ = [
+    "BoundedQueue",
+    "Component",
+    "Consumer",
+    "Context",
+    "Factory",
+    "Fanout",
+    "ListConsumer",
+]
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    def consume(self, events: Sequence[object]) -> None:
+        """Take a batch. Never raises for bad events: count and skip them."""
+
+
+@runtime_checkable
+class Component(Protocol):
+    def start(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+@dataclass
+class Context:
+    """What every component may use: self-telemetry, strictness and what to trace.
+
+    ``target_pids`` are the roots of the traced process trees (empty: trace every process
+    that loads a watched library). ``libraries`` maps a library key (``cudart``, ``nccl``) to
+    paths found before start (config, the command's Python environment, /proc/PID/maps).
+    """
+
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    strict: bool = False
+    target_pids: list[int] = field(default_factory=list)
+    follow_children: bool = True
+    libraries: dict[str, list[str]] = field(default_factory=dict)
+    dump_bpf: bool = False
+    on_library_loaded: list[Callable[[int, str], None]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Factory:
+    """``type`` name, its ``Config`` dataclass and ``create(config, ctx, next) -> component``."""
+
+    type: str
+    config_class: type
+    create: Callable[[Any, Context, Consumer], Any]
+    description: str = ""
+
+
+class ListConsumer:
+    """Collects everything it is given (tests, the Python API's ``sample()``). Not bounded:
+    callers bound it by draining with :meth:`take`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.events: list[object] = []
+
+    def consume(self, events: Sequence[object]) -> None:
+        with self._lock:
+            self.events.extend(events)
+
+    def take(self) -> list[object]:
+        with self._lock:
+            out, self.events = self.events, []
+        return out
+
+    def start(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+class Fanout:
+    """Sends each batch to several consumers (a receiver used by two pipelines)."""
+
+    def __init__(self, consumers: Sequence[Consumer]) -> None:
+        self._consumers = list(consumers)
+
+    def consume(self, events: Sequence[object]) -> None:
+        for c in self._consumers:
+            c.consume(events)
+
+
+class BoundedQueue:
+    """Thread-safe bounded hand-off from receiver threads to one worker thread.
+
+    ``consume`` never blocks: when ``max_events`` are already waiting, the batch is dropped
+    and counted as ``otel_ebpf.events.dropped{reason=queue_full}``. The worker calls
+    ``next.consume`` with merged batches; an exception there is logged and counted, and
+    the worker goes on. ``shutdown`` drains what is queued before returning.
+    """
+
+    def __init__(self, next_: Consumer, telemetry: Telemetry, *, max_events: int = 65536,
+                 name: str = "pipeline") -> None:
+        self._next = next_
+        self._telemetry = telemetry
+        self._max = max_events
+        self._name = name
+        self._items: deque[Sequence[object]] = deque()
+        self._size = 0
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def consume(self, events: Sequence[object]) -> None:
+        n = len(events)
+        if not n:
+            return
+        with self._cond:
+            if self._size + n > self._max:
+                self._telemetry.dropped(self._name, "queue_full", n)
+                return
+            self._items.append(events)
+            self._size += n
+            self._cond.notify()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"otel-ebpf-{self._name}",
+                                            daemon=True)
+            self._thread.start()
+
+    def _take(self) -> list[object] | None:
+        with self._cond:
+            while not self._items and not self._stop:
+                self._cond.wait(0.5)
+            if not self._items:
+                return None
+            batch: list[object] = []
+            while self._items:
+                batch.extend(self._items.popleft())
+            self._size = 0
+            return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            try:
+                self._next.consume(batch)
+            except Exception:  # a bad stage must not stop the pipeline
+                log.exception("pipeline stage failed on a batch of %d events", len(batch))
+                self._telemetry.dropped(self._name, "stage_error", len(batch))
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Wait until the queue is empty (the worker may still be finishing its batch)."""
+        deadline = threading.Event()
+        for _ in range(int(timeout / 0.01)):
+            with self._cond:
+                if not self._items:
+                    return
+            deadline.wait(0.01)
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        elif self._items:  # never started: drain synchronously so nothing is lost
+            self._run()

@@ -1,0 +1,62 @@
+"""The agent's own counters (drops, receipts, attach failures), exported as OTel metrics.
+
+Every bounded queue, map and cache in otel-ebpf counts what it drops here, so no drop is
+silent. Thread-safe: any thread may :meth:`Telemetry.add`; emit reads :meth:`snapshot`.
+
+Metric names (all on the agent's own resource, ``service.name=otel-ebpf``):
+
+* ``otel_ebpf.events.received`` {receiver}: events read from a receiver.
+* ``otel_ebpf.events.dropped`` {receiver, reason}: events lost, and why
+  (``ringbuf_full``, ``queue_full``, ``map_full``, ``decode_error``, ``process_cache``...).
+* ``otel_ebpf.probes.attached`` / ``otel_ebpf.probes.failed`` {receiver, library}.
+* ``otel_ebpf.export.failed`` {signal}: export batches the exporters could not send.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+__all__ = ["DROPPED", "RECEIVED", "Telemetry"]
+
+DROPPED = "otel_ebpf.events.dropped"
+RECEIVED = "otel_ebpf.events.received"
+_DESCRIPTIONS = {
+    DROPPED: "Events lost before export, by receiver and reason.",
+    RECEIVED: "Events read from receivers.",
+    "otel_ebpf.probes.attached": "Probes attached, by receiver and library.",
+    "otel_ebpf.probes.failed": "Probes that failed to attach, by receiver and library.",
+    "otel_ebpf.export.failed": "Spans or metric batches the exporters failed to send.",
+}
+
+
+class Telemetry:
+    """Monotonic counters keyed by (name, sorted attribute items). Bounded by construction:
+    attribute values come from config (receiver ids, reasons, libraries), not from events."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+
+    def add(self, name: str, value: int = 1, **attrs: str) -> None:
+        if value <= 0:
+            return
+        key = (name, tuple(sorted(attrs.items())))
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + value
+
+    def dropped(self, receiver: str, reason: str, value: int = 1) -> None:
+        self.add(DROPPED, value, receiver=receiver, reason=reason)
+
+    def get(self, name: str, **attrs: str) -> int:
+        """Sum over all series of ``name`` whose attributes include ``attrs``."""
+        want = set(attrs.items())
+        with self._lock:
+            return sum(v for (n, a), v in self._counts.items() if n == name and want <= set(a))
+
+    def snapshot(self) -> list[tuple[str, Mapping[str, str], int]]:
+        with self._lock:
+            return [(n, dict(a), v) for (n, a), v in self._counts.items()]
+
+    @staticmethod
+    def description(name: str) -> str:
+        return _DESCRIPTIONS.get(name, "")
