@@ -1,3 +1,183 @@
-def main() -> int:
-    print("stub")
+"""The ``otel-ebpf`` command line.
+
+::
+
+    otel-ebpf check
+    otel-ebpf run [--config FILE] [--output DIR] [--otlp-endpoint URL] [--otlp-protocol grpc|http] -- CMD ...
+    otel-ebpf run --pid PID [--pid PID ...] [...]
+    otel-ebpf run --all-processes [...]
+    otel-ebpf config --defaults | --validate FILE
+
+Exit codes: the traced command's own code for ``run -- CMD``; 2 for configuration errors;
+3 when the host cannot run eBPF (``check`` explains why); 1 for other agent errors.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from otel_ebpf import __version__
+from otel_ebpf.config import ENV_PREFIX
+from otel_ebpf.errors import ConfigError, EnvironmentError_, OtelEbpfError, TargetError
+
+__all__ = ["main"]
+
+log = logging.getLogger("otel_ebpf")
+
+RUN_EXAMPLES = """examples:
+  otel-ebpf run -- python train.py --epochs 1
+      trace a training script and everything it starts; OTLP JSON lines land in ./otel-ebpf-out/
+  otel-ebpf run --otlp-endpoint http://127.0.0.1:4317 -- torchrun --nproc-per-node 8 train.py
+      send spans and metrics to an OpenTelemetry Collector over gRPC
+  otel-ebpf run --pid 4242 --otlp-endpoint http://collector:4318 --otlp-protocol http
+      attach to a running process until Ctrl+C
+  otel-ebpf run --dump-bpf -- true
+      print the BPF programs as compiled, then exit
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="otel-ebpf", description="eBPF + NVML to OpenTelemetry for AI/ML jobs.",
+                                epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"otel-ebpf {__version__}")
+    p.add_argument("--log-level", default=os.environ.get(f"{ENV_PREFIX}LOG_LEVEL", "warning"),
+                   choices=["debug", "info", "warning", "error"])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("check", help="what works on this host and how to fix what does not",
+                   description="Checks privileges, BCC, kernel headers, tracefs, loads a BPF program, and looks "
+                               "for CUDA, NCCL, Python USDT and NVML. Exits non-zero if eBPF cannot run.")
+    run = sub.add_parser("run", help="trace a command, running processes, or every process",
+                         epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--config", help=f"YAML config merged over the defaults (env {ENV_PREFIX}CONFIG)")
+    run.add_argument("--output", metavar="DIR", help="write OTLP JSON lines to DIR (default ./otel-ebpf-out when "
+                                                     "no endpoint is given)")
+    run.add_argument("--otlp-endpoint", metavar="URL", help="export with OTLP to this collector")
+    run.add_argument("--otlp-protocol", choices=["grpc", "http"], help="OTLP transport (default grpc)")
+    run.add_argument("--pid", type=int, action="append", default=[], help="attach to a running process (repeatable)")
+    run.add_argument("--all-processes", action="store_true",
+                     help="trace every process that loads a probed library (node agent mode)")
+    run.add_argument("--service-name", help="service.name of traced processes (default: executable name)")
+    run.add_argument("--strict", action="store_true", help="fail when any probe cannot attach")
+    run.add_argument("--dump-bpf", action="store_true", help="print the BPF programs as compiled and exit")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    cfg = sub.add_parser("config", help="print the default config or validate a file")
+    g = cfg.add_mutually_exclusive_group(required=True)
+    g.add_argument("--defaults", action="store_true", help="the full default config, every key documented")
+    g.add_argument("--validate", metavar="FILE", help="check FILE and print the effective config")
+    return p
+
+
+def _load_cfg(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from otel_ebpf import settings
+
+    extra: dict = {}
+    if args.service_name:
+        extra.setdefault("service", {})["service_name"] = args.service_name
+    if args.strict:
+        extra.setdefault("service", {})["strict"] = True
+    return settings.load(args.config, output=args.output, endpoint=args.otlp_endpoint,
+                         protocol=args.otlp_protocol, extra=extra)
+
+
+def _check_pids(pids: Sequence[int]) -> None:
+    for pid in pids:
+        if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
+            raise TargetError(f"no process with PID {pid}")
+
+
+def _report(agent, started: float) -> None:  # type: ignore[no-untyped-def]
+    s = agent.summary()
+    outs = [f"{eid} -> {getattr(c, 'directory', None) or getattr(c, 'endpoint', '')}"
+            for eid, c in agent.cfg.exporters.items()]
+    print(f"otel-ebpf: {s['events']} events, {s['spans']} spans, {s['dropped']} dropped, "
+          f"{s['probes']} probes attached ({s['probe_failures']} failed) in {time.monotonic() - started:.1f}s; "
+          f"exported to {', '.join(outs)}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from otel_ebpf.agent import Agent, PausedChild, wait_child, wait_pids
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    modes = sum(bool(x) for x in (command, args.pid, args.all_processes))
+    if modes != 1 and not args.dump_bpf:
+        raise TargetError("give exactly one of: -- COMMAND, --pid PID, --all-processes")
+    cfg = _load_cfg(args)
+    _check_pids(args.pid)
+    if args.dump_bpf:
+        print(Agent(cfg, target_pids=args.pid or [1], command=command).dump_programs())
+        return 0
+    child = PausedChild(command) if command else None
+    targets = [child.pid] if child else list(args.pid)
+    started = time.monotonic()
+    try:
+        agent = Agent(cfg, target_pids=targets, command=command)
+        agent.start()
+    except BaseException:
+        if child:
+            child.abort()
+        raise
+    log.info("tracing started in %.2fs", time.monotonic() - started)
+    code = 0
+    try:
+        if child:
+            child.release()
+            code = wait_child(child.pid, lambda s: log.info("signal %d: forwarding", s))
+        else:
+            stop = threading.Event()
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, lambda *_: stop.set())
+            wait_pids(targets, stop) if targets else stop.wait()
+    finally:
+        agent.shutdown()
+        _report(agent, started)
+    return code
+
+
+def _config(args: argparse.Namespace) -> int:
+    from otel_ebpf import settings
+    from otel_ebpf.config import to_plain
+
+    if args.defaults:
+        sys.stdout.write(settings.dump_defaults())
+        return 0
+    import yaml
+
+    cfg = settings.load(args.validate)
+    sys.stdout.write(yaml.safe_dump(to_plain(cfg), sort_keys=False))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="otel-ebpf %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.cmd == "check":
+            from otel_ebpf.check import render, run_checks
+
+            rows = run_checks()
+            print(render(rows))
+            return 3 if any(r.required and r.status != "ok" for r in rows) else 0
+        if args.cmd == "config":
+            return _config(args)
+        return _run(args)
+    except ConfigError as exc:
+        print(f"otel-ebpf: {exc}", file=sys.stderr)
+        return 2
+    except EnvironmentError_ as exc:
+        print(f"otel-ebpf: {exc}\n  run 'otel-ebpf check' for what is missing on this host", file=sys.stderr)
+        return 3
+    except OtelEbpfError as exc:
+        print(f"otel-ebpf: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from otel_ebpf.cli import main
+
+sys.exit(main())

@@ -1,0 +1,230 @@
+"""The agent: builds pipelines from an AgentConfig, starts them, and stops them in order.
+
+Start order: emitters, processors, queues, receivers (which load BPF and attach).
+Stop order is the reverse and drains every stage into the next, so nothing collected is lost:
+receivers read their ring buffers dry, queues hand over what they hold, processors flush
+pending state (e.g. leak reports), emitters export the last metrics and spans.
+
+``run -- COMMAND`` forks the command first, held on a pipe until every probe is attached,
+so its first CUDA call is already traced. Its PID seeds the in-kernel set of traced
+processes, which follows fork() in the kernel.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_ebpf import components
+from otel_ebpf.emit.emitter import Emitter, ExporterSpec
+from otel_ebpf.emit.exporters import BatchConfig, build_exporters
+from otel_ebpf.errors import OtelEbpfError, TargetError
+from otel_ebpf.pipeline import BoundedQueue, Consumer, Context, Fanout
+from otel_ebpf.resources import ResourceCache, agent_resource_attributes
+from otel_ebpf.settings import AgentConfig
+
+__all__ = ["Agent", "PausedChild", "exit_status"]
+
+log = logging.getLogger(__name__)
+
+
+class PausedChild:
+    """A forked child that execs ``argv`` only when :meth:`release` is called."""
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        if not argv:
+            raise TargetError("no command given after --")
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: wait for the go byte, then become the command
+            os.close(w)
+            go = os.read(r, 1)
+            if not go:
+                os._exit(125)
+            try:
+                os.execvp(argv[0], list(argv))
+            except OSError as exc:
+                sys.stderr.write(f"otel-ebpf: cannot run {argv[0]!r}: {exc.strerror}\n")
+                os._exit(127)
+        os.close(r)
+        self.pid, self._w = pid, w
+
+    def release(self) -> None:
+        if self._w >= 0:
+            os.write(self._w, b"x")
+            os.close(self._w)
+            self._w = -1
+
+    def abort(self) -> None:
+        """Never run the command (closing the pipe makes the child exit 125)."""
+        if self._w >= 0:
+            os.close(self._w)
+            self._w = -1
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def exit_status(status: int) -> int:
+    """A shell-style exit code from a waitpid status."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+@dataclass
+class _Pipeline:
+    name: str
+    emitter: Emitter
+    processors: list[Any]
+    queue: BoundedQueue
+
+
+@dataclass
+class Agent:
+    """Builds and runs every pipeline of ``cfg``. ``start``/``shutdown`` as components."""
+
+    cfg: AgentConfig
+    target_pids: list[int] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
+    dump_bpf: bool = False
+
+    def __post_init__(self) -> None:
+        svc = self.cfg.service
+        self.ctx = Context(strict=svc.strict, target_pids=list(self.target_pids),
+                           libraries={"command": list(self.command)}, dump_bpf=self.dump_bpf)
+        self.resources = ResourceCache(max_entries=max(2 * svc.max_processes, 64),
+                                       service_name=svc.service_name or None)
+        self.pipelines: list[_Pipeline] = []
+        self.receivers: dict[str, Any] = {}
+        self._started = False
+        self._build()
+
+    def _exporters(self, ids: Sequence[str]) -> list[ExporterSpec]:
+        specs = []
+        for eid in ids:
+            ecfg = self.cfg.exporters[eid]
+            spans, metrics = build_exporters(ecfg)
+            batch: BatchConfig = ecfg.batch
+            specs.append(ExporterSpec(eid, spans, metrics, batch.queue_size, batch.batch_size,
+                                      batch.batch_delay))
+        return specs
+
+    def _build(self) -> None:
+        svc = self.cfg.service
+        pfactories, rfactories = components.processors(), components.receivers()
+        feeds: dict[str, list[Consumer]] = {}
+        for name, p in svc.pipelines.items():
+            emitter = Emitter(self._exporters(p.exporters), self.ctx.telemetry,
+                              resource_of=lambda pid, comm: self.resources.get(pid, comm),
+                              agent_attributes=agent_resource_attributes(),
+                              extra_attributes=svc.resource_attributes,
+                              max_processes=svc.max_processes, metrics_interval=svc.metrics_interval)
+            nxt: Consumer = emitter
+            procs = []
+            for pid_ in reversed(p.processors):
+                proc = pfactories[pid_.split("/")[0]].create(self.cfg.processors[pid_], self.ctx, nxt)
+                procs.insert(0, proc)
+                nxt = proc
+            queue = BoundedQueue(nxt, self.ctx.telemetry, max_events=svc.max_queue, name=name)
+            self.pipelines.append(_Pipeline(name, emitter, procs, queue))
+            for rid in p.receivers:
+                feeds.setdefault(rid, []).append(queue)
+        for rid, consumers in feeds.items():
+            target: Consumer = consumers[0] if len(consumers) == 1 else Fanout(consumers)
+            self.receivers[rid] = rfactories[rid.split("/")[0]].create(self.cfg.receivers[rid], self.ctx,
+                                                                       target)
+
+    def dump_programs(self) -> str:
+        return "\n".join(f"// ===== receiver {rid}\n{r.dump()}" for rid, r in self.receivers.items()
+                         if hasattr(r, "dump"))
+
+    def start(self) -> None:
+        """Start everything; on a failure, stop what started and re-raise."""
+        self._started = True
+        try:
+            for p in self.pipelines:
+                p.emitter.start()
+                for proc in p.processors:
+                    proc.start()
+                p.queue.start()
+            for rid, r in self.receivers.items():
+                t0 = time.monotonic()
+                r.start()
+                log.info("receiver %s started in %.2fs", rid, time.monotonic() - t0)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        """Drain and stop, in order. Safe twice and without start."""
+        for rid, r in self.receivers.items():
+            _quietly(r.shutdown, f"receiver {rid}")
+        for p in self.pipelines:
+            _quietly(p.queue.shutdown, f"pipeline {p.name} queue")
+            for proc in p.processors:
+                _quietly(proc.shutdown, f"pipeline {p.name} processor")
+            _quietly(p.emitter.shutdown, f"pipeline {p.name} emitter")
+
+    def summary(self) -> dict[str, int]:
+        tel = self.ctx.telemetry
+        return {"events": tel.get("otel_ebpf.events.received"),
+                "dropped": tel.get("otel_ebpf.events.dropped"),
+                "spans": sum(p.emitter.spans_emitted for p in self.pipelines),
+                "probes": tel.get("otel_ebpf.probes.attached"),
+                "probe_failures": tel.get("otel_ebpf.probes.failed")}
+
+
+def _quietly(fn: Callable[[], None], what: str) -> None:
+    try:
+        fn()
+    except OtelEbpfError as exc:
+        log.warning("%s: %s", what, exc)
+    except Exception:
+        log.exception("%s failed to stop cleanly", what)
+
+
+def wait_child(pid: int, on_signal: Callable[[int], None]) -> int:
+    """Wait for ``pid`` while forwarding SIGTERM/SIGHUP to it; Ctrl+C reaches it through the
+    terminal. A second Ctrl+C stops waiting (the command goes on untraced). Returns the
+    shell-style exit code."""
+    interrupts = 0
+
+    def handler(signum: int, _frame: Any) -> None:
+        nonlocal interrupts
+        on_signal(signum)
+        if signum == signal.SIGINT:
+            interrupts += 1
+            if interrupts >= 2:
+                raise KeyboardInterrupt
+        else:
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        _, status = os.waitpid(pid, 0)
+        return exit_status(status)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def wait_pids(pids: Sequence[int], stop: threading.Event) -> None:
+    """Until ``stop`` is set (SIGINT/SIGTERM) or every target process has exited."""
+    import psutil
+
+    while not stop.wait(0.5):
+        if not any(psutil.pid_exists(p) for p in pids):
+            return

@@ -1,0 +1,381 @@
+"""Resource attributes of a traced process, by OpenTelemetry semantic-convention names.
+
+Contract, for every function here:
+
+* Nothing raises for a process that has exited or whose ``/proc`` files are unreadable:
+  what could be read is returned, the rest is left out.
+* ``/proc`` content is untrusted (a process controls its own argv, comm and environment).
+  Control characters (C0, C1, bidi overrides, line separators) are stripped and every string
+  is capped: ``process.command_line`` at :data:`MAX_COMMAND_LINE_CHARS` (4096) characters,
+  ``process.command_args`` at 256 per argument and 4096 in all, every other string at
+  :data:`MAX_VALUE_CHARS` (256). Reads are capped too (cmdline 128 KiB, environ 1 MiB).
+  Truncation is silent (no marker).
+* Only the environment variables named in :data:`ENV_VARIABLES` are ever read out of
+  ``/proc/PID/environ``; no other value leaves this module.
+* Secrets in the command line are redacted by :func:`redact_command_line` before export
+  (:mod:`otel_ebpf.redact`, re-exported here).
+
+Rank precedence (first source that holds a non-negative integer wins): torchrun
+(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``) over Open MPI
+(``OMPI_COMM_WORLD_*``) over MPICH (``PMI_RANK``, ``PMI_SIZE``) over Slurm (``SLURM_PROCID``,
+``SLURM_LOCALID``, ``SLURM_NTASKS``, ``SLURM_NODEID``): a launcher nested in ``srun`` sets the
+inner, more specific values.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import pwd
+import re
+import socket
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TypeAlias
+
+from opentelemetry.semconv._incubating.attributes import host_attributes as _host
+from opentelemetry.semconv._incubating.attributes import os_attributes as _os
+from opentelemetry.semconv._incubating.attributes import process_attributes as _proc
+# container.id and k8s.pod.uid are stable only in recent semconv; the incubating names are the
+# same strings and exist in every version pyproject allows (>=0.48b0).
+from opentelemetry.semconv._incubating.attributes.container_attributes import CONTAINER_ID
+from opentelemetry.semconv._incubating.attributes.k8s_attributes import K8S_POD_UID
+from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME, SERVICE_VERSION
+
+from otel_ebpf import __version__
+from otel_ebpf.redact import DEFAULT_REDACT_PATTERNS, REDACTED, redact_command_line
+
+__all__ = [
+    "CUDA_VISIBLE_DEVICES", "DEFAULT_REDACT_PATTERNS", "ENV_VARIABLES", "MAX_COMMAND_LINE_CHARS",
+    "MAX_VALUE_CHARS", "ML_LOCAL_RANK", "ML_LOCAL_WORLD_SIZE", "ML_MASTER_ADDR", "ML_NODE_RANK", "ML_RANK",
+    "ML_WORLD_SIZE", "REDACTED", "SLURM_JOB_ID", "SLURM_STEP_ID", "AttributeValue", "Attributes",
+    "ResourceCache", "agent_resource_attributes", "container_id_from_cgroup", "host_attributes",
+    "pod_uid_from_cgroup", "process_attributes", "redact_command_line",
+]
+
+AttributeValue: TypeAlias = str | int | tuple[str, ...]
+Attributes: TypeAlias = dict[str, AttributeValue]
+
+# otel-ebpf's own attribute namespace: semantic conventions have no names for these yet.
+ML_RANK = "ml.rank"
+ML_LOCAL_RANK = "ml.local_rank"
+ML_WORLD_SIZE = "ml.world_size"
+ML_LOCAL_WORLD_SIZE = "ml.local_world_size"
+ML_NODE_RANK = "ml.node_rank"
+ML_MASTER_ADDR = "ml.master_addr"
+SLURM_JOB_ID = "slurm.job.id"
+SLURM_STEP_ID = "slurm.step.id"
+CUDA_VISIBLE_DEVICES = "cuda.visible_devices"
+
+MAX_COMMAND_LINE_CHARS = 4096
+MAX_VALUE_CHARS = 256
+_MAX_CMDLINE_READ = 128 * 1024
+_MAX_ENVIRON_READ = 1024 * 1024
+_MAX_SMALL_READ = 64 * 1024
+
+#: Integer attributes from the environment, sources in precedence order (torchrun, MPI, Slurm).
+_INT_SOURCES: dict[str, tuple[str, ...]] = {
+    ML_RANK: ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
+    ML_LOCAL_RANK: ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"),
+    ML_WORLD_SIZE: ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"),
+    ML_LOCAL_WORLD_SIZE: ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ML_NODE_RANK: ("GROUP_RANK", "SLURM_NODEID"),
+}
+_STR_SOURCES: dict[str, str] = {
+    ML_MASTER_ADDR: "MASTER_ADDR", SLURM_JOB_ID: "SLURM_JOB_ID", SLURM_STEP_ID: "SLURM_STEP_ID",
+    CUDA_VISIBLE_DEVICES: "CUDA_VISIBLE_DEVICES", SERVICE_NAME: "OTEL_SERVICE_NAME",
+}
+#: The only environment variables ever read from /proc/PID/environ.
+ENV_VARIABLES = frozenset(v for vs in _INT_SOURCES.values() for v in vs) | frozenset(_STR_SOURCES.values())
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+_UINT = re.compile(r"^[0-9]{1,19}$")  # /proc/PID/stat numbers
+_SMALL_UINT = re.compile(r"^[0-9]{1,9}$")  # ranks and sizes from the environment
+
+
+def _clean(text: str, cap: int = MAX_VALUE_CHARS) -> str:
+    """Strip control characters, then cut to ``cap`` characters."""
+    return _CONTROL.sub("", text)[:cap]
+
+
+# --- cgroup ------------------------------------------------------------------------------------
+
+# One path segment naming a container: docker (cgroupfs ``<id>``, systemd ``docker-<id>.scope``),
+# containerd (``cri-containerd-<id>.scope``), CRI-O (``crio-<id>.scope``), podman
+# (``libpod-<id>.scope``). ``crio-conmon-`` / ``libpod-conmon-`` are the monitor processes beside
+# the container, not in it, and do not match.
+_CONTAINER_SEGMENT = re.compile(r"^(?:(?:docker|cri-containerd|crio|libpod|containerd)-)?([0-9a-f]{64})"
+                                r"(?:\.scope)?$")
+# ``pod<uid>`` (cgroupfs driver) or ``kubepods-<qos>-pod<uid_with_underscores>.slice`` (systemd
+# driver, also ``kubelet-kubepods-…`` on kind/k3s); a prefix must name kubepods. Static pods have
+# a 32-hex UID, no dashes.
+_POD_UID = re.compile(r"(?:^|-)pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+                      r"|[0-9a-f]{32})(?:\.slice)?$")
+
+
+def _cgroup_paths(text: str) -> list[str]:
+    """The path of every ``hierarchy-ID:controllers:path`` line, in file order."""
+    return [parts[2] for parts in (line.split(":", 2) for line in text.splitlines()) if len(parts) == 3]
+
+
+def _pod_segment(segment: str) -> re.Match[str] | None:
+    m = _POD_UID.search(segment)
+    return m if m and (m.start() == 0 or "kubepods" in segment[:m.start()]) else None
+
+
+def _last_segment_match(text: str, match: Callable[[str], re.Match[str] | None]) -> str | None:
+    for path in _cgroup_paths(text):
+        found = [m.group(1) for m in map(match, path.split("/")) if m]
+        if found:
+            return found[-1]  # innermost, e.g. docker-in-docker
+    return None
+
+
+def container_id_from_cgroup(text: str) -> str | None:
+    """The 64-hex container id in ``/proc/PID/cgroup`` text (v1 or v2), or None on the host.
+
+    The first line (file order) that names a container wins; within it, the innermost segment.
+    Paths are as seen from the reader's cgroup namespace: run the agent in the host's one.
+    """
+    return _last_segment_match(text, _CONTAINER_SEGMENT.match)
+
+
+def pod_uid_from_cgroup(text: str) -> str | None:
+    """The Kubernetes pod UID in ``/proc/PID/cgroup`` text, with dashes, or None outside a pod."""
+    uid = _last_segment_match(text, _pod_segment)
+    return uid.replace("_", "-") if uid else None
+
+
+# --- /proc reading -----------------------------------------------------------------------------
+
+def _read(proc_root: str, pid: int, name: str, limit: int = _MAX_SMALL_READ) -> bytes | None:
+    try:
+        with open(f"{proc_root}/{pid}/{name}", "rb") as f:
+            return f.read(limit)
+    except (OSError, ValueError, OverflowError):
+        return None
+
+
+def _stat(proc_root: str, pid: int) -> tuple[str, int, int] | None:
+    """(comm, ppid, start time in clock ticks since boot) from /proc/PID/stat, or None."""
+    raw = _read(proc_root, pid, "stat")
+    if raw is None:
+        return None
+    text = raw.decode("utf-8", "replace")
+    head, sep, tail = text.rpartition(")")  # comm may itself hold ')' and spaces
+    fields = tail.split()
+    if not sep or len(fields) < 20 or not _UINT.match(fields[1]) or not _UINT.match(fields[19]):
+        return None
+    return head.partition("(")[2], int(fields[1]), int(fields[19])  # fields 2 (comm), 4, 22
+
+
+@functools.lru_cache(maxsize=1024)
+def _user_name(uid: int) -> str:
+    """User name from the agent's passwd database (may consult NSS; cached), else the uid."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return str(uid)
+
+
+def _owner(proc_root: str, pid: int) -> str | None:
+    raw = _read(proc_root, pid, "status") or b""
+    for line in raw.split(b"\n"):
+        if line.startswith(b"Uid:"):
+            fields = line.split()
+            if len(fields) > 1 and _UINT.match(fields[1].decode("ascii", "replace")):
+                return _clean(_user_name(int(fields[1])))  # the real uid
+    return None
+
+
+def _argv(proc_root: str, pid: int) -> list[str]:
+    raw = _read(proc_root, pid, "cmdline", _MAX_CMDLINE_READ) or b""
+    if not raw.strip(b"\0"):
+        return []  # kernel threads and zombies have no argv
+    # Strip control characters before redacting, so a hidden \x01 cannot split a secret key.
+    args = [_clean(a.decode("utf-8", "replace"), _MAX_CMDLINE_READ) for a in raw.rstrip(b"\0").split(b"\0")]
+    if len(args) == 1 and " " in args[0]:
+        args = args[0].split(" ")  # setproctitle() rewrote argv as one string: redact word by word
+    return args
+
+
+def _environ(proc_root: str, pid: int) -> dict[str, str]:
+    """The :data:`ENV_VARIABLES` set in the process; other entries are never decoded."""
+    raw = _read(proc_root, pid, "environ", _MAX_ENVIRON_READ) or b""
+    env: dict[str, str] = {}
+    for entry in raw.split(b"\0"):
+        key, sep, value = entry.partition(b"=")
+        name = key.decode("ascii", "replace")
+        if sep and name in ENV_VARIABLES:
+            env[name] = _clean(value.decode("utf-8", "replace"))
+    return env
+
+
+def _env_attributes(env: dict[str, str]) -> Attributes:
+    attrs: Attributes = {}
+    for attr, sources in _INT_SOURCES.items():
+        values = [env[s].strip() for s in sources if _SMALL_UINT.match(env.get(s, "").strip())]
+        if values:
+            attrs[attr] = int(values[0])
+    for attr, source in _STR_SOURCES.items():
+        if source in env and attr != SERVICE_NAME:
+            attrs[attr] = env[source]
+    return attrs
+
+
+def _command_attributes(argv: Sequence[str], redact: Sequence[str]) -> Attributes:
+    if not argv:
+        return {}
+    redacted = redact_command_line(argv, redact)  # redact first, cap after
+    kept: list[str] = []
+    total = 0
+    for arg in redacted:
+        total += min(len(arg), MAX_VALUE_CHARS)
+        if total > MAX_COMMAND_LINE_CHARS:
+            break
+        kept.append(arg[:MAX_VALUE_CHARS])
+    line = " ".join(redacted)[:MAX_COMMAND_LINE_CHARS]
+    return {_proc.PROCESS_COMMAND_LINE: line, _proc.PROCESS_COMMAND_ARGS: tuple(kept)}
+
+
+def process_attributes(pid: int, *, proc_root: str = "/proc", fallback_comm: str | None = None,
+                       service_name: str | None = None,
+                       redact: Sequence[str] = DEFAULT_REDACT_PATTERNS) -> Attributes:
+    """Resource attributes of process ``pid`` read from ``proc_root``; never raises.
+
+    ``process.executable.name`` is the base name of ``/proc/PID/exe``, else the kernel comm (15
+    chars), else ``fallback_comm``. ``service.name`` is the process's own ``OTEL_SERVICE_NAME``
+    (so spans line up with an SDK inside the process), else ``service_name`` (the agent-wide
+    default), else the executable name, else ``"unknown_service"``. If the PID is reused while
+    it is read (start time changes), only the vanished-process attributes are returned.
+    Blocking: a few small file reads plus one cached ``getpwuid``.
+    """
+    attrs: Attributes = {_proc.PROCESS_PID: pid, _host.HOST_NAME: host_attributes()[_host.HOST_NAME]}
+    stat = _stat(proc_root, pid)
+    name = _clean(fallback_comm) if fallback_comm else None
+    env: dict[str, str] = {}
+    if stat is not None:
+        attrs.update(_read_live(proc_root, pid, stat, redact))
+        env = _environ(proc_root, pid)
+        attrs.update(_env_attributes(env))
+        again = _stat(proc_root, pid)  # compare start times only: comm changes (pt_main_thread)
+        if again is None or again[2] != stat[2]:  # exited, maybe reused, under us: drop the mixture
+            attrs, env = {_proc.PROCESS_PID: pid, _host.HOST_NAME: attrs[_host.HOST_NAME]}, {}
+        else:
+            name = str(attrs.get(_proc.PROCESS_EXECUTABLE_NAME, "")) or _clean(stat[0]) or name
+    if name:
+        attrs[_proc.PROCESS_EXECUTABLE_NAME] = name
+    service = env.get("OTEL_SERVICE_NAME") or (_clean(service_name) if service_name else None) or name
+    attrs[SERVICE_NAME] = service or "unknown_service"
+    return attrs
+
+
+def _read_live(proc_root: str, pid: int, stat: tuple[str, int, int], redact: Sequence[str]) -> Attributes:
+    attrs: Attributes = {_proc.PROCESS_PARENT_PID: stat[1]}
+    try:
+        exe = os.readlink(f"{proc_root}/{pid}/exe")
+        exe = _clean(exe.removesuffix(" (deleted)"), _MAX_CMDLINE_READ)
+        attrs[_proc.PROCESS_EXECUTABLE_PATH] = exe[:MAX_VALUE_CHARS]
+        if os.path.basename(exe):  # of the whole path, before the cap
+            attrs[_proc.PROCESS_EXECUTABLE_NAME] = os.path.basename(exe)[:MAX_VALUE_CHARS]
+    except (OSError, ValueError):
+        pass  # EACCES without CAP_SYS_PTRACE, ENOENT for kernel threads: fall back to comm
+    owner = _owner(proc_root, pid)
+    if owner is not None:
+        attrs[_proc.PROCESS_OWNER] = owner
+    cgroup = (_read(proc_root, pid, "cgroup") or b"").decode("utf-8", "replace")
+    for key, value in ((CONTAINER_ID, container_id_from_cgroup(cgroup)),
+                       (K8S_POD_UID, pod_uid_from_cgroup(cgroup))):
+        if value:
+            attrs[key] = value
+    attrs.update(_command_attributes(_argv(proc_root, pid), redact))
+    return attrs
+
+
+# --- host and agent ----------------------------------------------------------------------------
+
+_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64", "armv7l": "arm32",
+         "ppc64le": "ppc64", "ppc64": "ppc64", "s390x": "s390x", "i386": "x86", "i686": "x86"}
+
+
+@functools.lru_cache(maxsize=1)
+def _host_attributes() -> tuple[tuple[str, str], ...]:
+    machine = platform.machine()
+    return ((_host.HOST_NAME, _clean(socket.gethostname())),
+            (_host.HOST_ARCH, _ARCH.get(machine.lower(), _clean(machine))),
+            (_os.OS_TYPE, platform.system().lower() or "linux"),
+            (_os.OS_DESCRIPTION, _clean(platform.release())))
+
+
+def host_attributes() -> Attributes:
+    """host.name, host.arch, os.type, os.description (kernel release) of the agent's host.
+
+    Computed once per agent process; returns a fresh dict the caller may mutate.
+    """
+    return dict(_host_attributes())
+
+
+def agent_resource_attributes() -> Attributes:
+    """The agent's own resource: service.name ``otel-ebpf``, service.version and host attributes.
+
+    ``telemetry.sdk.*`` are left to the SDK's ``Resource.create``.
+    """
+    return {SERVICE_NAME: "otel-ebpf", SERVICE_VERSION: __version__, **host_attributes()}
+
+
+# --- cache -------------------------------------------------------------------------------------
+
+class ResourceCache:
+    """LRU cache of :func:`process_attributes` keyed by (pid, process start time).
+
+    The start time (``/proc/PID/stat`` field 22) is read on every :meth:`get` (one small read),
+    so a PID reused after exit is recomputed rather than served the old process's attributes.
+    When the start time is unreadable (the process is gone), a cached entry for the PID is
+    served as is; a miss then is computed with ``fallback_comm`` and *not* cached. Thread-safe:
+    one lock guards the map and counters; ``/proc`` is read outside it. ``hits``, ``misses`` and
+    ``evictions`` (entries dropped by LRU overflow, :meth:`evict` or PID reuse) are plain ints.
+    Returned dicts are shared: do not mutate them.
+    """
+
+    def __init__(self, max_entries: int = 4096, *, proc_root: str = "/proc",
+                 service_name: str | None = None, redact: Sequence[str] = DEFAULT_REDACT_PATTERNS) -> None:
+        self.max_entries = max(1, max_entries)
+        self._proc_root, self._service_name, self._redact = proc_root, service_name, tuple(redact)
+        self._entries: OrderedDict[int, tuple[int, Attributes]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.evictions = 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def get(self, pid: int, fallback_comm: str | None = None) -> Attributes:
+        """Attributes of ``pid``, computed once per (pid, start time); never raises."""
+        stat = _stat(self._proc_root, pid)
+        with self._lock:
+            entry = self._entries.get(pid)
+            if entry is not None and (stat is None or entry[0] == stat[2]):
+                self._entries.move_to_end(pid)
+                self.hits += 1
+                return entry[1]
+            self.misses += 1
+        attrs = process_attributes(pid, proc_root=self._proc_root, fallback_comm=fallback_comm,
+                                   service_name=self._service_name, redact=self._redact)
+        if stat is None:
+            return attrs
+        with self._lock:
+            old = self._entries.pop(pid, None)
+            if old is not None and old[0] != stat[2]:
+                self.evictions += 1  # PID reuse: the old process's entry (not a racing thread's)
+            self._entries[pid] = (stat[2], attrs)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+                self.evictions += 1
+        return attrs
+
+    def evict(self, pid: int) -> None:
+        """Forget ``pid`` (call on process exit). No-op when absent."""
+        with self._lock:
+            if self._entries.pop(pid, None) is not None:
+                self.evictions += 1

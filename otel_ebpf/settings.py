@@ -1,0 +1,141 @@
+"""The whole agent config: defaults, file, environment and CLI overrides, validated at once.
+
+Order (later wins): built-in defaults (each component's Config) < the YAML file (deep-merged:
+mappings merge, lists and scalars replace) < ``OTEL_EBPF_*`` environment < command-line flags.
+Unknown component types, unknown keys and pipelines naming undefined components raise
+ConfigError with the key path, before any probe is loaded.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from otel_ebpf import components
+from otel_ebpf.config import ENV_PREFIX, ServiceConfig, build, component_type, load_yaml_file, to_plain
+from otel_ebpf.emit.exporters import EXPORTER_TYPES
+from otel_ebpf.errors import ConfigError
+
+__all__ = ["ENV_VARS", "AgentConfig", "default_data", "load"]
+
+ENV_VARS = {
+    f"{ENV_PREFIX}CONFIG": "Path of the YAML config file (same as --config).",
+    f"{ENV_PREFIX}OUTPUT": "Directory for OTLP JSON lines (same as --output).",
+    f"{ENV_PREFIX}OTLP_ENDPOINT": "OTLP endpoint (same as --otlp-endpoint).",
+    f"{ENV_PREFIX}OTLP_PROTOCOL": "grpc or http (same as --otlp-protocol).",
+    f"{ENV_PREFIX}LOG_LEVEL": "Agent log level: debug, info, warning (default), error.",
+}
+
+
+@dataclass
+class AgentConfig:
+    receivers: dict[str, Any] = field(default_factory=dict)
+    processors: dict[str, Any] = field(default_factory=dict)
+    exporters: dict[str, Any] = field(default_factory=dict)
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+
+
+def default_data() -> dict[str, Any]:
+    """The full default config as plain data: every registered component with its defaults."""
+    recv = {t: to_plain(f.config_class()) for t, f in components.receivers().items()}
+    proc = {t: to_plain(f.config_class()) for t, f in components.processors().items()}
+    exp = {"file": to_plain(EXPORTER_TYPES["file"]())}
+    service = to_plain(ServiceConfig())
+    service["pipelines"] = {"default": {"receivers": list(recv), "processors": list(proc),
+                                        "exporters": ["file"]}}
+    return {"receivers": recv, "processors": proc, "exporters": exp, "service": service}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _overrides(output: str | None, endpoint: str | None, protocol: str | None) -> dict[str, Any]:
+    output = output or os.environ.get(f"{ENV_PREFIX}OUTPUT")
+    endpoint = endpoint or os.environ.get(f"{ENV_PREFIX}OTLP_ENDPOINT")
+    protocol = protocol or os.environ.get(f"{ENV_PREFIX}OTLP_PROTOCOL")
+    over: dict[str, Any] = {"exporters": {}}
+    names: list[str] = []
+    if endpoint:
+        over["exporters"]["otlp"] = {"endpoint": endpoint, **({"protocol": protocol} if protocol else {})}
+        names.append("otlp")
+    if output:
+        over["exporters"]["file"] = {"directory": output}
+        names.append("file")
+    if names:
+        over["service"] = {"pipelines": {"default": {"exporters": names}}}
+    return over
+
+
+def _build_section(section: str, data: Any, registry: dict[str, type]) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ConfigError(section, "expected a mapping of component ids to their config")
+    out = {}
+    for cid, cdata in data.items():
+        ctype = component_type(str(cid))
+        if ctype not in registry:
+            raise ConfigError(f"{section}.{cid}", f"unknown {section[:-1]} type '{ctype}' "
+                                                  f"(known: {', '.join(sorted(registry))})")
+        out[str(cid)] = build(registry[ctype], cdata, f"{section}.{cid}")
+    return out
+
+
+def _check_pipelines(cfg: AgentConfig) -> None:
+    if not cfg.service.pipelines:
+        raise ConfigError("service.pipelines", "at least one pipeline is needed")
+    for name, p in cfg.service.pipelines.items():
+        for kind, ids, known in (("receivers", p.receivers, cfg.receivers),
+                                 ("processors", p.processors, cfg.processors),
+                                 ("exporters", p.exporters, cfg.exporters)):
+            for i, cid in enumerate(ids):
+                if cid not in known:
+                    raise ConfigError(f"service.pipelines.{name}.{kind}[{i}]",
+                                      f"'{cid}' is not defined under '{kind}:'")
+        if not p.receivers or not p.exporters:
+            raise ConfigError(f"service.pipelines.{name}", "needs at least one receiver and one exporter")
+
+
+def load(path: str | None = None, *, output: str | None = None, endpoint: str | None = None,
+         protocol: str | None = None, extra: dict[str, Any] | None = None) -> AgentConfig:
+    """Build and validate the agent config. Raises ConfigError naming the key path."""
+    data = default_data()
+    path = path or os.environ.get(f"{ENV_PREFIX}CONFIG")
+    if path:
+        user = load_yaml_file(path)
+        unknown = set(user) - {"receivers", "processors", "exporters", "service"}
+        if unknown:
+            raise ConfigError(sorted(unknown)[0], "unknown top-level key (known: receivers, processors, "
+                                                  "exporters, service)")
+        data = _merge(data, user)
+    data = _merge(data, _overrides(output, endpoint, protocol))
+    if extra:
+        data = _merge(data, extra)
+    cfg = AgentConfig(
+        receivers=_build_section("receivers", data.get("receivers") or {},
+                                 {t: f.config_class for t, f in components.receivers().items()}),
+        processors=_build_section("processors", data.get("processors") or {},
+                                  {t: f.config_class for t, f in components.processors().items()}),
+        exporters=_build_section("exporters", data.get("exporters") or {}, EXPORTER_TYPES),
+        service=build(ServiceConfig, data.get("service"), "service"),
+    )
+    _check_pipelines(cfg)
+    return cfg
+
+
+def dump_defaults() -> str:
+    """The default config as commented YAML: every key with its documentation."""
+    from otel_ebpf.configdoc import commented_yaml
+
+    return commented_yaml(default_data())
+
+
+_ = yaml  # imported for its error types in callers

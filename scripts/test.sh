@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): installs what is missing, then runs the whole suite.
+# BPF tests need root; under CI=true they fail instead of skipping when eBPF cannot run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check otel_ebpf receivers processors
+exec .venv/bin/python -m pytest -ra "$@"

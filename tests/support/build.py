@@ -1,0 +1,152 @@
+"""Build the C test programs and find the CUDA/NCCL libraries from PyPI wheels.
+
+Programs (sources next to this file, outputs under ``tests/support/build/``,
+which is gitignored):
+
+- ``cuda_driver``: calls a libcudart.so.12 with known arguments.
+- ``nccl_rank``: one rank of a scripted NCCL job.
+- ``stand_in_nccl``: ``build/stand_in_nccl/libnccl.so.2``, a stand-in for
+  NVIDIA's libnccl.so.2 on machines without a GPU.
+
+:func:`build_all` recompiles a program only when its source (or this file,
+which holds the flags) is newer than the output.  Outputs are written to a
+temporary name and renamed into place, so concurrent test workers never run a
+half-written binary.  Compile errors raise :class:`RuntimeError` naming the
+command and the compiler's stderr.
+
+Run ``python tests/support/build.py`` to build everything and print the paths.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["BUILD_DIR", "SUPPORT_DIR", "build_all", "real_cudart", "real_nccl"]
+
+SUPPORT_DIR = Path(__file__).resolve().parent
+BUILD_DIR = SUPPORT_DIR / "build"
+
+COMPILER = "gcc"
+# -fno-omit-frame-pointer: every function then starts with `push %rbp`, which
+# the kernel emulates for a uprobe instead of single-stepping it.
+COMMON_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Wextra")
+
+
+@dataclass(frozen=True)
+class _Target:
+    name: str
+    source: str
+    output: str  # relative to the build directory
+    flags: tuple[str, ...]
+    libs: tuple[str, ...]
+
+
+_TARGETS = (
+    # -rdynamic exports cuda_driver's pthread_once, which the in-call sleep needs.
+    _Target("cuda_driver", "cuda_driver.c", "cuda_driver", ("-rdynamic",), ("-ldl", "-lpthread")),
+    _Target("nccl_rank", "nccl_rank.c", "nccl_rank", (), ("-ldl",)),
+    _Target(
+        "stand_in_nccl",
+        "stand_in_nccl.c",
+        "stand_in_nccl/libnccl.so.2",
+        # -fno-shrink-wrap keeps `push %rbp` first even in functions that return early.
+        ("-fno-shrink-wrap", "-fPIC", "-shared", "-Wl,-soname,libnccl.so.2"),
+        ("-lpthread",),
+    ),
+)
+
+
+def build_all(out_dir: Path | None = None) -> dict[str, Path]:
+    """Build every test program; return {name: path of the built file}.
+
+    Names: ``cuda_driver``, ``nccl_rank``, ``stand_in_nccl``.  ``out_dir``
+    defaults to ``tests/support/build``.  Blocks while compiling; safe to
+    call from several processes at once.  Raises RuntimeError when the
+    compiler is missing or fails.
+    """
+    out = Path(out_dir) if out_dir is not None else BUILD_DIR
+    return {t.name: _build(t, out) for t in _TARGETS}
+
+
+def _build(target: _Target, out_dir: Path) -> Path:
+    source = SUPPORT_DIR / target.source
+    output = out_dir / target.output
+    if _up_to_date(output, (source, Path(__file__).resolve())):
+        return output
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    cmd = [COMPILER, *COMMON_FLAGS, *target.flags, "-o", str(tmp), str(source), *target.libs]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"cannot run compiler: {shlex.join(cmd)}: {exc}") from exc
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"compile failed (exit {proc.returncode}): {shlex.join(cmd)}\n{proc.stderr}")
+    tmp.chmod(0o755)
+    os.replace(tmp, output)
+    return output
+
+
+def _up_to_date(output: Path, inputs: tuple[Path, ...]) -> bool:
+    try:
+        built = output.stat().st_mtime_ns
+    except FileNotFoundError:
+        return False
+    return all(p.stat().st_mtime_ns <= built for p in inputs)
+
+
+def _wheel_lib(package: str, filename: str) -> Path | None:
+    """Find ``site-packages/nvidia/<pkg>/lib/<filename>`` for this interpreter.
+
+    ``nvidia`` is a namespace package, so the spec's search locations list
+    every directory that provides it.
+    """
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.submodule_search_locations is None:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / "lib" / filename
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def real_cudart() -> Path | None:
+    """NVIDIA's libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel, if installed."""
+    return _wheel_lib("nvidia.cuda_runtime", "libcudart.so.12")
+
+
+def real_nccl() -> Path | None:
+    """NVIDIA's libnccl.so.2 from the nvidia-nccl-cu12 wheel, if installed."""
+    return _wheel_lib("nvidia.nccl", "libnccl.so.2")
+
+
+def main() -> int:
+    try:
+        built = build_all()
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    for name, path in built.items():
+        print(f"{name}: {path}")
+    print(f"real_cudart: {real_cudart()}")
+    print(f"real_nccl: {real_nccl()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
