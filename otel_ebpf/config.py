@@ -18,7 +18,9 @@ Environment variables use the prefix ``OTEL_EBPF_`` (see :data:`ENV_PREFIX`).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import os
 import re
 import stat
@@ -53,10 +55,11 @@ _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, 
 def doc(default: Any, text: str, **extra: Any) -> Any:
     """A dataclass field with its default and documentation (``duration=True`` accepts '10s')."""
     meta = {"doc": text, **extra}
-    if isinstance(default, (list, dict, set)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
-    if dataclasses.is_dataclass(default) and not isinstance(default, type):
-        return field(default_factory=lambda d=default: dataclasses.replace(d), metadata=meta)
+    # Mutable defaults are deep-copied per instance: a shallow copy (dataclasses.replace) would
+    # share a nested config's lists and dicts between every instance and the prototype.
+    if isinstance(default, (list, dict, set)) or (
+            dataclasses.is_dataclass(default) and not isinstance(default, type)):
+        return field(default_factory=functools.partial(copy.deepcopy, default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -116,7 +119,7 @@ def _convert(tp: Any, value: Any, path: str, meta: dict[str, Any]) -> Any:
         key_tp, val_tp = get_args(tp) or (Any, Any)
         return {_convert(key_tp, k, f"{path}", {}): _convert(val_tp, v, f"{path}.{k}", {})
                 for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, value, path)
     if tp is bool:
         if not isinstance(value, bool):

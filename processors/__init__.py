@@ -1,1 +1,8 @@
-"""Processors: one folder per processor, listed by hand in otel_ebpf.components."""
+"""Processors: one folder per component, listed by hand in otel_ebpf.components.
+
+Installed as ``otel_ebpf.processors`` (see setup.py). Imported under any other name (e.g. as a
+top-level ``processors`` because the repository root is on sys.path) its modules would load twice
+and isinstance checks would fail between the copies, so that is refused.
+"""
+if __name__ != "otel_ebpf.processors":
+    raise ImportError(f"import this package as otel_ebpf.processors, not {__name__}")

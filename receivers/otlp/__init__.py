@@ -1,7 +1,7 @@
-"""OTLP in: gRPC and HTTP servers for OTLP exports (see :mod:`receivers.otlp.server`)."""
+"""OTLP in: gRPC and HTTP servers for OTLP exports (see :mod:`otel_ebpf.receivers.otlp.server`)."""
 from __future__ import annotations
 
-from receivers.otlp.server import (
+from .server import (
     SIGNALS,
     OtlpBindError,
     OtlpServer,

@@ -37,7 +37,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from receivers.otlp.server import OtlpServer, OtlpServerStats, parse_otlp_json, to_otlp_json
+from otel_ebpf.receivers.otlp.server import OtlpServer, OtlpServerStats, parse_otlp_json, to_otlp_json
 
 __all__ = [
     "OtlpSink",

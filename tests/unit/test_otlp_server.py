@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_ebpf.errors import ConfigError
-from receivers.otlp import OtlpBindError, OtlpServer, parse_endpoint, to_otlp_json
+from otel_ebpf.receivers.otlp import OtlpBindError, OtlpServer, parse_endpoint, to_otlp_json
 from tests.support.otlp_sink import OtlpSink, decode_attrs, load_jsonl, spans_from_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -277,5 +277,5 @@ def test_request_roundtrips_through_otlp_json():
     span.trace_id, span.span_id, span.kind = bytes.fromhex(TRACE_ID_HEX), bytes.fromhex(SPAN_ID_HEX), 2
     text = to_otlp_json(request)
     assert TRACE_ID_HEX in text and '"kind":2' in text
-    from receivers.otlp import parse_otlp_json
+    from otel_ebpf.receivers.otlp import parse_otlp_json
     assert parse_otlp_json(text, ExportTraceServiceRequest) == request

@@ -1,0 +1,343 @@
+"""otel_ebpf.emit.emitter: records to SDK spans and metrics, one resource per process, bounded."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from otel_ebpf.emit.emitter import Emitter, ExporterSpec
+from otel_ebpf.events import (
+    MetricRecord,
+    ProcessExit,
+    SpanEventRecord,
+    SpanLinkRecord,
+    SpanRecord,
+)
+from otel_ebpf.telemetry import DROPPED, Telemetry
+
+T0 = 1_700_000_000_000_000_000
+TRACE = 0x0123456789ABCDEF0123456789ABCDEF
+SPAN = 0x1122334455667788
+PARENT = 0x99AABBCCDDEEFF00
+
+
+class StoringMetricExporter(MetricExporter):
+    """Keeps every MetricsData it is given; can be told to fail."""
+
+    def __init__(self, result: MetricExportResult = MetricExportResult.SUCCESS) -> None:
+        super().__init__(preferred_temporality={}, preferred_aggregation={})
+        self.exports: list[MetricsData] = []
+        self.result = result
+        self.shutdowns = 0
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        self.exports.append(metrics_data)
+        return self.result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.shutdowns += 1
+
+
+def resource_of(pid: int, comm: str | None) -> dict[str, Any]:
+    return {"process.pid": pid, "service.name": f"svc-{pid}", "process.executable.name": comm or "?"}
+
+
+class Rig:
+    def __init__(self, **kwargs: Any) -> None:
+        self.spans = InMemorySpanExporter()
+        self.metrics = StoringMetricExporter(kwargs.pop("result", MetricExportResult.SUCCESS))
+        self.telemetry = Telemetry()
+        kwargs.setdefault("metrics_interval", 3600.0)
+        self.emitter = Emitter([ExporterSpec("mem", self.spans, self.metrics, batch_delay=0.05)], self.telemetry,
+                               resource_of=resource_of, agent_attributes={"service.name": "otel-ebpf"},
+                               **kwargs)
+
+    def finished(self) -> list[ReadableSpan]:
+        self.emitter.flush()
+        return list(self.spans.get_finished_spans())
+
+    def export(self) -> MetricsData:
+        """Export once and return what the exporter got (empty MetricsData when nothing was sent)."""
+        before = len(self.metrics.exports)
+        self.emitter.export_metrics()
+        return self.metrics.exports[-1] if len(self.metrics.exports) > before else MetricsData([])
+
+
+@pytest.fixture
+def rig():
+    r = Rig()
+    yield r
+    r.emitter.shutdown()
+
+
+def span(pid: int = 10, **kw: Any) -> SpanRecord:
+    kw.setdefault("name", "cudaLaunchKernel")
+    kw.setdefault("start_ns", T0)
+    kw.setdefault("end_ns", T0 + 1000)
+    kw.setdefault("attributes", {})
+    return SpanRecord(pid=pid, **kw)
+
+
+def metric(pid: int | None = 10, name: str = "m", kind: str = "counter", value: float = 1.0, **kw: Any):
+    kw.setdefault("attributes", {})
+    return MetricRecord(pid=pid, name=name, kind=kind, value=value, **kw)  # type: ignore[arg-type]
+
+
+def by_resource(data: MetricsData, key: str = "process.pid") -> dict[Any, dict[str, Any]]:
+    """{resource attribute value: {metric name: Metric}}."""
+    out: dict[Any, dict[str, Any]] = {}
+    for rm in data.resource_metrics:
+        found = out.setdefault(rm.resource.attributes.get(key), {})
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                found[m.name] = m
+    return out
+
+
+def points(m: Any) -> list[Any]:
+    return list(m.data.data_points)
+
+
+# ---- spans --------------------------------------------------------------------------
+
+
+def test_each_pid_gets_its_own_resource(rig):
+    rig.emitter.consume([span(1, comm="python"), span(2), span(1)])
+    spans = rig.finished()
+    assert [s.resource.attributes["process.pid"] for s in spans] == [1, 2, 1]
+    assert spans[0].resource.attributes["service.name"] == "svc-1"
+    assert spans[0].resource.attributes["process.executable.name"] == "python"
+    assert spans[0].resource is spans[2].resource and spans[0].resource is not spans[1].resource
+    assert rig.emitter.process_count() == 2
+
+
+def test_extra_attributes_join_every_process_resource():
+    r = Rig(extra_attributes={"deployment.environment": "test"})
+    try:
+        r.emitter.consume([span(1)])
+        (s,) = r.finished()
+        assert s.resource.attributes["deployment.environment"] == "test"
+        assert s.resource.attributes["process.pid"] == 1
+    finally:
+        r.emitter.shutdown()
+
+
+def test_explicit_times_kind_scope_and_attributes(rig):
+    rig.emitter.consume([span(start_ns=T0 + 5, end_ns=T0 + 905, kind="client", scope="otel_ebpf.cuda",
+                              attributes={"cuda.stream": 7, "cuda.kernel": "gemm"})])
+    (s,) = rig.finished()
+    assert (s.start_time, s.end_time) == (T0 + 5, T0 + 905)
+    assert s.kind is SpanKind.CLIENT and s.instrumentation_scope.name == "otel_ebpf.cuda"
+    assert dict(s.attributes) == {"cuda.stream": 7, "cuda.kernel": "gemm"}
+    assert s.status.status_code is StatusCode.UNSET
+
+
+def test_end_before_start_is_clamped(rig):
+    rig.emitter.consume([span(start_ns=T0 + 100, end_ns=T0)])
+    (s,) = rig.finished()
+    assert s.end_time == s.start_time == T0 + 100
+
+
+def test_forced_ids_are_exactly_as_given(rig):
+    rig.emitter.consume([span(trace_id=TRACE, span_id=SPAN, parent_span_id=PARENT)])
+    (s,) = rig.finished()
+    assert (s.context.trace_id, s.context.span_id) == (TRACE, SPAN)
+    assert s.parent is not None and (s.parent.trace_id, s.parent.span_id) == (TRACE, PARENT)
+
+
+def test_forced_root_ids_and_no_leak_to_the_next_span(rig):
+    rig.emitter.consume([span(trace_id=TRACE, span_id=SPAN), span(), span()])
+    forced, a, b = rig.finished()
+    assert (forced.context.trace_id, forced.context.span_id, forced.parent) == (TRACE, SPAN, None)
+    assert a.context.trace_id not in (0, TRACE) and a.context.span_id not in (0, SPAN)
+    assert a.context.trace_id != b.context.trace_id and a.context.span_id != b.context.span_id
+
+
+def test_parent_without_trace_id_gets_a_random_trace(rig):
+    rig.emitter.consume([span(parent_span_id=PARENT, span_id=SPAN)])
+    (s,) = rig.finished()
+    assert s.parent.span_id == PARENT and s.context.span_id == SPAN
+    assert s.context.trace_id == s.parent.trace_id != 0
+
+
+def test_error_status(rig):
+    rig.emitter.consume([span(error="cudaErrorMemoryAllocation")])
+    (s,) = rig.finished()
+    assert s.status.status_code is StatusCode.ERROR
+    assert s.status.description == "cudaErrorMemoryAllocation"
+
+
+def test_links_and_span_events(rig):
+    rig.emitter.consume([span(
+        links=(SpanLinkRecord(TRACE, SPAN, {"nccl.peer": 3}),),
+        events=(SpanEventRecord("enqueued", T0 + 10, {"n": 1}), SpanEventRecord("done", T0 + 20)))])
+    (s,) = rig.finished()
+    (link,) = s.links
+    assert (link.context.trace_id, link.context.span_id) == (TRACE, SPAN)
+    assert dict(link.attributes) == {"nccl.peer": 3}
+    assert [(e.name, e.timestamp, dict(e.attributes)) for e in s.events] == [
+        ("enqueued", T0 + 10, {"n": 1}), ("done", T0 + 20, {})]
+
+
+def test_bad_record_is_counted_and_the_rest_go_on(rig):
+    rig.emitter.consume([span(kind="sideways"), "not a record", span(name="ok")])
+    assert [s.name for s in rig.finished()] == ["ok"]
+    assert rig.telemetry.get(DROPPED, receiver="emit", reason="bad_record") == 1
+
+
+# ---- metrics ------------------------------------------------------------------------
+
+
+def test_counter_updown_and_gauge(rig):
+    rig.emitter.consume([
+        metric(name="calls", value=2, count=3, attributes={"fn": "a"}),
+        metric(name="calls", value=1, attributes={"fn": "a"}),
+        metric(name="inflight", kind="updown", value=5),
+        metric(name="inflight", kind="updown", value=-2),
+        metric(name="mem", kind="gauge", value=100, unit="By"),
+        metric(name="mem", kind="gauge", value=42, unit="By"),
+    ])
+    m = by_resource(rig.export())[10]
+    (calls,) = points(m["calls"])
+    assert calls.value == 7 and dict(calls.attributes) == {"fn": "a"} and m["calls"].data.is_monotonic
+    (inflight,) = points(m["inflight"])
+    assert inflight.value == 3 and not m["inflight"].data.is_monotonic
+    assert points(m["mem"])[0].value == 42 and m["mem"].unit == "By"
+    rig.emitter.consume([metric(name="calls", value=1, attributes={"fn": "a"})])
+    assert points(by_resource(rig.export())[10]["calls"])[0].value == 8  # cumulative
+
+
+def test_weighted_histogram_buckets_sum_min_max(rig):
+    rig.emitter.consume([
+        metric(name="lat", kind="histogram", value=3e-4, count=5, unit="s", scope="otel_ebpf.cuda"),
+        metric(name="lat", kind="histogram", value=1.0, count=2, unit="s", scope="otel_ebpf.cuda"),
+        metric(name="lat", kind="histogram", value=40.0, unit="s", scope="otel_ebpf.cuda"),
+    ])
+    data = rig.export()
+    (rm,) = [r for r in data.resource_metrics if r.resource.attributes.get("process.pid") == 10]
+    (sm,) = rm.scope_metrics
+    assert sm.scope.name == "otel_ebpf.cuda"
+    (p,) = points(sm.metrics[0])
+    bounds = list(p.explicit_bounds)
+    assert p.count == 8 and sum(p.bucket_counts) == 8 and len(p.bucket_counts) == len(bounds) + 1
+    assert p.sum == pytest.approx(5 * 3e-4 + 2 * 1.0 + 40.0)
+    assert (p.min, p.max) == (3e-4, 40.0)
+    expected = [0] * (len(bounds) + 1)
+    expected[bounds.index(5e-4)] = 5   # (2.5e-4, 5e-4]
+    expected[bounds.index(1.0)] = 2    # upper bounds are inclusive
+    expected[bounds.index(60.0)] = 1   # (30, 60]
+    assert list(p.bucket_counts) == expected
+
+
+def test_agent_metrics_and_telemetry_are_on_the_agent_resource(rig):
+    rig.telemetry.dropped("cuda", "ringbuf_full", 3)
+    rig.emitter.consume([metric(pid=None, name="otel_ebpf.custom", value=4)])
+    agent = by_resource(rig.export(), "service.name")["otel-ebpf"]
+    (dropped,) = points(agent["otel_ebpf.events.dropped"])
+    assert dropped.value == 3 and dict(dropped.attributes) == {"receiver": "cuda", "reason": "ringbuf_full"}
+    assert points(agent["otel_ebpf.custom"])[0].value == 4
+    assert rig.emitter.process_count() == 0
+
+
+def test_telemetry_added_later_is_exported_too(rig):
+    rig.export()
+    rig.telemetry.add("otel_ebpf.probes.failed", 2, receiver="nccl", library="libnccl.so.2")
+    agent = by_resource(rig.export(), "service.name")["otel-ebpf"]
+    assert points(agent["otel_ebpf.probes.failed"])[0].value == 2
+
+
+def test_process_exit_exports_once_more_then_releases(rig):
+    rig.emitter.consume([metric(pid=10, value=1), metric(pid=11, value=1), span(10)])
+    rig.emitter.consume([ProcessExit(pid=10, time_ns=T0, comm="python", exit_code=0),
+                         ProcessExit(pid=999, time_ns=T0, comm="never seen", exit_code=0)])
+    assert rig.emitter.process_count() == 2  # released at the next collection, not before
+    assert set(by_resource(rig.export())) >= {10, 11}
+    assert rig.emitter.process_count() == 1
+    assert 10 not in by_resource(rig.export())
+
+
+def test_eviction_keeps_the_evicted_metrics_for_the_next_export():
+    r = Rig(max_processes=2)
+    try:
+        r.emitter.consume([metric(pid=1, value=5), metric(pid=2, value=1), span(2),
+                           metric(pid=3, value=1)])
+        assert r.emitter.process_count() == 2
+        assert r.telemetry.get("otel_ebpf.processes.evicted") == 1
+        data = by_resource(r.export())
+        assert points(data[1]["m"])[0].value == 5 and {2, 3} <= set(data)
+        assert points(by_resource(r.export(), "service.name")["otel-ebpf"]
+                      ["otel_ebpf.processes.evicted"])[0].value == 1
+        assert 1 not in by_resource(r.export())  # exported once, then gone
+    finally:
+        r.emitter.shutdown()
+
+
+def test_eviction_is_least_recently_used():
+    r = Rig(max_processes=2)
+    try:
+        r.emitter.consume([span(1), span(2), span(1), span(3)])  # 2 is the least recently used
+        r.emitter.consume([span(1)])
+        spans = r.finished()
+        assert spans[0].resource is spans[4].resource  # pid 1 kept its provider
+        assert r.telemetry.get("otel_ebpf.processes.evicted") == 1
+    finally:
+        r.emitter.shutdown()
+
+
+def test_failed_metric_export_is_counted():
+    r = Rig(result=MetricExportResult.FAILURE)
+    try:
+        r.emitter.consume([metric()])
+        r.emitter.export_metrics()
+        assert r.telemetry.get("otel_ebpf.export.failed", signal="metrics", exporter="mem") == 1
+    finally:
+        r.emitter.shutdown()
+
+
+def test_nothing_to_export_sends_nothing(rig):
+    rig.emitter.export_metrics()
+    assert rig.metrics.exports == []
+
+
+# ---- lifecycle ----------------------------------------------------------------------
+
+
+def test_timer_exports_metrics_after_start():
+    r = Rig(metrics_interval=0.05)
+    try:
+        r.emitter.consume([metric()])
+        r.emitter.start()
+        deadline = time.monotonic() + 5
+        while not r.metrics.exports and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert r.metrics.exports
+    finally:
+        r.emitter.shutdown()
+
+
+def test_shutdown_flushes_and_is_idempotent():
+    r = Rig()
+    r.emitter.start()
+    r.emitter.consume([span(name="last"), metric(name="final", value=9)])
+    r.emitter.shutdown()
+    assert [s.name for s in r.spans.get_finished_spans()] == ["last"]
+    (data,) = r.metrics.exports
+    assert points(by_resource(data)[10]["final"])[0].value == 9
+    assert r.metrics.shutdowns == 1
+    r.emitter.shutdown()
+    assert len(r.metrics.exports) == 1 and r.metrics.shutdowns == 1
+
+
+def test_shutdown_without_start():
+    r = Rig()
+    r.emitter.shutdown()
+    r.emitter.shutdown()
+    assert r.metrics.shutdowns == 1

@@ -1,0 +1,145 @@
+"""otel_ebpf.emit.jsonfile: OTLP/JSON lines, as the Collector's file exporter writes them."""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult, MetricsData
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from otel_ebpf.emit.jsonfile import JsonLinesMetricExporter, JsonLinesSpanExporter
+from otel_ebpf.receivers.otlp import parse_otlp_json
+from otel_ebpf.receivers.otlp import to_otlp_json as receiver_to_otlp_json
+
+ID_LENGTHS = {"traceId": 32, "spanId": 16, "parentSpanId": 16}
+RESOURCE = Resource.create({"service.name": "train", "process.pid": 42})
+
+
+def make_spans() -> list[ReadableSpan]:
+    mem = InMemorySpanExporter()
+    provider = TracerProvider(resource=RESOURCE)
+    provider.add_span_processor(SimpleSpanProcessor(mem))
+    tracer = provider.get_tracer("otel_ebpf.nccl")
+    with tracer.start_as_current_span("step", kind=SpanKind.SERVER) as parent:
+        child = tracer.start_span("ncclAllReduce", kind=SpanKind.CLIENT, start_time=10**18,
+                                  attributes={"nccl.count": 1024, "nccl.op": "sum", "ok": True, "r": 0.5,
+                                              "ranks": (0, 1)},
+                                  links=[Link(parent.get_span_context(), {"why": "peer"})])
+        child.add_event("enqueued", {"n": 1}, timestamp=10**18 + 5)
+        child.set_status(Status(StatusCode.ERROR, "ncclSystemError"))
+        child.end(end_time=10**18 + 100)
+    provider.shutdown()
+    return list(mem.get_finished_spans())
+
+
+def make_metrics() -> MetricsData:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(resource=RESOURCE, metric_readers=[reader])
+    meter = provider.get_meter("otel_ebpf.cuda")
+    tracer_provider = TracerProvider()
+    with tracer_provider.get_tracer("t").start_as_current_span("s"):  # exemplars carry hex ids too
+        meter.create_counter("calls").add(3, {"fn": "cudaMalloc"})
+        meter.create_histogram("lat", unit="s").record(0.25, {"fn": "cudaMalloc"})
+    meter.create_gauge("mem", unit="By").set(7)
+    meter.create_up_down_counter("inflight").add(-2)
+    data = reader.get_metrics_data()
+    provider.shutdown()
+    assert data is not None
+    return data
+
+
+def walk(node: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield k, v
+            yield from walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from walk(v)
+
+
+def assert_otlp_json_shape(tree: dict) -> None:
+    ids = [(k, v) for k, v in walk(tree) if k in ID_LENGTHS]
+    assert ids, "expected trace/span ids in the output"
+    for key, value in ids:
+        assert re.fullmatch(f"[0-9a-f]{{{ID_LENGTHS[key]}}}", value), (key, value)
+    for key, _ in walk(tree):
+        assert re.fullmatch(r"[a-z][A-Za-z0-9]*", key), f"not lowerCamelCase: {key}"
+
+
+def read_lines(path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def test_traces_line_is_otlp_json_and_round_trips(tmp_path):
+    spans = make_spans()
+    exporter = JsonLinesSpanExporter(tmp_path / "out")
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    (line,) = read_lines(tmp_path / "out" / "traces.jsonl")
+    tree = json.loads(line)
+    assert_otlp_json_shape(tree)
+    assert {k for k, _ in walk(tree)} >= {"parentSpanId", "links", "events", "status", "resourceSpans"}
+    span_kinds = [v for k, v in walk(tree) if k == "kind"]
+    assert sorted(span_kinds) == [2, 3]  # enums as integers: SERVER, CLIENT
+    assert parse_otlp_json(line, ExportTraceServiceRequest) == encode_spans(spans)
+
+
+def test_metrics_line_is_otlp_json_and_round_trips(tmp_path):
+    data = make_metrics()
+    exporter = JsonLinesMetricExporter(tmp_path)
+    assert exporter.export(data) is MetricExportResult.SUCCESS
+    (line,) = read_lines(tmp_path / "metrics.jsonl")
+    tree = json.loads(line)
+    assert_otlp_json_shape(tree)  # exemplars hold traceId/spanId
+    assert {k for k, _ in walk(tree)} >= {"resourceMetrics", "scopeMetrics", "dataPoints", "bucketCounts",
+                                         "exemplars", "aggregationTemporality", "isMonotonic"}
+    assert parse_otlp_json(line, ExportMetricsServiceRequest) == encode_metrics(data)
+
+
+def test_agrees_with_the_receivers_encoder(tmp_path):
+    spans, data = make_spans(), make_metrics()
+    JsonLinesSpanExporter(tmp_path).export(spans)
+    JsonLinesMetricExporter(tmp_path).export(data)
+    assert json.loads(read_lines(tmp_path / "traces.jsonl")[0]) == \
+        json.loads(receiver_to_otlp_json(encode_spans(spans)))
+    assert json.loads(read_lines(tmp_path / "metrics.jsonl")[0]) == \
+        json.loads(receiver_to_otlp_json(encode_metrics(data)))
+
+
+def test_one_line_per_export_appended(tmp_path):
+    spans = make_spans()
+    exporter = JsonLinesSpanExporter(tmp_path)
+    exporter.export(spans[:1])
+    exporter.export(spans[1:])
+    JsonLinesSpanExporter(tmp_path).export(spans)  # a new exporter appends, never truncates
+    lines = read_lines(tmp_path / "traces.jsonl")
+    assert len(lines) == 3
+    assert [parse_otlp_json(x, ExportTraceServiceRequest) for x in lines] == \
+        [encode_spans(spans[:1]), encode_spans(spans[1:]), encode_spans(spans)]
+
+
+def test_empty_exports_write_nothing(tmp_path):
+    assert JsonLinesSpanExporter(tmp_path).export([]) is SpanExportResult.SUCCESS
+    assert JsonLinesMetricExporter(tmp_path).export(MetricsData([])) is MetricExportResult.SUCCESS
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["file", "below_file"])
+def test_unwritable_directory_fails_without_raising(tmp_path, where):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    directory = blocker if where == "file" else blocker / "sub"
+    assert JsonLinesSpanExporter(directory).export(make_spans()) is SpanExportResult.FAILURE
+    assert JsonLinesMetricExporter(directory).export(make_metrics()) is MetricExportResult.FAILURE

@@ -1,0 +1,203 @@
+"""otel_ebpf.settings: defaults < YAML file < OTEL_EBPF_* environment < CLI flags, validated at once.
+
+The component registries are replaced by small fakes, so these tests depend on neither the
+real receivers nor processors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import yaml
+
+from otel_ebpf import components, settings
+from otel_ebpf.config import doc
+from otel_ebpf.emit.exporters import FileExporterConfig, OtlpExporterConfig
+from otel_ebpf.errors import ConfigError
+from otel_ebpf.pipeline import Factory
+
+
+@dataclass
+class Limits:
+    size: int = doc(8, "Size.")
+    rate: float = doc(1.0, "Rate.")
+
+
+@dataclass
+class FakeReceiverConfig:
+    symbols: list[str] = doc(["a", "b"], "Symbols to probe.")
+    limits: Limits = doc(Limits(), "Limits.")
+
+
+@dataclass
+class FakeProcessorConfig:
+    timeout: float = doc(5.0, "Timeout.", duration=True)
+
+
+def _create(config, ctx, next_):
+    raise AssertionError("settings must not create components")
+
+
+RECEIVERS = {"fake": Factory("fake", FakeReceiverConfig, _create),
+             "other": Factory("other", FakeReceiverConfig, _create)}
+PROCESSORS = {"pair": Factory("pair", FakeProcessorConfig, _create)}
+
+
+@pytest.fixture(autouse=True)
+def fake_registry(monkeypatch):
+    monkeypatch.setattr(components, "receivers", lambda: dict(RECEIVERS))
+    monkeypatch.setattr(components, "processors", lambda: dict(PROCESSORS))
+    for name in settings.ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def config_file(tmp_path, data) -> str:
+    p = tmp_path / "agent.yaml"
+    p.write_text(yaml.safe_dump(data))
+    p.chmod(0o600)
+    return str(p)
+
+
+def load_error(*args, **kwargs) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        settings.load(*args, **kwargs)
+    return info.value
+
+
+def test_default_config_is_valid_and_complete():
+    cfg = settings.load()
+    assert set(cfg.receivers) == {"fake", "other"} and set(cfg.processors) == {"pair"}
+    assert cfg.receivers["fake"] == FakeReceiverConfig()
+    assert cfg.exporters == {"file": FileExporterConfig()}
+    p = cfg.service.pipelines["default"]
+    assert (p.receivers, p.processors, p.exporters) == (["fake", "other"], ["pair"], ["file"])
+
+
+def test_dump_defaults_loads_back_as_the_default_config(tmp_path):
+    dumped = tmp_path / "defaults.yaml"
+    dumped.write_text(settings.dump_defaults())
+    dumped.chmod(0o600)
+    cfg, default = settings.load(str(dumped)), settings.load()
+    assert (cfg.receivers, cfg.processors, cfg.service) == (default.receivers, default.processors,
+                                                            default.service)
+    # the dump also documents the otlp exporter, which is defined but in no pipeline
+    assert cfg.exporters == {"file": FileExporterConfig(), "otlp": OtlpExporterConfig()}
+
+
+def test_file_mappings_merge_into_defaults(tmp_path):
+    path = config_file(tmp_path, {"receivers": {"fake": {"limits": {"size": 64}}}})
+    fake = settings.load(path).receivers["fake"]
+    assert fake.limits == Limits(size=64, rate=1.0)  # rate kept from the defaults
+    assert fake.symbols == ["a", "b"]
+
+
+def test_file_lists_replace_defaults(tmp_path):
+    path = config_file(tmp_path, {"receivers": {"fake": {"symbols": ["z"]}},
+                                  "service": {"pipelines": {"default": {"receivers": ["fake"]}}}})
+    cfg = settings.load(path)
+    assert cfg.receivers["fake"].symbols == ["z"]
+    p = cfg.service.pipelines["default"]
+    assert p.receivers == ["fake"] and p.exporters == ["file"]  # sibling keys still merged
+
+
+def test_component_ids_with_names(tmp_path):
+    path = config_file(tmp_path, {"receivers": {"fake/gpu1": {"symbols": []}},
+                                  "service": {"pipelines": {"default": {"receivers": ["fake/gpu1"]}}}})
+    cfg = settings.load(path)
+    assert cfg.receivers["fake/gpu1"] == FakeReceiverConfig(symbols=[])
+
+
+def test_output_flag_alone_keeps_only_the_file_exporter(tmp_path):
+    cfg = settings.load(output=str(tmp_path / "out"))
+    assert cfg.exporters["file"].directory == str(tmp_path / "out")
+    assert cfg.service.pipelines["default"].exporters == ["file"]
+
+
+def test_endpoint_flag_alone_exports_only_otlp():
+    cfg = settings.load(endpoint="collector:4317")
+    assert cfg.service.pipelines["default"].exporters == ["otlp"]
+    assert cfg.exporters["otlp"] == OtlpExporterConfig(endpoint="collector:4317")
+
+
+def test_endpoint_and_output_export_to_both(tmp_path):
+    cfg = settings.load(output=str(tmp_path), endpoint="http://c:4318", protocol="http")
+    assert sorted(cfg.service.pipelines["default"].exporters) == ["file", "otlp"]
+    assert cfg.exporters["otlp"].protocol == "http" and cfg.exporters["file"].directory == str(tmp_path)
+
+
+def test_flags_override_the_file(tmp_path):
+    path = config_file(tmp_path, {"exporters": {"otlp": {"endpoint": "a:1", "protocol": "http"}},
+                                  "service": {"pipelines": {"default": {"exporters": ["otlp"]}}}})
+    cfg = settings.load(path, output=str(tmp_path / "o"))
+    assert cfg.service.pipelines["default"].exporters == ["file"]
+    assert cfg.exporters["otlp"].protocol == "http"  # still defined, just not in the pipeline
+
+
+def test_bad_endpoint_flag_is_a_config_error():
+    assert load_error(endpoint="http://:notaport").path == "exporters.otlp.endpoint"
+
+
+def test_environment_variables(monkeypatch, tmp_path):
+    monkeypatch.setenv("OTEL_EBPF_OUTPUT", str(tmp_path / "env"))
+    monkeypatch.setenv("OTEL_EBPF_OTLP_ENDPOINT", "envhost:4317")
+    monkeypatch.setenv("OTEL_EBPF_OTLP_PROTOCOL", "http")
+    cfg = settings.load()
+    assert sorted(cfg.service.pipelines["default"].exporters) == ["file", "otlp"]
+    assert cfg.exporters["file"].directory == str(tmp_path / "env")
+    assert (cfg.exporters["otlp"].endpoint, cfg.exporters["otlp"].protocol) == ("envhost:4317", "http")
+
+
+def test_flags_win_over_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("OTEL_EBPF_OUTPUT", str(tmp_path / "env"))
+    cfg = settings.load(output=str(tmp_path / "flag"))
+    assert cfg.exporters["file"].directory == str(tmp_path / "flag")
+
+
+def test_config_path_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("OTEL_EBPF_CONFIG", config_file(tmp_path, {"receivers": {"fake": {"symbols": ["e"]}}}))
+    assert settings.load().receivers["fake"].symbols == ["e"]
+
+
+def test_bad_protocol_in_environment_names_the_key(monkeypatch):
+    monkeypatch.setenv("OTEL_EBPF_OTLP_ENDPOINT", "h:1")
+    monkeypatch.setenv("OTEL_EBPF_OTLP_PROTOCOL", "udp")
+    assert load_error().path == "exporters.otlp.protocol"
+
+
+def test_pipeline_naming_undefined_receiver(tmp_path):
+    path = config_file(tmp_path, {"service": {"pipelines": {"default": {"receivers": ["nope"]}}}})
+    err = load_error(path)
+    assert err.path == "service.pipelines.default.receivers[0]" and "'nope'" in str(err)
+
+
+@pytest.mark.parametrize(("kind", "ids", "bad"), [
+    ("processors", ["pair", "missing"], "service.pipelines.default.processors[1]"),
+    ("exporters", ["otlp"], "service.pipelines.default.exporters[0]"),
+])
+def test_pipeline_naming_undefined_processor_or_exporter(tmp_path, kind, ids, bad):
+    path = config_file(tmp_path, {"service": {"pipelines": {"default": {kind: ids}}}})
+    assert load_error(path).path == bad
+
+
+def test_pipeline_needs_a_receiver_and_an_exporter(tmp_path):
+    path = config_file(tmp_path, {"service": {"pipelines": {"default": {"exporters": []}}}})
+    assert load_error(path).path == "service.pipelines.default"
+
+
+def test_unknown_component_type(tmp_path):
+    err = load_error(config_file(tmp_path, {"receivers": {"gpu/x": {}}}))
+    assert err.path == "receivers.gpu/x" and "fake" in str(err)  # lists the known types
+    assert load_error(config_file(tmp_path, {"exporters": {"kafka": {}}})).path == "exporters.kafka"
+
+
+def test_unknown_key_inside_a_component(tmp_path):
+    err = load_error(config_file(tmp_path, {"receivers": {"fake": {"limits": {"bogus": 1}}}}))
+    assert err.path == "receivers.fake.limits.bogus"
+
+
+def test_unknown_top_level_key(tmp_path):
+    assert load_error(config_file(tmp_path, {"recievers": {}})).path == "recievers"
+
+
+def test_section_must_be_a_mapping(tmp_path):
+    assert load_error(config_file(tmp_path, {"processors": ["pair"]})).path == "processors"
