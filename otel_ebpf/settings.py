@@ -73,6 +73,8 @@ def _overrides(output: str | None, endpoint: str | None, protocol: str | None) -
         names.append("file")
     if names:
         over["service"] = {"pipelines": {"default": {"exporters": names}}}
+    elif protocol:
+        over["exporters"]["otlp"] = {"protocol": protocol}  # applies to a configured otlp exporter
     return over
 
 
@@ -116,7 +118,15 @@ def load(path: str | None = None, *, output: str | None = None, endpoint: str | 
             raise ConfigError(sorted(unknown)[0], "unknown top-level key (known: receivers, processors, "
                                                   "exporters, service)")
         data = _merge(data, user)
-    data = _merge(data, _overrides(output, endpoint, protocol))
+        user_pipes = (user.get("service") or {}).get("pipelines") if isinstance(user.get("service"), dict) else None
+        if isinstance(user_pipes, dict):  # the file's pipelines are the ones that run; same-named ones merge
+            data["service"]["pipelines"] = {k: v for k, v in data["service"]["pipelines"].items() if k in user_pipes}
+    over = _overrides(output, endpoint, protocol)
+    if "otlp" in over["exporters"] and "otlp" not in data.get("exporters", {}) and not (endpoint or os.environ.get(
+            f"{ENV_PREFIX}OTLP_ENDPOINT")):
+        raise ConfigError("exporters.otlp", "--otlp-protocol (or OTEL_EBPF_OTLP_PROTOCOL) was given but no OTLP "
+                                            "endpoint: add --otlp-endpoint or an 'otlp' exporter to the config")
+    data = _merge(data, over)
     if extra:
         data = _merge(data, extra)
     cfg = AgentConfig(

@@ -11,8 +11,6 @@ per file); an I/O error fails that export (the SDK counts it) and never raises.
 """
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import os
 import threading
@@ -20,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics.export import (
@@ -32,27 +29,11 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otel_ebpf.otlpjson import to_otlp_json
+
 __all__ = ["JsonLinesMetricExporter", "JsonLinesSpanExporter", "to_otlp_json"]
 
 log = logging.getLogger(__name__)
-_ID_KEYS = {"traceId", "spanId", "parentSpanId"}
-
-
-def _hex_ids(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: (base64.b64decode(v).hex() if k in _ID_KEYS and isinstance(v, str) else _hex_ids(v))
-                for k, v in node.items()}
-    if isinstance(node, list):
-        return [_hex_ids(v) for v in node]
-    return node
-
-
-def to_otlp_json(message: Any) -> str:
-    """One protobuf OTLP request as a single OTLP/JSON line (no trailing newline)."""
-    data = MessageToDict(message, use_integers_for_enums=True)
-    return json.dumps(_hex_ids(data), separators=(",", ":"), ensure_ascii=False)
-
-
 class _LineWriter:
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -48,7 +48,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
 from otel_ebpf.errors import ConfigError, EnvironmentError_
 from ._http import _HttpServer
-from .otlp_json import parse_otlp_json, to_otlp_json
+from otel_ebpf.otlpjson import parse_otlp_json, to_otlp_json
 
 __all__ = [
     "SIGNALS",

@@ -201,3 +201,17 @@ def test_unknown_top_level_key(tmp_path):
 
 def test_section_must_be_a_mapping(tmp_path):
     assert load_error(config_file(tmp_path, {"processors": ["pair"]})).path == "processors"
+
+
+def test_file_pipelines_replace_the_default_pipeline(tmp_path):
+    path = config_file(tmp_path, {"service": {"pipelines": {"gpu": {"receivers": ["fake"], "exporters": ["file"]}}}})
+    cfg = settings.load(path)
+    assert list(cfg.service.pipelines) == ["gpu"]  # 'default' would duplicate every span
+
+
+def test_protocol_without_endpoint_is_an_error_unless_an_otlp_exporter_exists(tmp_path):
+    err = load_error(protocol="http")
+    assert err.path == "exporters.otlp" and "endpoint" in str(err)
+    path = config_file(tmp_path, {"exporters": {"otlp": {"endpoint": "http://127.0.0.1:4318"}},
+                                  "service": {"pipelines": {"default": {"exporters": ["otlp"]}}}})
+    assert settings.load(path, protocol="http").exporters["otlp"].protocol == "http"

@@ -4,7 +4,7 @@ The OTLP/JSON encoding (OTLP specification, "JSON Protobuf Encoding") differs fr
 protobuf JSON mapping in one way that matters here: ``traceId``, ``spanId`` and
 ``parentSpanId`` are lowercase hex strings, not base64. Keys are lowerCamelCase (snake_case is
 accepted on input), enums may be integers or names, unknown fields are ignored.
-Pure functions, thread-safe. Re-exported by :mod:`receivers.otlp.server`.
+Pure functions, thread-safe. Used by the file exporter (otel_ebpf.emit.jsonfile) and the OTLP receiver.
 """
 from __future__ import annotations
 
