@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 from collections import deque
@@ -69,7 +70,7 @@ class Factory:
     """``type`` name, its ``Config`` dataclass and ``create(config, ctx, next) -> component``."""
 
     type: str
-    config_class: type
+    config_class: builtins.type
     create: Callable[[Any, Context, Consumer], Any]
     description: str = ""
 

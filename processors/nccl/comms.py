@@ -1,0 +1,156 @@
+"""Communicator identity: the bounded comm table and every id the NCCL join derives.
+
+A communicator id (``nccl.comm.id``, 16 hex digits) is computed identically by every rank of
+the communicator, on any host, without the agents talking:
+
+* ncclCommInitRank / ...Config / ...Scalable: ``derive_id("nccl.comm", unique_id.hex(), n)``
+  where ``n`` counts this process's earlier successful inits with the same 128 bytes (every
+  rank re-initialising from one unique id does so the same number of times);
+* ncclCommSplit: ``derive_id("nccl.split", parent_id, k, color)``, ``k`` the number of
+  earlier splits of the parent (splits are collective: every member calls them in order);
+* ncclCommInitAll: ``derive_id("nccl.initall", host, pid, k)``, ``k`` the process's earlier
+  InitAll calls; its communicators have rank = index, nranks = ndev.
+
+Join ids, from (comm id, seq) alone (so all ranks agree):
+
+* collective ``seq``: trace ``derive_id(comm_id, seq)``; every rank's span has parent
+  ``derive_id(comm_id, seq, "collective", bits=64)`` (the root span, emitted by rank 0) and
+  span id ``derive_id(comm_id, seq, rank, bits=64)``;
+* send #k from rank A to B and recv #k at B from A: trace ``derive_id(comm_id, "p2p", A, B, k)``,
+  span ids ``derive_id(comm_id, "p2p", A, B, k, "send"|"recv", bits=64)``.
+
+Not thread-safe: owned by the processor's single worker thread.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from otel_ebpf.emit.ids import derive_id
+from otel_ebpf.telemetry import Telemetry
+
+__all__ = [
+    "Comm",
+    "CommTable",
+    "collective_ids",
+    "comm_id_from_init_all",
+    "comm_id_from_split",
+    "comm_id_from_unique_id",
+    "group_ids",
+    "p2p_ids",
+]
+
+
+def _hex64(value: int) -> str:
+    return format(value, "016x")
+
+
+def comm_id_from_unique_id(unique_id: bytes, n: int) -> str:
+    return _hex64(derive_id("nccl.comm", unique_id.hex(), n, bits=64))
+
+
+def comm_id_from_split(parent_id: str, k: int, color: int) -> str:
+    return _hex64(derive_id("nccl.split", parent_id, k, color, bits=64))
+
+
+def comm_id_from_init_all(host: str, pid: int, k: int) -> str:
+    return _hex64(derive_id("nccl.initall", host, pid, k, bits=64))
+
+
+def collective_ids(comm_id: str, seq: int, rank: int) -> tuple[int, int, int]:
+    """(trace id, the collective's root span id, this rank's span id)."""
+    return (derive_id(comm_id, seq), derive_id(comm_id, seq, "collective", bits=64),
+            derive_id(comm_id, seq, rank, bits=64))
+
+
+def p2p_ids(comm_id: str, src: int, dst: int, k: int) -> tuple[int, int, int]:
+    """(trace id, send span id, recv span id) of send #k from rank ``src`` to ``dst``."""
+    return (derive_id(comm_id, "p2p", src, dst, k),
+            derive_id(comm_id, "p2p", src, dst, k, "send", bits=64),
+            derive_id(comm_id, "p2p", src, dst, k, "recv", bits=64))
+
+
+def group_ids(host: str, pid: int, group: int) -> tuple[int, int]:
+    """(trace id, span id) of a process's group span: local, no other rank needs it."""
+    return (derive_id("nccl.group", host, pid, group),
+            derive_id("nccl.group", host, pid, group, "span", bits=64))
+
+
+@dataclass(slots=True)
+class Comm:
+    """What is known of one communicator in one process. ``rank``/``nranks``/``device`` are
+    None until learned (split children: from ncclCommUserRank/ncclCommCount)."""
+
+    comm_id: str
+    rank: int | None
+    nranks: int | None
+    device: int | None = None
+    splits: int = 0
+
+
+class CommTable:
+    """(pid, handle) -> :class:`Comm`, at most ``max_comms`` entries; plus the per-process
+    counters ids are derived from, bounded the same way. A full table refuses the new entry
+    and counts ``otel_ebpf.events.dropped{receiver=nccl, reason=comm_table_full}``: that
+    communicator's calls are then emitted without join ids. Full counters count
+    ``reason=comm_counters_full`` (a later repeat of that init could reuse an id)."""
+
+    def __init__(self, max_comms: int, telemetry: Telemetry, host: str) -> None:
+        self.max_comms = max_comms
+        self.host = host
+        self._telemetry = telemetry
+        self._comms: dict[tuple[int, int], Comm] = {}
+        self._inits: dict[tuple[int, bytes], int] = {}
+        self._init_alls: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._comms)
+
+    def get(self, pid: int, handle: int) -> Comm | None:
+        return self._comms.get((pid, handle))
+
+    def add(self, pid: int, handle: int, comm: Comm) -> bool:
+        key = (pid, handle)
+        if key not in self._comms and len(self._comms) >= self.max_comms:
+            self._telemetry.dropped("nccl", "comm_table_full")
+            return False
+        self._comms[key] = comm  # a reused handle (freed, then allocated again) is a new comm
+        return True
+
+    def remove(self, pid: int, handle: int) -> Comm | None:
+        return self._comms.pop((pid, handle), None)
+
+    def forget_process(self, pid: int) -> None:
+        for key in [k for k in self._comms if k[0] == pid]:
+            del self._comms[key]
+        for init_key in [k for k in self._inits if k[0] == pid]:
+            del self._inits[init_key]
+        self._init_alls.pop(pid, None)
+
+    def clear(self) -> None:
+        self._comms.clear()
+        self._inits.clear()
+        self._init_alls.clear()
+
+    def next_init_id(self, pid: int, unique_id: bytes) -> str:
+        """The id of this process's next communicator from ``unique_id`` (counts it)."""
+        key = (pid, bytes(unique_id))
+        n = self._inits.get(key, 0)
+        if key in self._inits or len(self._inits) < self.max_comms:
+            self._inits[key] = n + 1
+        else:  # a later init from these same bytes would then reuse this id
+            self._telemetry.dropped("nccl", "comm_counters_full")
+        return comm_id_from_unique_id(unique_id, n)
+
+    def next_split_id(self, parent: Comm, color: int) -> str:
+        """The child id of the parent's next split (counts it, NOCOLOR members included)."""
+        k = parent.splits
+        parent.splits += 1
+        return comm_id_from_split(parent.comm_id, k, color)
+
+    def next_init_all_id(self, pid: int) -> str:
+        k = self._init_alls.get(pid, 0)
+        if pid in self._init_alls or len(self._init_alls) < self.max_comms:
+            self._init_alls[pid] = k + 1
+        else:
+            self._telemetry.dropped("nccl", "comm_counters_full")
+        return comm_id_from_init_all(self.host, pid, k)

@@ -1,0 +1,32 @@
+"""Configuration of the NCCL processor (``processors: {nccl: {...}}``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from otel_ebpf.config import doc
+from otel_ebpf.errors import ConfigError
+
+__all__ = ["Config"]
+
+
+@dataclass
+class Config:
+    """Every default lives here and is documented here."""
+
+    max_comms: int = doc(
+        4096, "Communicators remembered at once (over all processes), and as many per-process "
+              "id counters. Beyond it a new communicator is not remembered (counted as "
+              "otel_ebpf.events.dropped{receiver=nccl, reason=comm_table_full}) and its calls "
+              "are emitted without cross-rank join ids.")
+    host: str = doc(
+        "", "Host name used in the ids of ncclCommInitAll communicators (all their ranks live "
+            "in one process, so the id only has to be unique); empty means this host's name.")
+    root_spans: bool = doc(
+        True, "Emit, from the process that is rank 0, one root span per collective (span id = "
+              "the parent id every rank's span points to), so traces render without a missing "
+              "parent.")
+
+    def validate(self, path: str) -> None:
+        if self.max_comms < 1:
+            where = f"{path}.max_comms" if path else "max_comms"
+            raise ConfigError(where, f"must be >= 1, got {self.max_comms}")

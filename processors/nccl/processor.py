@@ -1,0 +1,320 @@
+"""The NCCL processor: NCCL receiver events -> spans and metrics with cross-rank join ids.
+
+Spans (ids: see :mod:`otel_ebpf.processors.nccl.comms`):
+
+* every collective call: ``nccl<Op>`` (``ncclAllReduce``) with ``nccl.op``, ``nccl.comm.id``,
+  ``nccl.rank``, ``nccl.nranks``, ``nccl.seq``, ``nccl.count``, ``nccl.datatype``,
+  ``nccl.bytes`` (count x datatype size), ``nccl.redop``, ``nccl.root`` where the op has them,
+  ``nccl.device`` when known, ``nccl.stream``, ``thread.id`` and ``nccl.timing =
+  "host_enqueue"``: timing is host-side enqueue time (the call into NCCL), NOT GPU execution
+  time. Every rank's span of collective ``seq`` of one communicator is in trace
+  ``derive_id(comm_id, seq)`` under the parent ``derive_id(comm_id, seq, "collective")``;
+  the process that is rank 0 also emits that parent, ``nccl <Op>``, with rank 0's times.
+* ncclSend/ncclRecv: ``ncclSend``/``ncclRecv`` with ``nccl.peer``; send #k A->B and recv #k
+  at B from A share a trace and link each other.
+* groups: ``ncclGroup`` covers the outermost ncclGroupStart..ncclGroupEnd of one thread, with
+  ``nccl.group.id`` and ``nccl.group.size``. Its members live in their own collectives'
+  traces, so containment is a span link from each member to the group span plus the
+  member's ``nccl.group.id`` attribute, not a parent/child relation.
+* communicator lifecycle: ``ncclCommInitRank``/``...Config``/``...Scalable``/``ncclCommSplit``
+  (all ranks' spans of one communicator share trace ``derive_id(comm_id, "init")``),
+  ``ncclCommInitAll``, ``ncclCommDestroy``, ``ncclCommAbort``.
+
+A call whose ncclResult_t is neither ncclSuccess nor ncclInProgress (the normal answer of a
+non-blocking communicator) gets ERROR status with the result's name and is not joined.
+Calls that cannot be joined (communicator unknown, rank unknown, no sequence number) keep
+their attributes and get random ids, or only the shared trace when just the rank is missing;
+each is counted in ``otel_ebpf.nccl.unjoined{reason}``.
+
+Metrics: ``nccl.calls`` and ``nccl.bytes`` {nccl.op, nccl.datatype, nccl.comm.id},
+``nccl.enqueue.duration`` (s) {nccl.op, nccl.comm.id}, ``nccl.comm.inits`` /
+``nccl.comm.destroys`` {nccl.function}, ``nccl.errors`` {nccl.function, nccl.error}.
+
+Every other event passes on unchanged (ProcessExit also frees that process's communicators).
+Single-threaded (the pipeline worker); ``start``/``shutdown`` are idempotent.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from otel_ebpf.emit.ids import derive_id
+from otel_ebpf.events import AttrValue, MetricRecord, ProcessExit, SpanLinkRecord, SpanRecord
+from otel_ebpf.pipeline import Consumer, Context
+
+from otel_ebpf.receivers.nccl import events as ev_mod
+
+from .comms import Comm, CommTable, collective_ids, group_ids, p2p_ids
+from .config import Config
+
+__all__ = ["NcclProcessor"]
+
+log = logging.getLogger(__name__)
+SCOPE = "otel_ebpf.nccl"
+_OK = (0, 7)  # ncclSuccess, ncclInProgress
+_METRICS = {
+    "nccl.calls": ("{call}", "NCCL collective and send/recv calls."),
+    "nccl.bytes": ("By", "Bytes named by NCCL calls (count x datatype size)."),
+    "nccl.comm.inits": ("{communicator}", "Communicators created."),
+    "nccl.comm.destroys": ("{communicator}", "Communicators destroyed or aborted."),
+    "nccl.errors": ("{call}", "NCCL calls that returned an error."),
+}
+_DURATION = ("nccl.enqueue.duration", "s", "Host-side time inside NCCL calls (enqueue, not GPU execution).")
+Out = list[object]
+
+
+class NcclProcessor:
+    """Consumer turning ``otel_ebpf.receivers.nccl`` events into SpanRecord/MetricRecord."""
+
+    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.next = next_
+        self.host = config.host or socket.gethostname()
+        self.comms = CommTable(config.max_comms, ctx.telemetry, self.host)
+        self._sums: dict[tuple[int, str, tuple[tuple[str, AttrValue], ...]], float] = {}
+        self._handlers: dict[type, Callable[[Any, Out], None]] = {
+            ev_mod.NcclCollective: self._collective, ev_mod.NcclP2P: self._p2p,
+            ev_mod.NcclGroup: self._group, ev_mod.NcclCommInit: self._init,
+            ev_mod.NcclCommInitAll: self._init_all, ev_mod.NcclCommSplit: self._split,
+            ev_mod.NcclCommEnd: self._end, ev_mod.NcclCommInfo: self._info,
+        }
+
+    def start(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self.comms.clear()
+        self._sums.clear()
+
+    def consume(self, events: Sequence[object]) -> None:
+        out: Out = []
+        for ev in events:
+            handler = self._handlers.get(type(ev))
+            if handler is None:
+                if isinstance(ev, ProcessExit):
+                    self.comms.forget_process(ev.pid)
+                out.append(ev)
+                continue
+            try:
+                handler(ev, out)
+            except Exception:  # hot path: count and go on
+                log.debug("cannot process %r", ev, exc_info=True)
+                self.ctx.telemetry.dropped("nccl", "bad_event")
+        self._flush_sums(out)
+        if out:
+            self.next.consume(out)
+
+    # ---- metrics ---------------------------------------------------------------------
+    def _count(self, pid: int, name: str, value: float, **attrs: AttrValue) -> None:
+        key = (pid, name, tuple(sorted(attrs.items())))
+        self._sums[key] = self._sums.get(key, 0.0) + value
+
+    def _flush_sums(self, out: Out) -> None:
+        for (pid, name, attrs), value in self._sums.items():
+            unit, text = _METRICS[name]
+            out.append(MetricRecord(pid, name, "counter", value, dict(attrs), unit, text, SCOPE))
+        self._sums.clear()
+
+    def _error(self, pid: int, function: str, rc: int) -> str | None:
+        if rc in _OK:
+            return None
+        name = ev_mod.result_name(rc)
+        self._count(pid, "nccl.errors", 1, **{"nccl.function": function, "nccl.error": name})
+        return name
+
+    def _unjoined(self, reason: str) -> None:
+        self.ctx.telemetry.add("otel_ebpf.nccl.unjoined", 1, reason=reason)
+
+    # ---- collectives and p2p ---------------------------------------------------------
+    def _op_attrs(self, ev: Any, comm: Comm | None) -> dict[str, AttrValue]:
+        attrs: dict[str, AttrValue] = {"nccl.op": ev.op, "nccl.count": ev.count,
+                                       "nccl.datatype": ev_mod.datatype_name(ev.datatype),
+                                       "nccl.timing": "host_enqueue", "thread.id": ev.tid}
+        size = ev_mod.datatype_size(ev.datatype)
+        if size is not None:
+            attrs["nccl.bytes"] = ev.count * size
+        if ev.stream:
+            attrs["nccl.stream"] = f"0x{ev.stream:x}"
+        if ev.seq is not None:
+            attrs["nccl.seq"] = ev.seq
+        if ev.group:
+            attrs["nccl.group.id"] = format(group_ids(self.host, ev.pid, ev.group)[1], "016x")
+        if comm is not None:
+            attrs["nccl.comm.id"] = comm.comm_id
+            for key, value in (("nccl.rank", comm.rank), ("nccl.nranks", comm.nranks),
+                               ("nccl.device", comm.device)):
+                if value is not None:
+                    attrs[key] = value
+        return attrs
+
+    def _op_metrics(self, ev: Any, attrs: dict[str, AttrValue]) -> None:
+        dims: dict[str, AttrValue] = {"nccl.op": ev.op, "nccl.datatype": attrs["nccl.datatype"]}
+        if "nccl.comm.id" in attrs:
+            dims["nccl.comm.id"] = attrs["nccl.comm.id"]
+        self._count(ev.pid, "nccl.calls", 1, **dims)
+        size = ev_mod.datatype_size(ev.datatype)
+        if size is not None:
+            self._count(ev.pid, "nccl.bytes", ev.count * size, **dims)
+
+    def _duration(self, ev: Any, attrs: dict[str, AttrValue], out: Out) -> None:
+        dims: dict[str, AttrValue] = {k: attrs[k] for k in ("nccl.op", "nccl.comm.id") if k in attrs}
+        name, unit, text = _DURATION
+        out.append(MetricRecord(ev.pid, name, "histogram", max(0, ev.end_ns - ev.start_ns) / 1e9, dims,
+                                unit, text, SCOPE))
+
+    def _group_links(self, ev: Any) -> tuple[SpanLinkRecord, ...]:
+        if not ev.group:
+            return ()
+        trace, span = group_ids(self.host, ev.pid, ev.group)
+        return (SpanLinkRecord(trace, span, {"nccl.link": "group"}),)
+
+    def _joinable(self, ev: Any, comm: Comm | None, error: str | None) -> Comm | None:
+        """``comm`` when the call can take join ids (issued, comm known, numbered), else None."""
+        if error is not None:
+            return None
+        reason = "unknown_comm" if comm is None else "no_seq" if ev.seq is None else None
+        if reason is not None:
+            self._unjoined(reason)
+            return None
+        return comm
+
+    def _collective(self, ev: Any, out: Out) -> None:
+        comm = self.comms.get(ev.pid, ev.comm)
+        attrs = self._op_attrs(ev, comm)
+        if ev.redop is not None:
+            attrs["nccl.redop"] = ev_mod.redop_name(ev.redop)
+        if ev.root is not None:
+            attrs["nccl.root"] = ev.root
+        error = self._error(ev.pid, "nccl" + ev.op, ev.rc)
+        trace = parent = span = None
+        joined = self._joinable(ev, comm, error)
+        if joined is not None and joined.rank is None:
+            self._unjoined("no_rank")  # the shared trace, but no parent: who is rank 0 is unknown
+            trace = collective_ids(joined.comm_id, ev.seq, 0)[0]
+        elif joined is not None and joined.rank is not None:
+            trace, parent, span = collective_ids(joined.comm_id, ev.seq, joined.rank)
+            if joined.rank == 0 and self.config.root_spans:
+                out.append(self._root_span(ev, attrs, trace, parent))
+        out.append(SpanRecord(ev.pid, "nccl" + ev.op, ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
+                              span_id=span, parent_span_id=parent, error=error,
+                              links=self._group_links(ev)))
+        self._op_metrics(ev, attrs)
+        self._duration(ev, attrs, out)
+
+    def _root_span(self, ev: Any, attrs: dict[str, AttrValue], trace: int, span: int) -> SpanRecord:
+        keep = ("nccl.op", "nccl.comm.id", "nccl.nranks", "nccl.seq", "nccl.count", "nccl.datatype",
+                "nccl.bytes", "nccl.redop", "nccl.root", "nccl.timing")
+        root = {k: attrs[k] for k in keep if k in attrs}
+        return SpanRecord(ev.pid, f"nccl {ev.op}", ev.start_ns, ev.end_ns, root, SCOPE, trace_id=trace,
+                          span_id=span)
+
+    def _p2p(self, ev: Any, out: Out) -> None:
+        comm = self.comms.get(ev.pid, ev.comm)
+        attrs = self._op_attrs(ev, comm)
+        attrs["nccl.peer"] = ev.peer
+        error = self._error(ev.pid, "nccl" + ev.op, ev.rc)
+        trace = span = None
+        links = self._group_links(ev)
+        joined = self._joinable(ev, comm, error)
+        if joined is not None and joined.rank is None:
+            self._unjoined("no_rank")
+        elif joined is not None and joined.rank is not None:
+            send = ev.op == "Send"
+            src, dst = (joined.rank, ev.peer) if send else (ev.peer, joined.rank)
+            trace, send_span, recv_span = p2p_ids(joined.comm_id, src, dst, ev.seq)
+            span, other = (send_span, recv_span) if send else (recv_span, send_span)
+            links = (SpanLinkRecord(trace, other, {"nccl.link": "recv" if send else "send"}), *links)
+        out.append(SpanRecord(ev.pid, "nccl" + ev.op, ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
+                              span_id=span, error=error, links=links))
+        self._op_metrics(ev, attrs)
+        self._duration(ev, attrs, out)
+
+    def _group(self, ev: Any, out: Out) -> None:
+        trace, span = group_ids(self.host, ev.pid, ev.group)
+        attrs: dict[str, AttrValue] = {"nccl.group.id": format(span, "016x"), "nccl.group.size": ev.members,
+                                       "nccl.timing": "host_enqueue", "thread.id": ev.tid}
+        out.append(SpanRecord(ev.pid, "ncclGroup", ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
+                              span_id=span, error=self._error(ev.pid, "ncclGroupEnd", ev.rc)))
+
+    # ---- communicators ---------------------------------------------------------------
+    def _comm_span(self, ev: Any, name: str, attrs: dict[str, AttrValue], comm_id: str | None,
+                   rank: int | None, error: str | None, out: Out) -> None:
+        trace = span = None
+        if comm_id is not None:
+            attrs["nccl.comm.id"] = comm_id
+            trace = derive_id(comm_id, "init")
+            if rank is not None:
+                span = derive_id(comm_id, "init", rank, bits=64)
+        attrs["thread.id"] = ev.tid
+        out.append(SpanRecord(ev.pid, name, ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
+                              span_id=span, error=error))
+
+    def _created(self, pid: int, function: str, handle: int, comm: Comm) -> None:
+        self.comms.add(pid, handle, comm)
+        self._count(pid, "nccl.comm.inits", 1, **{"nccl.function": function})
+
+    def _init(self, ev: Any, out: Out) -> None:
+        error = self._error(ev.pid, ev.function, ev.rc)
+        comm_id = None
+        if error is None and ev.comm:
+            comm_id = self.comms.next_init_id(ev.pid, ev.unique_id)
+            self._created(ev.pid, ev.function, ev.comm, Comm(comm_id, ev.rank, ev.nranks))
+        attrs: dict[str, AttrValue] = {"nccl.rank": ev.rank, "nccl.nranks": ev.nranks}
+        self._comm_span(ev, ev.function, attrs, comm_id, ev.rank, error, out)
+
+    def _init_all(self, ev: Any, out: Out) -> None:
+        error = self._error(ev.pid, "ncclCommInitAll", ev.rc)
+        attrs: dict[str, AttrValue] = {"nccl.nranks": ev.ndev, "nccl.devices": tuple(ev.devices)}
+        comm_id = None
+        if error is None:
+            comm_id = self.comms.next_init_all_id(ev.pid)
+            for rank, (handle, device) in enumerate(zip(ev.comms, ev.devices, strict=True)):
+                if handle:
+                    self._created(ev.pid, "ncclCommInitAll", handle, Comm(comm_id, rank, ev.ndev, device))
+        self._comm_span(ev, "ncclCommInitAll", attrs, comm_id, None, error, out)
+
+    def _split(self, ev: Any, out: Out) -> None:
+        error = self._error(ev.pid, "ncclCommSplit", ev.rc)
+        parent = self.comms.get(ev.pid, ev.parent)
+        attrs: dict[str, AttrValue] = {"nccl.split.color": ev.color, "nccl.split.key": ev.key}
+        child_id = None
+        if parent is not None:
+            attrs["nccl.parent.comm.id"] = parent.comm_id
+            if error is None:
+                child_id = self.comms.next_split_id(parent, ev.color)
+                if ev.comm:
+                    self._created(ev.pid, "ncclCommSplit", ev.comm, Comm(child_id, None, None, parent.device))
+        else:
+            self._unjoined("unknown_comm")
+        self._comm_span(ev, "ncclCommSplit", attrs, child_id if ev.comm else None, None, error, out)
+
+    def _end(self, ev: Any, out: Out) -> None:
+        function = "ncclCommAbort" if ev.abort else "ncclCommDestroy"
+        error = self._error(ev.pid, function, ev.rc)
+        comm = self.comms.remove(ev.pid, ev.comm) if error is None else self.comms.get(ev.pid, ev.comm)
+        attrs: dict[str, AttrValue] = {"thread.id": ev.tid}
+        if comm is not None:
+            attrs["nccl.comm.id"] = comm.comm_id
+            if comm.rank is not None:
+                attrs["nccl.rank"] = comm.rank
+        if error is None:
+            self._count(ev.pid, "nccl.comm.destroys", 1, **{"nccl.function": function})
+        out.append(SpanRecord(ev.pid, function, ev.start_ns, ev.end_ns, attrs, SCOPE, error=error))
+
+    def _info(self, ev: Any, _out: Out) -> None:
+        comm = self.comms.get(ev.pid, ev.comm)
+        if comm is None or ev.rc != 0:
+            return
+        if ev.what == "rank":
+            comm.rank = ev.value
+        elif ev.what == "nranks":
+            comm.nranks = ev.value
+        elif ev.what == "device":
+            comm.device = ev.value
+
+
+def create(config: Config, ctx: Context, next_: Consumer) -> NcclProcessor:
+    return NcclProcessor(config, ctx, next_)

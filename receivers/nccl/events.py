@@ -1,0 +1,191 @@
+"""Typed events of the NCCL receiver: one frozen dataclass per record kind of ``nccl.h``.
+
+Times are Unix epoch ns (converted once, in the receiver). ``comm`` / ``parent`` are the
+process's ncclComm_t handles (addresses): meaningful only together with ``pid``. ``rc`` is the
+call's ncclResult_t. ``seq`` is None when the kernel could not number the call (the
+communicator's creation was not seen, or the call failed). ``group`` is the id of the
+enclosing ncclGroupStart/End (0: none), unique within one receiver run.
+
+The tables below name NCCL 2.x enum values (nccl.h 2.32.3; values are ABI-stable).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "DATATYPES",
+    "REDOPS",
+    "RESULTS",
+    "NcclCollective",
+    "NcclCommEnd",
+    "NcclCommInfo",
+    "NcclCommInit",
+    "NcclCommInitAll",
+    "NcclCommSplit",
+    "NcclGroup",
+    "NcclP2P",
+    "datatype_name",
+    "datatype_size",
+    "redop_name",
+    "result_name",
+]
+
+# ncclDataType_t -> (name, bytes per element)
+DATATYPES: dict[int, tuple[str, int]] = {
+    0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8),
+    5: ("uint64", 8), 6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2),
+    10: ("float8e4m3", 1), 11: ("float8e5m2", 1),
+}
+# ncclRedOp_t; values >= ncclNumOps (5) are user ops from ncclRedOpCreatePreMulSum
+REDOPS: dict[int, str] = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
+RESULTS: dict[int, str] = {
+    0: "ncclSuccess", 1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
+    4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError", 7: "ncclInProgress",
+    8: "ncclTimeout",
+}
+
+
+def datatype_name(code: int) -> str:
+    entry = DATATYPES.get(code)
+    return entry[0] if entry else f"unknown({code})"
+
+
+def datatype_size(code: int) -> int | None:
+    entry = DATATYPES.get(code)
+    return entry[1] if entry else None
+
+
+def redop_name(code: int) -> str:
+    return REDOPS.get(code, "premulsum" if code >= 5 else f"unknown({code})")
+
+
+def result_name(rc: int) -> str:
+    return RESULTS.get(rc, f"ncclResult({rc})")
+
+
+@dataclass(frozen=True, slots=True)
+class NcclCommInit:
+    """ncclCommInitRank / ncclCommInitRankConfig / ncclCommInitRankScalable returned.
+    ``function`` names which; ``unique_id`` is the 128-byte ncclUniqueId as passed (the first
+    of the array for Scalable); ``comm`` is 0 when the call failed."""
+
+    pid: int
+    tid: int
+    start_ns: int
+    end_ns: int
+    function: str
+    comm: int
+    nranks: int
+    rank: int
+    unique_id: bytes
+    rc: int
+
+
+@dataclass(frozen=True, slots=True)
+class NcclCommInitAll:
+    """ncclCommInitAll returned: ``comms[i]`` is rank i of one communicator on ``devices[i]``."""
+
+    pid: int
+    tid: int
+    start_ns: int
+    end_ns: int
+    ndev: int
+    comms: tuple[int, ...]
+    devices: tuple[int, ...]
+    rc: int
+
+
+@dataclass(frozen=True, slots=True)
+class NcclCommSplit:
+    """ncclCommSplit(parent, color, key, &comm) returned; ``comm`` 0 for NCCL_SPLIT_NOCOLOR."""
+
+    pid: int
+    tid: int
+    start_ns: int
+    end_ns: int
+    parent: int
+    comm: int
+    color: int
+    key: int
+    rc: int
+
+
+@dataclass(frozen=True, slots=True)
+class NcclCommEnd:
+    """ncclCommDestroy (``abort`` False) or ncclCommAbort returned."""
+
+    pid: int
+    tid: int
+    start_ns: int
+    end_ns: int
+    comm: int
+    abort: bool
+    rc: int
+
+
+@dataclass(frozen=True, slots=True)
+class NcclCommInfo:
+    """ncclCommCount / ncclCommUserRank / ncclCommCuDevice returned ``value`` (``what`` is
+    ``nranks``, ``rank`` or ``device``); ``value`` is meaningful only when ``rc`` is 0."""
+
+    pid: int
+    tid: int
+    time_ns: int
+    comm: int
+    what: str
+    value: int
+    rc: int
+
+
+@dataclass(frozen=True, slots=True)
+class NcclCollective:
+    """A collective's host-side call (entry to return). ``op`` is the NCCL name without the
+    prefix (``AllReduce``); ``redop``/``root`` are None for ops without one."""
+
+    pid: int
+    tid: int
+    start_ns: int
+    end_ns: int
+    op: str
+    comm: int
+    count: int
+    datatype: int
+    redop: int | None
+    root: int | None
+    stream: int
+    seq: int | None
+    group: int
+    rc: int
+
+
+@dataclass(frozen=True, slots=True)
+class NcclP2P:
+    """ncclSend (``op`` "Send") or ncclRecv ("Recv") to/from ``peer``; ``seq`` counts per
+    (communicator, peer, direction)."""
+
+    pid: int
+    tid: int
+    start_ns: int
+    end_ns: int
+    op: str
+    comm: int
+    count: int
+    datatype: int
+    peer: int
+    stream: int
+    seq: int | None
+    group: int
+    rc: int
+
+
+@dataclass(frozen=True, slots=True)
+class NcclGroup:
+    """An outermost ncclGroupStart..ncclGroupEnd on one thread, with ``members`` calls inside."""
+
+    pid: int
+    tid: int
+    start_ns: int
+    end_ns: int
+    group: int
+    members: int
+    rc: int

@@ -1,0 +1,229 @@
+"""The NCCL receiver: probes on libnccl.so.2's host API, records decoded into typed events.
+
+What is probed (x86-64, NCCL 2.x; symbols missing from older libraries are optional):
+
+* communicators: ncclCommInitRank, ncclCommInitRankConfig, ncclCommInitRankScalable (the
+  128-byte ncclUniqueId is captured at entry), ncclCommInitAll, ncclCommSplit,
+  ncclCommDestroy, ncclCommAbort, and the returns of ncclCommCount / ncclCommUserRank /
+  ncclCommCuDevice (the only way to learn rank, size and device of a split communicator);
+* collectives: AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Gather,
+  Scatter and their ``*Config`` variants (same arguments first); ncclBcast is not probed: it
+  calls ncclBroadcast (NCCL 2.32.3), which would count it twice;
+* point-to-point: ncclSend, ncclRecv; groups: ncclGroupStart entry, ncclGroupEnd return.
+
+Timing is host-side: a span covers the call into NCCL (argument checks and enqueueing the
+work on the stream), not the GPU execution of the collective.
+
+Thread safety: :meth:`NcclReceiver.decode` runs on the poll thread only (see BpfReceiver).
+"""
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from otel_ebpf.bpf import BpfReceiver, Probe
+from otel_ebpf.pipeline import Consumer, Context
+
+from .config import Config
+from .events import (
+    NcclCollective,
+    NcclCommEnd,
+    NcclCommInfo,
+    NcclCommInit,
+    NcclCommInitAll,
+    NcclCommSplit,
+    NcclGroup,
+    NcclP2P,
+)
+
+__all__ = ["INFO_KINDS", "INIT_FUNCTIONS", "LAYOUTS", "OPS", "PROBES", "Layout", "NcclReceiver"]
+
+SRC = Path(__file__).with_name("nccl.bpf.c")
+# NCCL_OP_* in nccl.h, by value
+OPS = ("AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AlltoAll", "Gather",
+       "Scatter", "Send", "Recv")
+INIT_FUNCTIONS = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable")
+INFO_KINDS = ("nranks", "rank", "device")
+F_SEQ = 1
+SWEEP_INTERVAL_S = 10.0
+
+
+class Layout:
+    """The Python mirror of one record struct of nccl.h: (field, struct code) in order,
+    padding included under its C name, little-endian with no implicit alignment."""
+
+    def __init__(self, c_name: str, etype: int, *fields: tuple[str, str]) -> None:
+        self.c_name, self.etype, self.fields = c_name, etype, fields
+        fmt = "<"
+        self.offsets: dict[str, int] = {}
+        for name, code in fields:
+            self.offsets[name] = struct.calcsize(fmt)
+            fmt += code
+        self.struct = struct.Struct(fmt)
+
+
+_HEAD = (("pid", "I"), ("tid", "I"), ("rc", "i"))
+COMM_INIT = Layout("nccl_comm_init", 32, ("type", "B"), ("kind", "B"), ("_pad", "2x"), *_HEAD,
+                   ("nranks", "i"), ("rank", "i"), ("ts_start", "Q"), ("ts_end", "Q"), ("comm", "Q"),
+                   ("id", "128s"))
+COMM_INIT_ALL = Layout("nccl_comm_init_all", 33, ("type", "B"), ("_pad", "3x"), *_HEAD, ("ndev", "i"),
+                       ("_pad2", "4x"), ("ts_start", "Q"), ("ts_end", "Q"), ("comms", "32Q"),
+                       ("devs", "32i"))
+COMM_SPLIT = Layout("nccl_comm_split", 34, ("type", "B"), ("_pad", "3x"), *_HEAD, ("color", "i"),
+                    ("key", "i"), ("ts_start", "Q"), ("ts_end", "Q"), ("parent", "Q"), ("comm", "Q"))
+COMM_END = Layout("nccl_comm_end", 35, ("type", "B"), ("kind", "B"), ("_pad", "2x"), *_HEAD,
+                  ("ts_start", "Q"), ("ts_end", "Q"), ("comm", "Q"))
+COMM_INFO = Layout("nccl_comm_info", 36, ("type", "B"), ("kind", "B"), ("_pad", "2x"), *_HEAD,
+                   ("value", "i"), ("_pad2", "4x"), ("ts", "Q"), ("comm", "Q"))
+COLL = Layout("nccl_coll", 37, ("type", "B"), ("op", "B"), ("flags", "B"), ("_pad", "x"), *_HEAD,
+              ("datatype", "i"), ("redop", "i"), ("root", "i"), ("_pad2", "4x"), ("ts_start", "Q"),
+              ("ts_end", "Q"), ("count", "Q"), ("comm", "Q"), ("stream", "Q"), ("seq", "Q"),
+              ("group", "Q"))
+P2P = Layout("nccl_p2p", 38, ("type", "B"), ("op", "B"), ("flags", "B"), ("_pad", "x"), *_HEAD,
+             ("datatype", "i"), ("peer", "i"), ("ts_start", "Q"), ("ts_end", "Q"), ("count", "Q"),
+             ("comm", "Q"), ("stream", "Q"), ("seq", "Q"), ("group", "Q"))
+GROUP = Layout("nccl_group", 39, ("type", "B"), ("_pad", "3x"), *_HEAD, ("members", "I"), ("_pad2", "4x"),
+               ("ts_start", "Q"), ("ts_end", "Q"), ("group", "Q"))
+LAYOUTS = (COMM_INIT, COMM_INIT_ALL, COMM_SPLIT, COMM_END, COMM_INFO, COLL, P2P, GROUP)
+
+
+def _coll(symbol: str, entry: str, optional: bool = False) -> tuple[Probe, ...]:
+    """The call and its NCCL 2.32 ``*Config`` variant (same leading arguments, optional)."""
+    return (Probe(symbol, entry, "nccl_call_return", optional=optional),
+            Probe(symbol + "Config", entry, "nccl_call_return", optional=True))
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("ncclCommInitRank", "nccl_init_rank_enter", "nccl_init_return"),
+    Probe("ncclCommInitRankConfig", "nccl_init_rank_config_enter", "nccl_init_return", optional=True),
+    Probe("ncclCommInitRankScalable", "nccl_init_rank_scalable_enter", "nccl_init_return", optional=True),
+    Probe("ncclCommInitAll", "nccl_init_all_enter", "nccl_init_all_return"),
+    Probe("ncclCommSplit", "nccl_split_enter", "nccl_split_return", optional=True),
+    Probe("ncclCommDestroy", "nccl_destroy_enter", "nccl_end_return"),
+    Probe("ncclCommAbort", "nccl_abort_enter", "nccl_end_return"),
+    Probe("ncclCommCount", "nccl_count_enter", "nccl_info_return", optional=True),
+    Probe("ncclCommUserRank", "nccl_user_rank_enter", "nccl_info_return", optional=True),
+    Probe("ncclCommCuDevice", "nccl_cu_device_enter", "nccl_info_return", optional=True),
+    *_coll("ncclAllReduce", "nccl_all_reduce_enter"),
+    *_coll("ncclBroadcast", "nccl_broadcast_enter"),
+    *_coll("ncclReduce", "nccl_reduce_enter"),
+    *_coll("ncclAllGather", "nccl_all_gather_enter"),
+    *_coll("ncclReduceScatter", "nccl_reduce_scatter_enter"),
+    *_coll("ncclAlltoAll", "nccl_all_to_all_enter", optional=True),
+    *_coll("ncclGather", "nccl_gather_enter", optional=True),
+    *_coll("ncclScatter", "nccl_scatter_enter", optional=True),
+    Probe("ncclSend", "nccl_send_enter", "nccl_call_return"),
+    Probe("ncclRecv", "nccl_recv_enter", "nccl_call_return"),
+    Probe("ncclGroupStart", "nccl_group_start_enter"),
+    Probe("ncclGroupEnd", None, "nccl_group_end_return"),
+)
+
+
+class NcclReceiver(BpfReceiver):
+    """Emits the events of :mod:`otel_ebpf.receivers.nccl.events`, plus ProcessExit/LibraryLoaded from
+    the base. A record that cannot be decoded is counted (``decode_error``, by the base) or,
+    for an unknown type byte, as ``otel_ebpf.events.dropped{reason=unknown_record}``."""
+
+    name = "nccl"
+    src_file = SRC
+    library_key = "nccl"
+    lib_pattern = "libnccl.so"
+    probes: Sequence[Probe] = PROBES
+
+    def __init__(self, ctx: Context, next_: Consumer, config: Config | None = None) -> None:
+        self.config = config or Config()
+        super().__init__(ctx, next_, ringbuf_pages=self.config.ringbuf_pages,
+                         pause_on_load=self.config.pause_on_load, extra_libraries=self.config.libraries,
+                         poll_interval=self.config.poll_interval)
+        self._decoders: dict[int, Callable[[bytes], object]] = {
+            COMM_INIT.etype: self._comm_init, COMM_INIT_ALL.etype: self._comm_init_all,
+            COMM_SPLIT.etype: self._comm_split, COMM_END.etype: self._comm_end,
+            COMM_INFO.etype: self._comm_info, COLL.etype: self._coll, P2P.etype: self._p2p,
+            GROUP.etype: self._group,
+        }
+        self._last_sweep = time.monotonic()
+
+    def start(self) -> None:
+        first = self.bpf is None
+        super().start()
+        if first:
+            self.bpf.attach_tracepoint(tp="sched:sched_process_exit", fn_name="nccl_thread_exit")
+
+    def poll_maps(self) -> list[object]:
+        now = time.monotonic()
+        if now - self._last_sweep >= SWEEP_INTERVAL_S:
+            self._last_sweep = now
+            self.sweep()
+        return []
+
+    def sweep(self) -> int:
+        """Free the kernel's communicator state of processes that have exited (PyTorch often
+        exits without ncclCommDestroy); returns how many entries were freed. PIDs are those of
+        the agent's PID namespace, as everywhere in BpfReceiver. Poll thread only."""
+        comms = self.bpf["comms"]
+        gone = [k for k in comms.keys() if not os.path.exists(f"/proc/{k.tgid}")]
+        for key in gone:
+            try:
+                del comms[key]
+            except KeyError:
+                pass
+        return len(gone)
+
+    def cflags(self) -> list[str]:
+        c = self.config
+        return [f"-DNCCL_MAX_INFLIGHT={c.max_inflight}", f"-DNCCL_MAX_COMMS={c.max_comms}",
+                f"-DNCCL_MAX_P2P={c.max_p2p_counters}"]
+
+    def decode(self, etype: int, raw: bytes) -> object | None:
+        decoder = self._decoders.get(etype)
+        if decoder is None:
+            self.ctx.telemetry.dropped(self.name, "unknown_record")
+            return None
+        return decoder(raw)
+
+    def _ns(self, ts: int) -> int:
+        return self.clock.to_epoch_ns(ts)
+
+    def _comm_init(self, raw: bytes) -> NcclCommInit:
+        _, kind, pid, tid, rc, nranks, rank, t0, t1, comm, uid = COMM_INIT.struct.unpack_from(raw)
+        return NcclCommInit(pid, tid, self._ns(t0), self._ns(t1), INIT_FUNCTIONS[kind], comm, nranks,
+                            rank, uid, rc)
+
+    def _comm_init_all(self, raw: bytes) -> NcclCommInitAll:
+        v = COMM_INIT_ALL.struct.unpack_from(raw)
+        _, pid, tid, rc, ndev, t0, t1 = v[:7]
+        n = max(0, min(ndev, 32))
+        return NcclCommInitAll(pid, tid, self._ns(t0), self._ns(t1), ndev, tuple(v[7:7 + n]),
+                               tuple(v[39:39 + n]), rc)
+
+    def _comm_split(self, raw: bytes) -> NcclCommSplit:
+        _, pid, tid, rc, color, key, t0, t1, parent, comm = COMM_SPLIT.struct.unpack_from(raw)
+        return NcclCommSplit(pid, tid, self._ns(t0), self._ns(t1), parent, comm, color, key, rc)
+
+    def _comm_end(self, raw: bytes) -> NcclCommEnd:
+        _, kind, pid, tid, rc, t0, t1, comm = COMM_END.struct.unpack_from(raw)
+        return NcclCommEnd(pid, tid, self._ns(t0), self._ns(t1), comm, kind == 1, rc)
+
+    def _comm_info(self, raw: bytes) -> NcclCommInfo:
+        _, kind, pid, tid, rc, value, ts, comm = COMM_INFO.struct.unpack_from(raw)
+        return NcclCommInfo(pid, tid, self._ns(ts), comm, INFO_KINDS[kind], value, rc)
+
+    def _coll(self, raw: bytes) -> NcclCollective:
+        (_, op, flags, pid, tid, rc, dtype, redop, root, t0, t1, count, comm, stream, seq,
+         group) = COLL.struct.unpack_from(raw)
+        return NcclCollective(pid, tid, self._ns(t0), self._ns(t1), OPS[op], comm, count, dtype,
+                              redop if redop >= 0 else None, root if root >= 0 else None, stream,
+                              seq if flags & F_SEQ else None, group, rc)
+
+    def _p2p(self, raw: bytes) -> NcclP2P:
+        (_, op, flags, pid, tid, rc, dtype, peer, t0, t1, count, comm, stream, seq,
+         group) = P2P.struct.unpack_from(raw)
+        return NcclP2P(pid, tid, self._ns(t0), self._ns(t1), OPS[op], comm, count, dtype, peer, stream,
+                       seq if flags & F_SEQ else None, group, rc)
+
+    def _group(self, raw: bytes) -> NcclGroup:
+        _, pid, tid, rc, members, t0, t1, group = GROUP.struct.unpack_from(raw)
+        return NcclGroup(pid, tid, self._ns(t0), self._ns(t1), group, members, rc)
