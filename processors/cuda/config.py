@@ -1,0 +1,27 @@
+"""Configuration of the CUDA processor (``processors: {cuda: {...}}``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from otel_ebpf.config import doc
+from otel_ebpf.errors import ConfigError
+
+__all__ = ["Config"]
+
+
+@dataclass
+class Config:
+    """Every default lives here and is documented here."""
+
+    max_tracked_allocations: int = doc(
+        65536, "Outstanding device allocations remembered at once, over all processes (about "
+               "150 bytes each). Beyond it new allocations are not tracked: they count in "
+               "gpu.cuda.memory.allocations but not in the outstanding/leaked metrics, and each "
+               "is counted as otel_ebpf.events.dropped{reason=alloc_table_full}.")
+    spans: bool = doc(True, "Emit a span per memcpy, malloc/free, synchronize and cudaSetDevice "
+                            "call (metrics are emitted either way).")
+
+    def validate(self, path: str) -> None:
+        if self.max_tracked_allocations < 1:
+            key = f"{path}.max_tracked_allocations" if path else "max_tracked_allocations"
+            raise ConfigError(key, f"must be >= 1, got {self.max_tracked_allocations}")

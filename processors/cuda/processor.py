@@ -1,0 +1,291 @@
+"""CUDA events (receivers/cuda) -> SpanRecord / MetricRecord; everything else passes unchanged.
+
+Spans (scope ``otel_ebpf.cuda``, name = the API symbol, e.g. ``cudaMemcpyAsync``), one per
+memcpy, malloc/free, synchronize and cudaSetDevice call; a call with rc != 0 gets status
+ERROR described by the CUDA error name. Sampled kernel launches (receiver
+``launch_sample_every``) are zero-length spans at the launch.
+
+Span attributes (``cuda.*``; a metric carries only the ones listed with it):
+
+* ``cuda.api``: the symbol called (``cudaMemcpyAsync_ptsz`` for the per-thread-stream twin).
+* ``cuda.device.index``: the thread's device from its last successful cudaSetDevice; absent
+  when none was seen (OBI's name; ``cuda.device`` alone would collide with the namespace).
+* ``cuda.return_code`` (int) and, when not 0, ``error.type`` (``cudaErrorInsufficientDriver``).
+* ``thread.id``: the calling thread (semconv).
+* ``cuda.bytes``: bytes copied, allocated, or freed (when the allocation was seen).
+* ``cuda.memcpy.kind``: ``HostToHost``, ``HostToDevice``, ``DeviceToHost``, ``DeviceToDevice``,
+  ``Default`` (OBI's attribute).
+* ``cuda.ptr``: device pointer as hex (``0x7f00...``); ``cuda.stream``, ``cuda.event``: handles
+  as hex; ``cuda.malloc.flags``: cudaMallocManaged flags; ``cuda.device.requested``: the
+  argument of cudaSetDevice.
+* launch spans: ``cuda.kernel.func`` (hex), ``cuda.kernel.grid`` / ``cuda.kernel.block``
+  ([x, y, z]), ``cuda.kernel.shared_mem`` (bytes), ``cuda.kernel.launch_seq``, ``cuda.stream``.
+
+Metrics (scope ``otel_ebpf.cuda``; OBI's ``gpu.cuda.*`` names where OBI has one):
+
+* ``gpu.cuda.kernel.launch.calls`` counter {call}; ``gpu.cuda.kernel.grid.size`` (blocks) and
+  ``gpu.cuda.kernel.block.size`` (threads per block) histograms; by cuda.device.index.
+* ``gpu.cuda.memory.copies`` histogram By, by cuda.memcpy.kind, cuda.device.index (its count
+  is the number of copies, its sum the bytes). Successful calls only.
+* ``gpu.cuda.memory.allocations`` counter By, by cuda.api, cuda.device.index.
+* ``gpu.cuda.memory.free.bytes`` counter By (frees of allocations that were seen).
+* ``gpu.cuda.memory.outstanding`` updown By: allocated and not yet freed, by device.
+* ``gpu.cuda.memory.leaked`` counter By and ``gpu.cuda.memory.leaked.allocations`` counter
+  {allocation}: still outstanding when the process exited, by device (also logged).
+* ``gpu.cuda.synchronize.duration`` histogram s, by cuda.api, cuda.device.index: host waiting.
+* ``gpu.cuda.stream.synchronize.calls``, ``gpu.cuda.device.synchronize.calls``,
+  ``gpu.cuda.event.synchronize.calls`` counters {call} (OBI).
+* ``gpu.cuda.api.errors`` counter {call}, by cuda.api, error.type, cuda.device.index.
+
+Allocations are tracked per process up to ``max_tracked_allocations`` over all processes
+(beyond: ``otel_ebpf.events.dropped{receiver=cuda, reason=alloc_table_full}``). A free of a
+pointer never seen allocated (e.g. allocated before the probes attached) is counted in
+``otel_ebpf.cuda.unknown_frees``, not treated as an error.
+
+Threading: single-threaded (the pipeline worker calls ``consume``); ``consume`` never raises.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from otel_ebpf.events import Attributes, MetricKind, MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.pipeline import Consumer, Context
+
+from ...receivers.cuda.events import (
+    AllocCall,
+    FreeCall,
+    KernelLaunch,
+    KernelLaunchStats,
+    MemcpyCall,
+    SetDeviceCall,
+    SyncCall,
+)
+from .config import Config
+from .errors import error_name
+
+__all__ = ["MEMCPY_KINDS", "METRICS", "SCOPE", "CudaProcessor"]
+
+log = logging.getLogger(__name__)
+SCOPE = "otel_ebpf.cuda"
+TELEMETRY_NAME = "cuda"
+MEMCPY_KINDS = {0: "HostToHost", 1: "HostToDevice", 2: "DeviceToHost", 3: "DeviceToDevice", 4: "Default"}
+# name -> (kind, unit, description)
+METRICS: dict[str, tuple[MetricKind, str, str]] = {
+    "gpu.cuda.kernel.launch.calls": ("counter", "{call}", "Kernel launches (cudaLaunchKernel*)."),
+    "gpu.cuda.kernel.grid.size": ("histogram", "1", "Blocks per launched grid."),
+    "gpu.cuda.kernel.block.size": ("histogram", "1", "Threads per block of launched kernels."),
+    "gpu.cuda.memory.copies": ("histogram", "By", "Bytes per successful cudaMemcpy* call."),
+    "gpu.cuda.memory.allocations": ("counter", "By", "Bytes allocated by successful cudaMalloc* calls."),
+    "gpu.cuda.memory.free.bytes": ("counter", "By", "Bytes released by cudaFree* of seen allocations."),
+    "gpu.cuda.memory.outstanding": ("updown", "By", "Device memory allocated and not yet freed."),
+    "gpu.cuda.memory.leaked": ("counter", "By", "Bytes still allocated when the process exited."),
+    "gpu.cuda.memory.leaked.allocations": ("counter", "{allocation}",
+                                           "Allocations not freed when the process exited."),
+    "gpu.cuda.synchronize.duration": ("histogram", "s", "Time the host waited in cuda*Synchronize."),
+    "gpu.cuda.stream.synchronize.calls": ("counter", "{call}", "cudaStreamSynchronize calls."),
+    "gpu.cuda.device.synchronize.calls": ("counter", "{call}", "cudaDeviceSynchronize calls."),
+    "gpu.cuda.event.synchronize.calls": ("counter", "{call}", "cudaEventSynchronize calls."),
+    "gpu.cuda.api.errors": ("counter", "{call}", "CUDA runtime calls that returned an error."),
+}
+_SYNC_CALLS = {"cudaStreamSynchronize": "gpu.cuda.stream.synchronize.calls",
+               "cudaDeviceSynchronize": "gpu.cuda.device.synchronize.calls",
+               "cudaEventSynchronize": "gpu.cuda.event.synchronize.calls"}
+
+
+def _base_api(api: str) -> str:
+    """cudaMemcpyAsync_ptsz -> cudaMemcpyAsync."""
+    return api.removesuffix("_ptsz").removesuffix("_ptds")
+
+
+def _dev(device: int) -> dict[str, Any]:
+    return {"cuda.device.index": device} if device >= 0 else {}
+
+
+@dataclass(slots=True)
+class _Alloc:
+    size: int
+    device: int
+
+
+class CudaProcessor:
+    """Processor ``cuda``. Owns the outstanding-allocation table (bounded)."""
+
+    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
+        self.config = config
+        self._telemetry = ctx.telemetry
+        self._next = next_
+        self._allocs: dict[int, dict[int, _Alloc]] = {}  # pid -> ptr -> allocation
+        self._tracked = 0
+        self._handlers: dict[type, Callable[[Any, list[object]], None]] = {
+            MemcpyCall: self._memcpy, AllocCall: self._alloc, FreeCall: self._free,
+            SyncCall: self._sync, SetDeviceCall: self._set_device, KernelLaunch: self._launch,
+            KernelLaunchStats: self._launch_stats, ProcessExit: self._exit,
+        }
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    @property
+    def tracked_allocations(self) -> int:
+        return self._tracked
+
+    # ---- consume ---------------------------------------------------------------------
+    def consume(self, events: Sequence[object]) -> None:
+        out: list[object] = []
+        for ev in events:
+            handler = self._handlers.get(type(ev))
+            if handler is None:
+                out.append(ev)
+                continue
+            try:
+                handler(ev, out)
+            except Exception:  # hot path: count, never raise
+                log.debug("cannot process %r", ev, exc_info=True)
+                self._telemetry.dropped(TELEMETRY_NAME, "bad_event")
+        if out:
+            self._next.consume(out)
+
+    def _metric(self, out: list[object], pid: int, name: str, value: float, attrs: Attributes,
+                count: int = 1) -> None:
+        kind, unit, description = METRICS[name]
+        out.append(MetricRecord(pid, name, kind, value, attrs, unit=unit, description=description,
+                                scope=SCOPE, count=count))
+
+    def _call_span(self, ev: Any, extra: dict[str, Any], out: list[object]) -> None:
+        """The span of a completed call, and the error counter when it failed."""
+        attrs: dict[str, Any] = {"cuda.api": ev.api, "cuda.return_code": ev.rc, "thread.id": ev.tid}
+        attrs.update(_dev(ev.device))
+        error = None
+        if ev.rc != 0:
+            error = attrs["error.type"] = error_name(ev.rc)
+            self._metric(out, ev.pid, "gpu.cuda.api.errors", 1,
+                         {"cuda.api": ev.api, "error.type": error, **_dev(ev.device)})
+        if self.config.spans:
+            attrs.update(extra)
+            out.append(SpanRecord(ev.pid, ev.api, ev.start_ns, ev.end_ns, attrs, scope=SCOPE, error=error))
+
+    # ---- handlers --------------------------------------------------------------------
+    def _memcpy(self, ev: MemcpyCall, out: list[object]) -> None:
+        kind = MEMCPY_KINDS.get(ev.kind, f"cudaMemcpyKind({ev.kind})")
+        extra: dict[str, Any] = {"cuda.bytes": ev.bytes, "cuda.memcpy.kind": kind}
+        if _base_api(ev.api) == "cudaMemcpyAsync":
+            extra["cuda.stream"] = hex(ev.stream)
+        self._call_span(ev, extra, out)
+        if ev.rc == 0:
+            self._metric(out, ev.pid, "gpu.cuda.memory.copies", ev.bytes,
+                         {"cuda.memcpy.kind": kind, **_dev(ev.device)})
+
+    def _alloc(self, ev: AllocCall, out: list[object]) -> None:
+        extra: dict[str, Any] = {"cuda.bytes": ev.size}
+        if ev.rc == 0:
+            extra["cuda.ptr"] = hex(ev.ptr)
+        base = _base_api(ev.api)
+        if base == "cudaMallocAsync":
+            extra["cuda.stream"] = hex(ev.stream)
+        elif base == "cudaMallocManaged":
+            extra["cuda.malloc.flags"] = ev.flags
+        self._call_span(ev, extra, out)
+        if ev.rc != 0:
+            return
+        self._metric(out, ev.pid, "gpu.cuda.memory.allocations", ev.size,
+                     {"cuda.api": ev.api, **_dev(ev.device)})
+        self._track(ev, out)
+
+    def _track(self, ev: AllocCall, out: list[object]) -> None:
+        table = self._allocs.setdefault(ev.pid, {})
+        old = table.pop(ev.ptr, None)
+        if old is not None:  # the same pointer again: its free was missed
+            self._tracked -= 1
+            self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", -old.size, _dev(old.device))
+        if self._tracked >= self.config.max_tracked_allocations:
+            self._telemetry.dropped(TELEMETRY_NAME, "alloc_table_full")
+            if not table:
+                del self._allocs[ev.pid]
+            return
+        table[ev.ptr] = _Alloc(ev.size, ev.device)
+        self._tracked += 1
+        self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", ev.size, _dev(ev.device))
+
+    def _free(self, ev: FreeCall, out: list[object]) -> None:
+        table = self._allocs.get(ev.pid)
+        alloc = table.get(ev.ptr) if table is not None and ev.rc == 0 else None
+        extra: dict[str, Any] = {"cuda.ptr": hex(ev.ptr)}
+        if _base_api(ev.api) == "cudaFreeAsync":
+            extra["cuda.stream"] = hex(ev.stream)
+        if alloc is not None:
+            extra["cuda.bytes"] = alloc.size
+        self._call_span(ev, extra, out)
+        if ev.rc != 0 or ev.ptr == 0:  # cudaFree(NULL) is a no-op
+            return
+        if alloc is None or table is None:
+            self._telemetry.add("otel_ebpf.cuda.unknown_frees", 1, receiver=TELEMETRY_NAME)
+            return
+        del table[ev.ptr]
+        if not table:
+            del self._allocs[ev.pid]
+        self._tracked -= 1
+        self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", -alloc.size, _dev(alloc.device))
+        self._metric(out, ev.pid, "gpu.cuda.memory.free.bytes", alloc.size, _dev(alloc.device))
+
+    def _sync(self, ev: SyncCall, out: list[object]) -> None:
+        base = _base_api(ev.api)
+        extra: dict[str, Any] = {}
+        if base == "cudaStreamSynchronize":
+            extra["cuda.stream"] = hex(ev.handle)
+        elif base == "cudaEventSynchronize":
+            extra["cuda.event"] = hex(ev.handle)
+        self._call_span(ev, extra, out)
+        dev = _dev(ev.device)
+        self._metric(out, ev.pid, "gpu.cuda.synchronize.duration", max(0, ev.end_ns - ev.start_ns) / 1e9,
+                     {"cuda.api": ev.api, **dev})
+        counter = _SYNC_CALLS.get(base)
+        if counter is not None:
+            self._metric(out, ev.pid, counter, 1, dev)
+
+    def _set_device(self, ev: SetDeviceCall, out: list[object]) -> None:
+        self._call_span(ev, {"cuda.device.requested": ev.requested}, out)
+
+    def _launch(self, ev: KernelLaunch, out: list[object]) -> None:
+        if not self.config.spans:
+            return
+        attrs: dict[str, Any] = {
+            "cuda.api": ev.api, "thread.id": ev.tid, "cuda.kernel.func": hex(ev.func),
+            "cuda.kernel.grid": ev.grid, "cuda.kernel.block": ev.block,
+            "cuda.kernel.shared_mem": ev.shared_mem, "cuda.kernel.launch_seq": ev.seq,
+            "cuda.stream": hex(ev.stream), **_dev(ev.device)}
+        out.append(SpanRecord(ev.pid, ev.api, ev.time_ns, ev.time_ns, attrs, scope=SCOPE))
+
+    def _launch_stats(self, ev: KernelLaunchStats, out: list[object]) -> None:
+        if ev.count <= 0:
+            return
+        dev = _dev(ev.device)
+        self._metric(out, ev.pid, "gpu.cuda.kernel.launch.calls", ev.count, dev)
+        self._metric(out, ev.pid, "gpu.cuda.kernel.grid.size", ev.grid_size, dev, count=ev.count)
+        self._metric(out, ev.pid, "gpu.cuda.kernel.block.size", ev.block_size, dev, count=ev.count)
+
+    def _exit(self, ev: ProcessExit, out: list[object]) -> None:
+        """Leak report for the process, then the exit itself (always passed on)."""
+        try:
+            table = self._allocs.pop(ev.pid, None)
+            if not table:
+                return
+            self._tracked -= len(table)
+            by_device: dict[int, list[int]] = {}
+            for alloc in table.values():
+                acc = by_device.setdefault(alloc.device, [0, 0])
+                acc[0] += alloc.size
+                acc[1] += 1
+            for device, (nbytes, count) in sorted(by_device.items()):
+                self._metric(out, ev.pid, "gpu.cuda.memory.leaked", nbytes, _dev(device))
+                self._metric(out, ev.pid, "gpu.cuda.memory.leaked.allocations", count, _dev(device))
+            log.info("cuda: process %d (%s) exited with %d CUDA allocations (%d bytes) not freed",
+                     ev.pid, ev.comm, len(table), sum(a.size for a in table.values()))
+        finally:
+            out.append(ev)

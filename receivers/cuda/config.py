@@ -1,0 +1,63 @@
+"""Configuration of the CUDA runtime receiver (``receivers: {cuda: {...}}``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from otel_ebpf.config import doc
+from otel_ebpf.errors import ConfigError
+
+__all__ = ["Config"]
+
+
+@dataclass
+class Config:
+    """Every default lives here and is documented here."""
+
+    libraries: list[str] = doc(
+        [], "Extra libcudart.so paths to probe, on top of those found per process "
+            "(/proc/PID/maps, the traced command's Python environment, ldconfig) and those "
+            "opened later (caught in the kernel).")
+    launch_sample_every: int = doc(
+        0, "0: kernel launches are only counted (in the kernel, per grid/block size). N > 0: "
+           "also emit every Nth launch of each process as a span with its function address, "
+           "grid, block, shared memory and stream.")
+    stats_interval: float = doc(
+        1.0, "How often the in-kernel launch counters are read and turned into metrics "
+             "(plus once at shutdown).", duration=True)
+    ringbuf_pages: int = doc(
+        256, "Ring buffer size in pages (a power of two). A full buffer drops records, counted "
+             "as otel_ebpf.events.dropped{reason=ringbuf_full}.")
+    pause_on_load: bool = doc(
+        True, "Stop (SIGSTOP) a traced process that opens libcudart until the probes are "
+              "attached, then continue it (SIGCONT), so even its first CUDA calls are traced. "
+              "Trade-off: the process is stopped for the attach time (milliseconds to tens of "
+              "ms); a shell or debugger watching it sees a stop; if the agent dies in that "
+              "window the process stays stopped until it gets SIGCONT. Set false to never stop "
+              "processes and accept missing the calls made while probes attach.")
+    poll_interval: float = doc(0.1, "Longest wait for ring-buffer records per poll round.", duration=True)
+    max_inflight: int = doc(
+        16384, "Calls in progress tracked at once (entry seen, return not yet), over all threads "
+               "and APIs. Beyond it calls are not traced, counted as reason=state_map_full.")
+    max_threads: int = doc(
+        65536, "Threads whose cudaSetDevice binding is remembered. Beyond it new bindings are "
+               "lost (reason=state_map_full) and those threads' events carry no device.")
+    max_launch_keys: int = doc(
+        4096, "Distinct (process, device, grid size, block size) launch counters in the kernel. "
+              "Beyond it launches of new shapes are not counted (reason=stats_map_full).")
+
+    def validate(self, path: str) -> None:
+        def where(key: str) -> str:
+            return f"{path}.{key}" if path else key
+
+        if self.launch_sample_every < 0:
+            raise ConfigError(where("launch_sample_every"), f"must be >= 0, got {self.launch_sample_every}")
+        pages = self.ringbuf_pages
+        if pages < 1 or pages & (pages - 1):
+            raise ConfigError(where("ringbuf_pages"), f"must be a power of two, got {pages}")
+        for key in ("max_inflight", "max_threads", "max_launch_keys"):
+            if getattr(self, key) < 1:
+                raise ConfigError(where(key), f"must be >= 1, got {getattr(self, key)}")
+        if self.stats_interval < 0.01:
+            raise ConfigError(where("stats_interval"), "must be at least 10ms")
+        if self.poll_interval < 0.001:
+            raise ConfigError(where("poll_interval"), "must be at least 1ms")

@@ -1,0 +1,428 @@
+/* CUDA runtime (libcudart.so.12) uprobes. Prepended with otel_ebpf/bpfinc/common.bpf.c.
+ *
+ * - Completed calls (memcpy, malloc/free, synchronize, cudaSetDevice): the uprobe saves the
+ *   arguments in `inflight`, keyed by (tid, api) so one API nested in another on the same
+ *   thread keeps both; the uretprobe pairs it, emits ONE record with start/end/rc, and deletes
+ *   the entry. A full `inflight` is counted in drops[OE_DROP_STATEMAP]. Entries of threads that
+ *   die inside a call are removed at thread exit.
+ * - Kernel launches (cudaLaunchKernel, cudaLaunchKernelExC): entry only, so the cost lands on
+ *   the caller and no uretprobe trampoline runs. Counted per {pid, device, grid size, block
+ *   size} in a per-CPU hash that Python reads every stats interval (a full map is counted in
+ *   drops[OE_DROP_STATSMAP]). With CUDA_LAUNCH_SAMPLE_EVERY = N > 0, every Nth launch of a
+ *   process also emits a cuda_launch_rec.
+ * - The thread's device (cuda.device) comes from `thread_device`, written when cudaSetDevice
+ *   returns 0 (CUDA's current device is per host thread).
+ *
+ * Parameters (-D): CUDA_MAX_INFLIGHT, CUDA_MAX_THREADS, CUDA_MAX_LAUNCH_KEYS,
+ * CUDA_LAUNCH_SAMPLE_EVERY.
+ */
+#include "cuda.h"
+
+#ifndef CUDA_MAX_INFLIGHT
+#define CUDA_MAX_INFLIGHT 16384
+#endif
+#ifndef CUDA_MAX_THREADS
+#define CUDA_MAX_THREADS 65536
+#endif
+#ifndef CUDA_MAX_LAUNCH_KEYS
+#define CUDA_MAX_LAUNCH_KEYS 4096
+#endif
+#ifndef CUDA_LAUNCH_SAMPLE_EVERY
+#define CUDA_LAUNCH_SAMPLE_EVERY 0
+#endif
+
+struct cuda_call_key {
+    u32 tid;
+    u32 api;
+};
+
+struct cuda_call_state {
+    u64 start_ns;
+    u64 arg[5];
+};
+
+struct cuda_launch_key {
+    u32 pid;
+    s32 device;
+    u64 grid_size;   /* blocks: grid.x * grid.y * grid.z */
+    u64 block_size;  /* threads per block: block.x * block.y * block.z */
+};
+
+/* What a launch entry probe decoded. */
+struct cuda_launch_args {
+    u64 func;
+    u32 grid[3];
+    u32 block[3];
+    u64 shared_mem;
+    u64 stream;
+};
+
+/* cudaLaunchConfig_t (CUDA 12): grid@0 block@12 dynamicSmemBytes@24 stream@32 (attrs@40,
+ * numAttrs@48 not read). */
+struct cuda_launch_config {
+    u32 grid[3];
+    u32 block[3];
+    u64 shared_mem;
+    u64 stream;
+};
+
+BPF_HASH(inflight, struct cuda_call_key, struct cuda_call_state, CUDA_MAX_INFLIGHT);
+BPF_HASH(thread_device, u32, s32, CUDA_MAX_THREADS);
+BPF_PERCPU_HASH(launch_stats, struct cuda_launch_key, u64, CUDA_MAX_LAUNCH_KEYS);
+#if CUDA_LAUNCH_SAMPLE_EVERY > 0
+BPF_HASH(launch_seq, u32, u64, OE_MAX_PIDS);
+#endif
+
+static __always_inline s32 cuda_device(u32 tid)
+{
+    s32 *dev = thread_device.lookup(&tid);
+    return dev ? *dev : -1;
+}
+
+/* ---- completed calls -------------------------------------------------------------- */
+
+static __always_inline int cuda_enter(struct pt_regs *ctx, u32 api)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!oe_is_traced(id >> 32))
+        return 0;
+    struct cuda_call_key key = {};
+    key.tid = (u32)id;
+    key.api = api;
+    struct cuda_call_state st = {};
+    st.start_ns = bpf_ktime_get_ns();
+    st.arg[0] = PT_REGS_PARM1(ctx);
+    st.arg[1] = PT_REGS_PARM2(ctx);
+    st.arg[2] = PT_REGS_PARM3(ctx);
+    st.arg[3] = PT_REGS_PARM4(ctx);
+    st.arg[4] = PT_REGS_PARM5(ctx);
+    if (inflight.update(&key, &st) != 0)
+        oe_drop(OE_DROP_STATEMAP);
+    return 0;
+}
+
+static __always_inline void cuda_fill(struct cuda_call *c, u8 type, u32 api,
+                                      struct cuda_call_state *st, struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    c->type = type;
+    c->api = api;
+    c->pid = id >> 32;
+    c->tid = (u32)id;
+    c->device = cuda_device((u32)id);
+    c->start_ns = st->start_ns;
+    c->end_ns = bpf_ktime_get_ns();
+    c->rc = (s32)PT_REGS_RC(ctx);
+}
+
+static __always_inline int memcpy_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    key.tid = (u32)bpf_get_current_pid_tgid();
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    struct cuda_memcpy_rec *e = events.ringbuf_reserve(sizeof(struct cuda_memcpy_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        inflight.delete(&key);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    cuda_fill(&e->call, CUDA_EV_MEMCPY, api, st, ctx);
+    e->dst = st->arg[0];
+    e->src = st->arg[1];
+    e->bytes = st->arg[2];
+    e->kind = (u32)st->arg[3];
+    if (api == CUDA_API_cudaMemcpyAsync || api == CUDA_API_cudaMemcpyAsync_ptsz)
+        e->stream = st->arg[4];
+    events.ringbuf_submit(e, 0);
+    inflight.delete(&key);
+    return 0;
+}
+
+static __always_inline int alloc_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    key.tid = (u32)bpf_get_current_pid_tgid();
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    struct cuda_alloc_rec *e = events.ringbuf_reserve(sizeof(struct cuda_alloc_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        inflight.delete(&key);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    cuda_fill(&e->call, CUDA_EV_ALLOC, api, st, ctx);
+    e->size = st->arg[1];
+    if (api == CUDA_API_cudaMallocManaged)
+        e->flags = (u32)st->arg[2];
+    else if (api != CUDA_API_cudaMalloc)
+        e->stream = st->arg[2];
+    if (e->call.rc == 0 && bpf_probe_read_user(&e->ptr, sizeof(e->ptr), (void *)st->arg[0]) != 0)
+        e->ptr = 0;
+    events.ringbuf_submit(e, 0);
+    inflight.delete(&key);
+    return 0;
+}
+
+static __always_inline int free_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    key.tid = (u32)bpf_get_current_pid_tgid();
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    struct cuda_free_rec *e = events.ringbuf_reserve(sizeof(struct cuda_free_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        inflight.delete(&key);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    cuda_fill(&e->call, CUDA_EV_FREE, api, st, ctx);
+    e->ptr = st->arg[0];
+    if (api != CUDA_API_cudaFree)
+        e->stream = st->arg[1];
+    events.ringbuf_submit(e, 0);
+    inflight.delete(&key);
+    return 0;
+}
+
+static __always_inline int sync_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    key.tid = (u32)bpf_get_current_pid_tgid();
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    struct cuda_sync_rec *e = events.ringbuf_reserve(sizeof(struct cuda_sync_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        inflight.delete(&key);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    cuda_fill(&e->call, CUDA_EV_SYNC, api, st, ctx);
+    if (api != CUDA_API_cudaDeviceSynchronize)
+        e->handle = st->arg[0];
+    events.ringbuf_submit(e, 0);
+    inflight.delete(&key);
+    return 0;
+}
+
+/* Commits the thread -> device binding before filling, so the record carries the new device. */
+static __always_inline int set_device_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    key.tid = tid;
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    s32 requested = (s32)st->arg[0];
+    if ((s32)PT_REGS_RC(ctx) == 0 && thread_device.update(&tid, &requested) != 0)
+        oe_drop(OE_DROP_STATEMAP);
+    struct cuda_set_device_rec *e = events.ringbuf_reserve(sizeof(struct cuda_set_device_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        inflight.delete(&key);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    cuda_fill(&e->call, CUDA_EV_SET_DEVICE, api, st, ctx);
+    e->requested = requested;
+    events.ringbuf_submit(e, 0);
+    inflight.delete(&key);
+    return 0;
+}
+
+/* ---- kernel launches (entry only) ------------------------------------------------- */
+
+static __always_inline void launch_count(u32 pid, s32 device, struct cuda_launch_args *a)
+{
+    struct cuda_launch_key key = {};
+    key.pid = pid;
+    key.device = device;
+    key.grid_size = (u64)a->grid[0] * a->grid[1] * a->grid[2];
+    key.block_size = (u64)a->block[0] * a->block[1] * a->block[2];
+    u64 *n = launch_stats.lookup(&key);
+    if (n) {
+        /* per-CPU slot, but a preempted program on this CPU may share it: stay atomic */
+        __sync_fetch_and_add(n, 1);
+        return;
+    }
+    u64 one = 1;
+    if (launch_stats.insert(&key, &one) == 0)
+        return;
+    n = launch_stats.lookup(&key); /* inserted meanwhile from another CPU */
+    if (n)
+        __sync_fetch_and_add(n, 1);
+    else
+        oe_drop(OE_DROP_STATSMAP);
+}
+
+#if CUDA_LAUNCH_SAMPLE_EVERY > 0
+/* The process's launch number (1-based); 0 when it cannot be kept. Not atomic across threads
+ * of one process: the sample spacing may drift under contention, the counts above do not. */
+static __always_inline u64 launch_next_seq(u32 pid)
+{
+    u64 *seq = launch_seq.lookup(&pid);
+    if (seq) {
+        *seq += 1;
+        return *seq;
+    }
+    u64 first = 1;
+    if (launch_seq.insert(&pid, &first) != 0) {
+        oe_drop(OE_DROP_STATSMAP);
+        return 0;
+    }
+    return 1;
+}
+#endif
+
+/* sp: the caller's stack pointer at entry when shared_mem/stream are stack arguments (cudaLaunchKernel),
+ * 0 when `a` already holds them (cudaLaunchKernelExC). */
+static __always_inline int launch_entry(u32 api, u64 id, struct cuda_launch_args *a, u64 sp)
+{
+    u32 pid = id >> 32;
+    s32 device = cuda_device((u32)id);
+    launch_count(pid, device, a);
+#if CUDA_LAUNCH_SAMPLE_EVERY > 0
+    u64 seq = launch_next_seq(pid);
+    if (seq == 0 || seq % CUDA_LAUNCH_SAMPLE_EVERY != 0)
+        return 0;
+    struct cuda_launch_rec *e = events.ringbuf_reserve(sizeof(struct cuda_launch_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->type = CUDA_EV_LAUNCH;
+    e->api = api;
+    e->device = device;
+    e->pid = pid;
+    e->tid = (u32)id;
+    e->ts = bpf_ktime_get_ns();
+    e->func = a->func;
+    e->grid[0] = a->grid[0];
+    e->grid[1] = a->grid[1];
+    e->grid[2] = a->grid[2];
+    e->block[0] = a->block[0];
+    e->block[1] = a->block[1];
+    e->block[2] = a->block[2];
+    e->shared_mem = a->shared_mem;
+    e->stream = a->stream;
+    if (sp) {
+        /* 0(%rsp) is the return address; the 7th and 8th arguments follow */
+        bpf_probe_read_user(&e->shared_mem, sizeof(e->shared_mem), (void *)(sp + 8));
+        bpf_probe_read_user(&e->stream, sizeof(e->stream), (void *)(sp + 16));
+    }
+    e->seq = seq;
+    events.ringbuf_submit(e, 0);
+#endif
+    return 0;
+}
+
+/* cudaLaunchKernel(func, dim3 grid, dim3 block, args, sharedMem, stream). x86-64 SysV: a
+ * 12-byte dim3 by value takes two INTEGER registers, (x | y << 32) and z, whose upper 32 bits
+ * are undefined padding: rdi=func, rsi/rdx=grid, rcx/r8=block, r9=args, sharedMem and stream
+ * on the stack. */
+static __always_inline int launch_kernel_enter(struct pt_regs *ctx, u32 api)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!oe_is_traced(id >> 32))
+        return 0;
+    struct cuda_launch_args a = {};
+    u64 grid_xy = PT_REGS_PARM2(ctx), block_xy = PT_REGS_PARM4(ctx);
+    a.func = PT_REGS_PARM1(ctx);
+    a.grid[0] = (u32)grid_xy;
+    a.grid[1] = (u32)(grid_xy >> 32);
+    a.grid[2] = (u32)PT_REGS_PARM3(ctx);
+    a.block[0] = (u32)block_xy;
+    a.block[1] = (u32)(block_xy >> 32);
+    a.block[2] = (u32)PT_REGS_PARM5(ctx);
+    return launch_entry(api, id, &a, PT_REGS_SP(ctx));
+}
+
+/* cudaLaunchKernelExC(const cudaLaunchConfig_t *config, func, args) */
+static __always_inline int launch_exc_enter(struct pt_regs *ctx, u32 api)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!oe_is_traced(id >> 32))
+        return 0;
+    struct cuda_launch_config cfg = {};
+    struct cuda_launch_args a = {};
+    /* an unreadable config still counts the launch, with zero dimensions */
+    if (bpf_probe_read_user(&cfg, sizeof(cfg), (void *)PT_REGS_PARM1(ctx)) == 0) {
+        a.grid[0] = cfg.grid[0];
+        a.grid[1] = cfg.grid[1];
+        a.grid[2] = cfg.grid[2];
+        a.block[0] = cfg.block[0];
+        a.block[1] = cfg.block[1];
+        a.block[2] = cfg.block[2];
+        a.shared_mem = cfg.shared_mem;
+        a.stream = cfg.stream;
+    }
+    a.func = PT_REGS_PARM2(ctx);
+    return launch_entry(api, id, &a, 0);
+}
+
+/* ---- thread exit: forget per-thread state --------------------------------------- */
+
+/* Not filtered by `traced`: common.bpf.c may already have removed the process (order of
+ * the two exit hooks is not defined). Costs CUDA_API_COUNT + 1 hash deletes per thread exit. */
+RAW_TRACEPOINT_PROBE(sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    thread_device.delete(&tid);
+    struct cuda_call_key key = {};
+    key.tid = tid;
+#pragma unroll
+    for (u32 api = 0; api < CUDA_API_COUNT; api++) {
+        key.api = api;
+        inflight.delete(&key);
+    }
+#if CUDA_LAUNCH_SAMPLE_EVERY > 0
+    u32 tgid = id >> 32;
+    if (tid == tgid)
+        launch_seq.delete(&tgid);
+#endif
+    return 0;
+}
+
+/* ---- probe functions: one pair per symbol (names used by receiver.py PROBES) ------ */
+
+#define CUDA_CALL(sym, ret_helper)                                                         \
+    int enter_##sym(struct pt_regs *ctx) { return cuda_enter(ctx, CUDA_API_##sym); }       \
+    int return_##sym(struct pt_regs *ctx) { return ret_helper(ctx, CUDA_API_##sym); }
+
+CUDA_CALL(cudaMemcpy, memcpy_return)
+CUDA_CALL(cudaMemcpy_ptds, memcpy_return)
+CUDA_CALL(cudaMemcpyAsync, memcpy_return)
+CUDA_CALL(cudaMemcpyAsync_ptsz, memcpy_return)
+CUDA_CALL(cudaMalloc, alloc_return)
+CUDA_CALL(cudaMallocAsync, alloc_return)
+CUDA_CALL(cudaMallocAsync_ptsz, alloc_return)
+CUDA_CALL(cudaMallocManaged, alloc_return)
+CUDA_CALL(cudaFree, free_return)
+CUDA_CALL(cudaFreeAsync, free_return)
+CUDA_CALL(cudaFreeAsync_ptsz, free_return)
+CUDA_CALL(cudaStreamSynchronize, sync_return)
+CUDA_CALL(cudaStreamSynchronize_ptsz, sync_return)
+CUDA_CALL(cudaDeviceSynchronize, sync_return)
+CUDA_CALL(cudaEventSynchronize, sync_return)
+CUDA_CALL(cudaSetDevice, set_device_return)
+
+int enter_cudaLaunchKernel(struct pt_regs *ctx) { return launch_kernel_enter(ctx, CUDA_API_cudaLaunchKernel); }
+int enter_cudaLaunchKernel_ptsz(struct pt_regs *ctx) { return launch_kernel_enter(ctx, CUDA_API_cudaLaunchKernel_ptsz); }
+int enter_cudaLaunchKernelExC(struct pt_regs *ctx) { return launch_exc_enter(ctx, CUDA_API_cudaLaunchKernelExC); }
+int enter_cudaLaunchKernelExC_ptsz(struct pt_regs *ctx) { return launch_exc_enter(ctx, CUDA_API_cudaLaunchKernelExC_ptsz); }

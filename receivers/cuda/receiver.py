@@ -1,0 +1,213 @@
+"""The CUDA runtime receiver: uprobes on libcudart (cuda.bpf.c) -> typed events (events.py).
+
+Calls are paired in the kernel and arrive as one ring-buffer record each; kernel launches are
+counted in the kernel and read here, at most every ``stats_interval``, as
+:class:`KernelLaunchStats` deltas. Counters of processes that are gone are read one last time
+and deleted, and everything is read once more at shutdown.
+
+Threading: ``decode`` and ``poll_maps`` run on the receiver's poll thread only (see
+:class:`otel_ebpf.bpf.BpfReceiver`); they never raise for a bad record (the base counts it as
+``decode_error``).
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from otel_ebpf.bpf import BpfReceiver, Probe
+from otel_ebpf.pipeline import Consumer, Context
+
+from .config import Config
+from .events import (
+    AllocCall,
+    FreeCall,
+    KernelLaunch,
+    KernelLaunchStats,
+    MemcpyCall,
+    SetDeviceCall,
+    SyncCall,
+)
+
+__all__ = ["ALLOC", "APIS", "FREE", "LAUNCH", "MEMCPY", "MIRRORS", "PROBES", "SET_DEVICE", "SYNC", "Api",
+           "CudaReceiver", "Mirror"]
+
+log = logging.getLogger(__name__)
+ApiKind = Literal["launch", "launch_exc", "memcpy", "alloc", "free", "sync", "set_device"]
+
+
+@dataclass(frozen=True)
+class Api:
+    """A probed libcudart symbol; its index in :data:`APIS` is its CUDA_API_* id in cuda.h."""
+
+    symbol: str
+    kind: ApiKind
+    optional: bool = False  # per-thread-default-stream variants: absent from some builds
+
+
+APIS: tuple[Api, ...] = (
+    Api("cudaLaunchKernel", "launch"),
+    Api("cudaLaunchKernel_ptsz", "launch", True),
+    Api("cudaLaunchKernelExC", "launch_exc"),
+    Api("cudaLaunchKernelExC_ptsz", "launch_exc", True),
+    Api("cudaMemcpy", "memcpy"),
+    Api("cudaMemcpy_ptds", "memcpy", True),
+    Api("cudaMemcpyAsync", "memcpy"),
+    Api("cudaMemcpyAsync_ptsz", "memcpy", True),
+    Api("cudaMalloc", "alloc"),
+    Api("cudaMallocAsync", "alloc"),
+    Api("cudaMallocAsync_ptsz", "alloc", True),
+    Api("cudaMallocManaged", "alloc"),
+    Api("cudaFree", "free"),
+    Api("cudaFreeAsync", "free"),
+    Api("cudaFreeAsync_ptsz", "free", True),
+    Api("cudaStreamSynchronize", "sync"),
+    Api("cudaStreamSynchronize_ptsz", "sync", True),
+    Api("cudaDeviceSynchronize", "sync"),
+    Api("cudaEventSynchronize", "sync"),
+    Api("cudaSetDevice", "set_device"),
+)
+_SYMBOLS = tuple(a.symbol for a in APIS)
+
+# Launches are entry-only: the cost lands on the caller, no uretprobe trampoline.
+PROBES: tuple[Probe, ...] = tuple(
+    Probe(a.symbol, entry=f"enter_{a.symbol}",
+          ret=None if a.kind.startswith("launch") else f"return_{a.symbol}", optional=a.optional)
+    for a in APIS)
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """The Python mirror of one C record struct in cuda.h: its type byte, its layout as a
+    little-endian ``struct`` format (explicit ``x`` padding), and the C member designators of
+    the unpacked values, in order (checked against gcc by tests/unit/test_cuda_layout.py)."""
+
+    c_struct: str
+    etype: int
+    fmt: struct.Struct
+    fields: tuple[str, ...]
+
+
+_CALL_FMT = "BB2xiIIQQi4x"
+_CALL_FIELDS = tuple(f"call.{f}" for f in ("type", "api", "device", "pid", "tid", "start_ns", "end_ns", "rc"))
+MEMCPY = Mirror("cuda_memcpy_rec", 16, struct.Struct("<" + _CALL_FMT + "QQQQI4x"),
+                (*_CALL_FIELDS, "dst", "src", "bytes", "stream", "kind"))
+ALLOC = Mirror("cuda_alloc_rec", 17, struct.Struct("<" + _CALL_FMT + "QQQI4x"),
+               (*_CALL_FIELDS, "ptr", "size", "stream", "flags"))
+FREE = Mirror("cuda_free_rec", 18, struct.Struct("<" + _CALL_FMT + "QQ"),
+              (*_CALL_FIELDS, "ptr", "stream"))
+SYNC = Mirror("cuda_sync_rec", 19, struct.Struct("<" + _CALL_FMT + "Q"), (*_CALL_FIELDS, "handle"))
+SET_DEVICE = Mirror("cuda_set_device_rec", 20, struct.Struct("<" + _CALL_FMT + "i4x"),
+                    (*_CALL_FIELDS, "requested"))
+LAUNCH = Mirror("cuda_launch_rec", 21, struct.Struct("<BB2xiIIQQ3I3IQQQ"),
+                ("type", "api", "device", "pid", "tid", "ts", "func", "grid[0]", "grid[1]", "grid[2]",
+                 "block[0]", "block[1]", "block[2]", "shared_mem", "stream", "seq"))
+MIRRORS: tuple[Mirror, ...] = (MEMCPY, ALLOC, FREE, SYNC, SET_DEVICE, LAUNCH)
+_CALL_EVENTS: dict[int, tuple[struct.Struct, type]] = {
+    MEMCPY.etype: (MEMCPY.fmt, MemcpyCall),
+    ALLOC.etype: (ALLOC.fmt, AllocCall),
+    FREE.etype: (FREE.fmt, FreeCall),
+    SYNC.etype: (SYNC.fmt, SyncCall),
+    SET_DEVICE.etype: (SET_DEVICE.fmt, SetDeviceCall),
+}
+
+LaunchKey = tuple[int, int, int, int]  # pid, device, grid size, block size
+
+
+def _process_gone(pid: int) -> bool:
+    """True when ``pid`` has exited (no /proc entry, or a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return True
+    state = stat[stat.rfind(b")") + 2:][:1]
+    return state in (b"Z", b"X", b"")
+
+
+class CudaReceiver(BpfReceiver):
+    """Receiver ``cuda``: typed CUDA runtime events for the processes in ``ctx.target_pids``
+    (and their children), or every process that maps libcudart when there are none."""
+
+    name = "cuda"
+    src_file = Path(__file__).with_name("cuda.bpf.c")
+    library_key = "cudart"
+    lib_pattern = "libcudart.so"
+    probes = PROBES
+
+    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
+        super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages,
+                         pause_on_load=config.pause_on_load, extra_libraries=config.libraries,
+                         poll_interval=config.poll_interval)
+        self.config = config
+        self._launch_totals: dict[LaunchKey, int] = {}
+        self._next_stats = 0.0
+        self._final_read = False
+
+    def cflags(self) -> list[str]:
+        c = self.config
+        return [f"-DCUDA_MAX_INFLIGHT={c.max_inflight}", f"-DCUDA_MAX_THREADS={c.max_threads}",
+                f"-DCUDA_MAX_LAUNCH_KEYS={c.max_launch_keys}",
+                f"-DCUDA_LAUNCH_SAMPLE_EVERY={c.launch_sample_every}"]
+
+    # ---- ring-buffer records ----------------------------------------------------------
+    def decode(self, etype: int, raw: bytes) -> object | None:
+        """One record -> one event. Raises on a malformed record (the base counts it)."""
+        call = _CALL_EVENTS.get(etype)
+        if call is not None:
+            fmt, cls = call
+            _, api, device, pid, tid, start, end, rc, *rest = fmt.unpack_from(raw)
+            to_epoch = self.clock.to_epoch_ns
+            return cls(pid, tid, _SYMBOLS[api], device, to_epoch(start), to_epoch(end), rc, *rest)
+        if etype == LAUNCH.etype:
+            (_, api, device, pid, tid, ts, func, gx, gy, gz, bx, by, bz, smem, stream,
+             seq) = LAUNCH.fmt.unpack_from(raw)
+            return KernelLaunch(pid, tid, _SYMBOLS[api], device, self.clock.to_epoch_ns(ts), func,
+                                (gx, gy, gz), (bx, by, bz), smem, stream, seq)
+        raise ValueError(f"unknown CUDA record type {etype}")
+
+    # ---- in-kernel launch counters ----------------------------------------------------
+    def poll_maps(self) -> list[object]:
+        now = time.monotonic()
+        if not self._final_read and now < self._next_stats:
+            return []
+        self._next_stats = now + self.config.stats_interval
+        try:
+            return list(self.read_launch_stats())
+        except Exception:  # a map read must not stop the poll loop
+            log.debug("%s: reading launch_stats failed", self.name, exc_info=True)
+            self.ctx.telemetry.dropped(self.name, "map_read_error")
+            return []
+
+    def read_launch_stats(self) -> list[KernelLaunchStats]:
+        """Deltas of every launch counter since the last read; counters of processes that are
+        gone are deleted after this (final) read."""
+        if self.bpf is None:
+            return []
+        table = self.bpf["launch_stats"]
+        now_ns = time.time_ns()
+        out: list[KernelLaunchStats] = []
+        gone: dict[int, bool] = {}
+        for key, per_cpu in table.items():
+            k: LaunchKey = (key.pid, key.device, key.grid_size, key.block_size)
+            total = sum(per_cpu)
+            delta = total - self._launch_totals.get(k, 0)
+            if delta > 0:
+                out.append(KernelLaunchStats(k[0], k[1], k[2], k[3], delta, now_ns))
+            self._launch_totals[k] = total
+            if k[0] not in gone:
+                gone[k[0]] = _process_gone(k[0])
+            if gone[k[0]]:
+                try:
+                    del table[key]
+                except KeyError:
+                    pass
+                self._launch_totals.pop(k, None)
+        return out
+
+    def shutdown(self) -> None:
+        self._final_read = True  # the base's last drain reads the counters one more time
+        super().shutdown()

@@ -1,0 +1,309 @@
+"""The CUDA receiver's real uprobes on real processes (tests/support/cuda_driver).
+
+Against NVIDIA's libcudart.so.12 (no GPU here: every call returns 35, the probes still fire)
+and against tests/bpf/stand_in_cudart.c, a libcudart.so.12 whose calls succeed, for what only
+success shows (a committed cudaSetDevice, pointers written back, frees matching them), and
+tests/bpf/cuda_ptsz.c for the per-thread-default-stream entry points. Every wait is bounded.
+"""
+from __future__ import annotations
+
+import contextlib
+import select
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_ebpf.events import LibraryLoaded, MetricRecord, ProcessExit
+from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.processors.cuda import Config as ProcessorConfig
+from otel_ebpf.processors.cuda import CudaProcessor
+from otel_ebpf.receivers.cuda import Config, CudaReceiver, create
+from otel_ebpf.receivers.cuda.events import (
+    AllocCall,
+    FreeCall,
+    KernelLaunch,
+    KernelLaunchStats,
+    MemcpyCall,
+    SetDeviceCall,
+    SyncCall,
+)
+
+pytestmark = pytest.mark.bpf
+
+HERE = Path(__file__).resolve().parent
+CALL_TYPES = (MemcpyCall, AllocCall, FreeCall, SyncCall, SetDeviceCall)
+# cuda_driver's script, launches excluded (they are counted, not paired)
+SCRIPT_CALLS = ["cudaSetDevice", "cudaMalloc", "cudaMallocManaged", "cudaMallocAsync", "cudaMemcpy",
+                "cudaMemcpyAsync", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+                "cudaEventSynchronize", "cudaFree", "cudaFreeAsync"]
+STAND_IN_PTR_BASE, STAND_IN_PTR_STEP = 0x7F5A00000000, 0x100000
+
+
+@pytest.fixture(scope="module")
+def stand_in_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("stand_in_cudart") / "libcudart.so.12"
+    subprocess.run(["gcc", "-O1", "-g", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
+                    "-Wl,-soname,libcudart.so.12", "-o", str(out), str(HERE / "stand_in_cudart.c")],
+                   check=True, capture_output=True, timeout=60)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cuda_ptsz(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cuda_ptsz") / "cuda_ptsz"
+    subprocess.run(["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(HERE / "cuda_ptsz.c"),
+                    "-ldl"], check=True, capture_output=True, timeout=60)
+    return out
+
+
+def _wait_for(what: str, cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(step)
+
+
+def _inflight(t: Traced) -> int:
+    return sum(1 for _ in t.receiver.bpf["inflight"].keys())
+
+
+@dataclass
+class Traced:
+    proc: subprocess.Popen[str]
+    receiver: CudaReceiver
+    sink: ListConsumer
+    ctx: Context
+    stdout: str = ""
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def events(self, *types: type) -> list[Any]:
+        return [e for e in self.sink.events if getattr(e, "pid", None) == self.pid
+                and (not types or isinstance(e, types))]
+
+    def release(self, timeout: float = 30.0) -> str:
+        """Let the driver run, wait for it to exit and for its ProcessExit to be read."""
+        self.stdout, _ = self.proc.communicate("go\n", timeout=timeout)
+        _wait_for(f"ProcessExit of {self.pid}", lambda: bool(self.events(ProcessExit)))
+        return self.stdout
+
+    def results(self) -> list[tuple[str, int]]:
+        """(function, rc) per 'cudaX rc=N' line of the driver, in call order."""
+        out = []
+        for line in self.stdout.splitlines():
+            name, _, rest = line.partition(" rc=")
+            if rest:
+                out.append((name, int(rest)))
+        return out
+
+    def printed(self, key: str) -> int:
+        """A hex value the driver printed ('func=0x..', 'src=0x..')."""
+        for word in self.stdout.split():
+            if word.startswith(key + "="):
+                return int(word.split("=", 1)[1], 16)
+        raise AssertionError(f"driver printed no {key}= in {self.stdout!r}")
+
+
+def _ready(proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "driver never printed 'ready'"
+    line = proc.stdout.readline()
+    assert line.startswith("ready pid="), line
+
+
+@contextlib.contextmanager
+def traced(argv: list[str], config: Config, *, wait_ready: bool = True,
+           extra_pids: tuple[int, ...] = ()) -> Iterator[Traced]:
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    receiver = None
+    try:
+        if wait_ready:
+            _ready(proc)
+        ctx = Context(target_pids=[proc.pid, *extra_pids])
+        sink = ListConsumer()
+        receiver = create(config, ctx, sink)
+        receiver.start()
+        yield Traced(proc, receiver, sink, ctx)
+    finally:
+        if receiver is not None:
+            receiver.shutdown()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _assert_script(t: Traced, expect_rc: int, device: int) -> None:
+    """Every scripted call decoded with its known arguments, device and the real rc."""
+    results = t.results()
+    assert [n for n, _ in results if "Launch" not in n] == SCRIPT_CALLS
+    assert {rc for _, rc in results} == {expect_rc}
+    calls = t.events(*CALL_TYPES)
+    assert [c.api for c in calls] == SCRIPT_CALLS
+    now = time.time_ns()
+    for c in calls:
+        assert c.rc == expect_rc, c
+        assert now - 60e9 < c.start_ns <= c.end_ns <= now, c
+    setdev, malloc, managed, masync, memcpy, mcasync, ssync, dsync, esync, free, fasync = calls
+    assert isinstance(setdev, SetDeviceCall) and setdev.requested == 1
+    assert all(c.device == device for c in calls), calls
+    assert isinstance(malloc, AllocCall) and (malloc.size, malloc.stream, malloc.flags) == (1048576, 0, 0)
+    assert isinstance(managed, AllocCall) and (managed.size, managed.flags) == (4096, 1)
+    assert isinstance(masync, AllocCall) and (masync.size, masync.stream) == (8192, 0)
+    src, dst = t.printed("src"), t.printed("dst")
+    assert isinstance(memcpy, MemcpyCall) and (memcpy.dst, memcpy.src, memcpy.bytes, memcpy.kind) == (
+        dst, src, 65536, 1)
+    assert isinstance(mcasync, MemcpyCall) and (mcasync.dst, mcasync.src, mcasync.bytes, mcasync.kind,
+                                                mcasync.stream) == (dst, src, 32768, 2, 0)
+    assert all(isinstance(s, SyncCall) and s.handle == 0 for s in (ssync, dsync, esync))
+    assert isinstance(free, FreeCall) and free.ptr == malloc.ptr
+    assert isinstance(fasync, FreeCall) and (fasync.ptr, fasync.stream) == (masync.ptr, 0)
+    # launches: counted per shape in the kernel, and sampled (launch_sample_every=1)
+    stats = {(s.grid_size, s.block_size, s.device): s.count
+             for s in t.events(KernelLaunchStats)}
+    assert stats == {(7 * 3 * 2, 128 * 2 * 1, device): 1, (5, 64, device): 1}
+    launch, launch_exc = t.events(KernelLaunch)
+    func = t.printed("func")
+    assert isinstance(launch, KernelLaunch) and isinstance(launch_exc, KernelLaunch)
+    assert (launch.api, launch.func, launch.grid, launch.block, launch.shared_mem, launch.stream,
+            launch.seq, launch.device) == ("cudaLaunchKernel", func, (7, 3, 2), (128, 2, 1), 256, 0, 1, device)
+    assert (launch_exc.api, launch_exc.func, launch_exc.grid, launch_exc.block, launch_exc.shared_mem,
+            launch_exc.stream, launch_exc.seq) == ("cudaLaunchKernelExC", func, (5, 1, 1), (64, 1, 1), 512, 0, 2)
+    assert t.ctx.telemetry.get("otel_ebpf.events.dropped", receiver="cuda") == 0
+
+
+def test_real_cudart_every_call_with_known_arguments_and_real_rc(bpf_ready: None, built: dict[str, Path],
+                                                                 cudart: Path) -> None:
+    argv = [str(built["cuda_driver"]), str(cudart), "--wait-stdin"]
+    with traced(argv, Config(launch_sample_every=1)) as t:
+        assert t.receiver.ctx.telemetry.get("otel_ebpf.probes.attached", library=cudart.name) >= 32
+        t.release()
+        t.receiver.shutdown()  # final read of the launch counters
+        # 35 = cudaErrorInsufficientDriver: the failed cudaSetDevice binds no device (-1)
+        _assert_script(t, expect_rc=35, device=-1)
+
+
+def test_successful_calls_bind_device_and_pair_pointers(bpf_ready: None, built: dict[str, Path],
+                                                        stand_in_cudart: Path) -> None:
+    argv = [str(built["cuda_driver"]), str(stand_in_cudart), "--wait-stdin"]
+    with traced(argv, Config(launch_sample_every=1)) as t:
+        t.release()
+        t.receiver.shutdown()
+        _assert_script(t, expect_rc=0, device=1)
+        allocs = t.events(AllocCall)
+        assert [a.ptr for a in allocs] == [
+            STAND_IN_PTR_BASE + i * STAND_IN_PTR_STEP for i in range(3)]
+        # through the processor: cudaMallocManaged's 4096 bytes on device 1 leak at exit
+        out = ListConsumer()
+        CudaProcessor(ProcessorConfig(), Context(), out).consume(t.sink.take())
+        leaked = {m.name: (m.value, dict(m.attributes)) for m in out.events
+                  if isinstance(m, MetricRecord) and m.name.startswith("gpu.cuda.memory.leaked")}
+        assert leaked == {"gpu.cuda.memory.leaked": (4096, {"cuda.device.index": 1}),
+                          "gpu.cuda.memory.leaked.allocations": (1, {"cuda.device.index": 1})}
+
+
+def test_per_thread_stream_variants_are_traced_as_themselves(bpf_ready: None, cuda_ptsz: Path,
+                                                             cudart: Path) -> None:
+    with traced([str(cuda_ptsz), str(cudart)], Config(launch_sample_every=1)) as t:
+        t.release()
+        t.receiver.shutdown()
+        assert {rc for _, rc in t.results()} == {35} and len(t.results()) == 7
+        src, dst = t.printed("src"), t.printed("dst")
+        masync, mcpy, mcasync, ssync, fasync = t.events(*CALL_TYPES)
+        assert (masync.api, masync.size, masync.stream, masync.rc) == ("cudaMallocAsync_ptsz", 12288, 0x51, 35)
+        assert (mcpy.api, mcpy.dst, mcpy.src, mcpy.bytes, mcpy.kind, mcpy.stream) == (
+            "cudaMemcpy_ptds", dst, src, 1024, 1, 0)
+        assert (mcasync.api, mcasync.bytes, mcasync.kind, mcasync.stream) == ("cudaMemcpyAsync_ptsz", 2048, 3, 0x52)
+        assert (ssync.api, ssync.handle) == ("cudaStreamSynchronize_ptsz", 0x55)
+        assert (fasync.api, fasync.ptr, fasync.stream) == ("cudaFreeAsync_ptsz", 0, 0x56)
+        func = t.printed("func")
+        assert [(k.api, k.func, k.grid, k.block, k.shared_mem, k.stream) for k in t.events(KernelLaunch)] == [
+            ("cudaLaunchKernel_ptsz", func, (3, 2, 1), (32, 4, 2), 128, 0x53),
+            ("cudaLaunchKernelExC_ptsz", func, (9, 1, 1), (16, 16, 1), 64, 0x54)]
+        assert {(s.grid_size, s.block_size): s.count for s in t.events(KernelLaunchStats)} == {
+            (6, 256): 1, (9, 256): 1}
+
+
+def test_library_opened_after_start_is_caught_before_first_call(bpf_ready: None, built: dict[str, Path],
+                                                                 cudart: Path) -> None:
+    # sh waits for our go, then execs the driver (same pid), which sleeps, then dlopens:
+    # the library is neither mapped nor configured when the receiver starts.
+    argv = ["/bin/sh", "-c", 'read _ && exec "$0" "$@"', str(built["cuda_driver"]), str(cudart),
+            "--delay-before-dlopen-ms", "100"]
+    with traced(argv, Config(pause_on_load=True), wait_ready=False) as t:
+        assert t.ctx.libraries == {}
+        assert t.ctx.telemetry.get("otel_ebpf.probes.attached", library=cudart.name) == 0
+        t.release()
+        t.receiver.shutdown()
+        loaded = t.events(LibraryLoaded)
+        assert loaded and loaded[0].path.endswith("libcudart.so.12")
+        assert t.ctx.telemetry.get("otel_ebpf.probes.attached", library=cudart.name) >= 32
+        _assert_script_calls_only(t)
+
+
+def _assert_script_calls_only(t: Traced) -> None:
+    calls = t.events(*CALL_TYPES)
+    assert [c.api for c in calls] == SCRIPT_CALLS
+    assert [c.rc for c in calls] == [rc for n, rc in t.results() if "Launch" not in n]
+
+    def launches() -> int:
+        return sum(s.count for s in t.events(KernelLaunchStats))
+
+    _wait_for("the next read of the launch counters", lambda: launches() >= 2)
+    assert launches() == 2
+
+
+def test_launch_counts_are_exact(bpf_ready: None, built: dict[str, Path], cudart: Path) -> None:
+    loops = 10000
+    argv = [str(built["cuda_driver"]), str(cudart), "--launch-only", "--loops", str(loops), "--wait-stdin"]
+    config = Config(stats_interval=0.01, poll_interval=0.005)
+    with traced(argv, config) as t:
+        t.release()
+        # the driver is reaped: the next read is its final one and deletes its counters
+        _wait_for("launch counters of the exited driver deleted",
+                  lambda: not any(k.pid == t.pid for k in t.receiver.bpf["launch_stats"].keys()))
+        stats = t.events(KernelLaunchStats)
+        assert {(s.grid_size, s.block_size) for s in stats} == {(42, 256)}
+        assert sum(s.count for s in stats) == loops
+        assert t.ctx.telemetry.get("otel_ebpf.events.dropped", receiver="cuda") == 0
+        assert "ns_per_call=" in t.stdout
+
+
+def test_process_exiting_inside_a_call_keeps_earlier_events(bpf_ready: None, built: dict[str, Path],
+                                                            cudart: Path) -> None:
+    driver = str(built["cuda_driver"])
+    dying = subprocess.Popen([driver, str(cudart), "--exit-mid-call", "--wait-stdin"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        _ready(dying)
+        with traced([driver, str(cudart), "--wait-stdin"], Config(), extra_pids=(dying.pid,)) as t:
+            t.release()  # earlier events: a full script
+            before = list(t.events())
+            assert dying.stdin is not None
+            dying.stdin.write("go\n")
+            dying.stdin.flush()
+            _wait_for("the dying driver's call in flight", lambda: _inflight(t) > 0, timeout=5, step=0.002)
+            out, _ = dying.communicate(timeout=30)
+            assert dying.returncode == 3 and "in_call=1" in out, out
+            _wait_for("ProcessExit of the dying driver",
+                      lambda: any(isinstance(e, ProcessExit) and e.pid == dying.pid for e in t.sink.events))
+            # its worker died between the uprobe and the uretprobe of cudaDeviceSynchronize:
+            # no record for it, and the thread-exit hook removed its in-flight entry
+            assert not [e for e in t.sink.events if getattr(e, "pid", None) == dying.pid
+                        and isinstance(e, CALL_TYPES)]
+            _wait_for("the thread-exit hook to clear in-flight calls", lambda: _inflight(t) == 0)
+            assert t.events() == before
+            _assert_script_calls_only(t)
+            assert t.ctx.telemetry.get("otel_ebpf.events.dropped", receiver="cuda") == 0
+    finally:
+        if dying.poll() is None:
+            dying.kill()
+            dying.wait(timeout=10)

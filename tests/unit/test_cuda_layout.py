@@ -1,0 +1,187 @@
+"""cuda.h as gcc lays it out == the Python mirrors in receivers/cuda/receiver.py; decoding
+through those mirrors; the receiver config as it reaches the program.
+
+A small C program includes cuda.h (with a u8/u32/s32/u64 shim for the kernel types) and
+prints sizeof, offsetof and member sizes of every mirrored struct, the record type values
+and the CUDA_API_* ids; the test compares them with the struct formats, types and APIS.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from otel_ebpf.config import build
+from otel_ebpf.errors import ConfigError
+from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.receivers.cuda import Config, factory
+from otel_ebpf.receivers.cuda import receiver as cuda_receiver
+from otel_ebpf.receivers.cuda.events import AllocCall, KernelLaunch, MemcpyCall, SetDeviceCall
+from otel_ebpf.receivers.cuda.receiver import (
+    ALLOC,
+    APIS,
+    LAUNCH,
+    MEMCPY,
+    MIRRORS,
+    PROBES,
+    SET_DEVICE,
+    CudaReceiver,
+    Mirror,
+)
+from otel_ebpf.telemetry import DROPPED
+
+CUDA_DIR = Path(cuda_receiver.__file__).resolve().parent
+SHIM = "typedef unsigned char u8; typedef unsigned int u32; typedef int s32; typedef unsigned long long u64;\n"
+
+
+def _offsets(fmt: struct.Struct) -> list[tuple[int, int]]:
+    """(offset, size) of each value a little-endian, padding-explicit format unpacks."""
+    out, pos = [], 0
+    for count, code in re.findall(r"(\d*)([a-zA-Z?])", fmt.format.lstrip("<")):
+        n = int(count or 1)
+        if code == "x":
+            pos += n
+            continue
+        size = struct.calcsize("<" + code)
+        for _ in range(n):
+            out.append((pos, size))
+            pos += size
+    return out
+
+
+@pytest.fixture(scope="module")
+def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
+    if shutil.which("gcc") is None:
+        if os.environ.get("CI"):
+            pytest.fail("gcc is needed to check cuda.h against its Python mirrors")
+        pytest.skip("gcc not found")
+    lines = []
+    for m in MIRRORS:
+        lines.append(f'printf("sizeof {m.c_struct} %zu\\n", sizeof(struct {m.c_struct}));')
+        for f in m.fields:
+            member = f"((struct {m.c_struct} *)0)->{f}"
+            lines.append(f'printf("offsetof {m.c_struct} {f} %zu %zu\\n", '
+                         f'__builtin_offsetof(struct {m.c_struct}, {f}), sizeof({member}));')
+    for a in APIS:
+        lines.append(f'printf("api {a.symbol} %d\\n", CUDA_API_{a.symbol});')
+    lines.append('printf("api_count %d\\n", CUDA_API_COUNT);')
+    for name in ("MEMCPY", "ALLOC", "FREE", "SYNC", "SET_DEVICE", "LAUNCH"):
+        lines.append(f'printf("etype {name} %d\\n", CUDA_EV_{name});')
+    src = (f'#include <stdio.h>\n{SHIM}#include "cuda.h"\nint main(void)\n{{\n    '
+           + "\n    ".join(lines) + "\n    return 0;\n}\n")
+    tmp = tmp_path_factory.mktemp("cuda_layout")
+    (tmp / "layout.c").write_text(src)
+    subprocess.run(["gcc", "-Wall", "-Werror", f"-I{CUDA_DIR}", "-o", str(tmp / "layout"),
+                    str(tmp / "layout.c")], check=True, capture_output=True, timeout=60)
+    out = subprocess.run([str(tmp / "layout")], check=True, capture_output=True, text=True, timeout=10).stdout
+    values: dict[str, int] = {}
+    for line in out.splitlines():
+        words = line.split()
+        if words[0] == "offsetof":  # offsetof STRUCT FIELD OFFSET SIZE
+            key = " ".join(words[:3])
+            values[key], values[key + " size"] = int(words[3]), int(words[4])
+        else:
+            values[" ".join(words[:-1])] = int(words[-1])
+    return values
+
+
+@pytest.mark.parametrize("mirror", MIRRORS, ids=lambda m: m.c_struct)
+def test_mirror_matches_c_layout(mirror: Mirror, c_layout: dict[str, int]) -> None:
+    assert mirror.fmt.format.startswith("<")
+    assert mirror.fmt.size == c_layout[f"sizeof {mirror.c_struct}"]
+    offsets = _offsets(mirror.fmt)
+    assert len(offsets) == len(mirror.fields)
+    for (offset, size), field in zip(offsets, mirror.fields, strict=True):
+        key = f"offsetof {mirror.c_struct} {field}"
+        assert (offset, size) == (c_layout[key], c_layout[key + " size"]), field
+
+
+@pytest.mark.parametrize("mirror", MIRRORS, ids=lambda m: m.c_struct)
+def test_records_start_with_their_type_byte(mirror: Mirror, c_layout: dict[str, int]) -> None:
+    assert mirror.fields[0].endswith("type") and _offsets(mirror.fmt)[0] == (0, 1)
+    name = {"cuda_memcpy_rec": "MEMCPY", "cuda_alloc_rec": "ALLOC", "cuda_free_rec": "FREE",
+            "cuda_sync_rec": "SYNC", "cuda_set_device_rec": "SET_DEVICE",
+            "cuda_launch_rec": "LAUNCH"}[mirror.c_struct]
+    assert mirror.etype == c_layout[f"etype {name}"] >= 16
+    raw = bytes([mirror.etype]) + bytes(mirror.fmt.size - 1)
+    assert mirror.fmt.unpack_from(raw)[0] == mirror.etype
+
+
+def test_record_types_are_distinct() -> None:
+    assert len({m.etype for m in MIRRORS}) == len(MIRRORS)
+
+
+def test_api_ids_match_cuda_h(c_layout: dict[str, int]) -> None:
+    assert c_layout["api_count"] == len(APIS)
+    for index, api in enumerate(APIS):
+        assert c_layout[f"api {api.symbol}"] == index, api.symbol
+
+
+def test_every_probe_function_is_defined_in_the_program() -> None:
+    text = (CUDA_DIR / "cuda.bpf.c").read_text()
+    defined = set(re.findall(r"^int (\w+)\(struct pt_regs \*ctx\)", text, re.M))
+    for sym in re.findall(r"^CUDA_CALL\((\w+), \w+\)", text, re.M):
+        defined |= {f"enter_{sym}", f"return_{sym}"}
+    wanted = {fn for p in PROBES for fn in (p.entry, p.ret) if fn}
+    assert wanted <= defined, wanted - defined
+    # launches are entry-only: no uretprobe on the hot path
+    assert all(p.ret is None for p in PROBES if "Launch" in p.symbol)
+
+
+def _receiver() -> CudaReceiver:
+    return CudaReceiver(Config(), Context(), ListConsumer())  # decode needs no BPF
+
+
+def test_decode_call_records_into_typed_events_with_epoch_times() -> None:
+    r = _receiver()
+    off = r.clock.offset_ns
+    memcpy_id = [a.symbol for a in APIS].index("cudaMemcpyAsync_ptsz")
+    raw = MEMCPY.fmt.pack(16, memcpy_id, 1, 10, 11, 1000, 2000, 0, 0xD, 0x5, 4096, 0x77, 2)
+    assert r.decode(16, raw) == MemcpyCall(10, 11, "cudaMemcpyAsync_ptsz", 1, 1000 + off, 2000 + off, 0,
+                                           0xD, 0x5, 4096, 0x77, 2)
+    raw = ALLOC.fmt.pack(17, 8, -1, 10, 11, 5, 6, 35, 0, 1 << 20, 0, 0)
+    assert r.decode(17, raw) == AllocCall(10, 11, "cudaMalloc", -1, 5 + off, 6 + off, 35, 0, 1 << 20, 0, 0)
+    raw = SET_DEVICE.fmt.pack(20, 19, 3, 10, 11, 5, 6, 0, 3)
+    assert r.decode(20, raw) == SetDeviceCall(10, 11, "cudaSetDevice", 3, 5 + off, 6 + off, 0, 3)
+    raw = LAUNCH.fmt.pack(21, 2, 0, 10, 11, 7, 0x4010, 5, 1, 1, 64, 1, 1, 512, 0, 9)
+    assert r.decode(21, raw) == KernelLaunch(10, 11, "cudaLaunchKernelExC", 0, 7 + off, 0x4010, (5, 1, 1),
+                                             (64, 1, 1), 512, 0, 9)
+
+
+@pytest.mark.parametrize("raw", [b"\x10" + bytes(10), MEMCPY.fmt.pack(16, 200, *([0] * 11))],
+                         ids=["short", "bad_api"])
+def test_malformed_records_are_counted_not_raised(raw: bytes) -> None:
+    r = _receiver()
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    assert r._on_record(None, ctypes.addressof(buf), len(raw)) == 0
+    assert r.ctx.telemetry.get(DROPPED, receiver="cuda", reason="decode_error") == 1
+
+
+def test_receiver_config_defaults_reach_the_program_as_macros() -> None:
+    r = CudaReceiver(build(Config, {"launch_sample_every": 7, "max_inflight": 99}), Context(target_pids=[1]),
+                     ListConsumer())
+    flags = r.program_cflags()
+    for flag in ("-DCUDA_LAUNCH_SAMPLE_EVERY=7", "-DCUDA_MAX_INFLIGHT=99", "-DCUDA_MAX_THREADS=65536",
+                 "-DCUDA_MAX_LAUNCH_KEYS=4096", "-DOE_PAUSE_ON_LOAD=1", "-DOE_FILTER_PIDS=1",
+                 '-DOE_LIB_PATTERN="libcudart.so"'):
+        assert flag in flags
+    assert r.library_key == "cudart" and factory.type == "cuda" and factory.config_class is Config
+
+
+@pytest.mark.parametrize(("data", "key"), [
+    ({"ringbuf_pages": 100}, "receivers.cuda.ringbuf_pages"),
+    ({"launch_sample_every": -1}, "receivers.cuda.launch_sample_every"),
+    ({"max_launch_keys": 0}, "receivers.cuda.max_launch_keys"),
+    ({"stats_interval": "1ms"}, "receivers.cuda.stats_interval"),
+    ({"symbols": []}, "receivers.cuda.symbols"),
+])
+def test_receiver_config_errors_name_the_key(data: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build(Config, data, "receivers.cuda")
+    assert err.value.path == key

@@ -1,0 +1,336 @@
+"""processors/cuda: typed CUDA events -> SpanRecord/MetricRecord, then through the real Emitter."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics.export import (
+    HistogramDataPoint,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+)
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from otel_ebpf.config import build
+from otel_ebpf.emit.emitter import Emitter, ExporterSpec
+from otel_ebpf.errors import ConfigError
+from otel_ebpf.events import LibraryLoaded, MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.processors.cuda import Config, CudaProcessor, error_name, factory
+from otel_ebpf.processors.cuda.errors import CUDA_ERRORS
+from otel_ebpf.receivers.cuda.events import (
+    AllocCall,
+    FreeCall,
+    KernelLaunch,
+    KernelLaunchStats,
+    MemcpyCall,
+    SetDeviceCall,
+    SyncCall,
+)
+from otel_ebpf.telemetry import DROPPED, Telemetry
+
+T0 = 1_700_000_000_000_000_000
+PID, TID = 4242, 4243
+PTR = 0x7F5A00000000
+
+
+def memcpy(rc: int = 0, api: str = "cudaMemcpyAsync", nbytes: int = 32768, kind: int = 2,
+           device: int = 1) -> MemcpyCall:
+    return MemcpyCall(PID, TID, api, device, T0, T0 + 5000, rc, 0x1000, 0x2000, nbytes, 0xABC, kind)
+
+
+def malloc(ptr: int, size: int, device: int = 1, rc: int = 0, pid: int = PID,
+           api: str = "cudaMalloc") -> AllocCall:
+    return AllocCall(pid, TID, api, device, T0, T0 + 1000, rc, ptr if rc == 0 else 0, size, 0, 0)
+
+
+def free(ptr: int, device: int = 1, rc: int = 0, pid: int = PID) -> FreeCall:
+    return FreeCall(pid, TID, "cudaFree", device, T0 + 2000, T0 + 3000, rc, ptr, 0)
+
+
+class Rig:
+    def __init__(self, **config: Any) -> None:
+        self.ctx = Context()
+        self.out = ListConsumer()
+        self.proc = CudaProcessor(Config(**config), self.ctx, self.out)
+
+    def run(self, *events: object) -> list[object]:
+        self.proc.consume(list(events))
+        return self.out.take()
+
+
+def spans(records: list[object]) -> list[SpanRecord]:
+    return [r for r in records if isinstance(r, SpanRecord)]
+
+
+def metrics(records: list[object], name: str) -> list[MetricRecord]:
+    return [r for r in records if isinstance(r, MetricRecord) and r.name == name]
+
+
+# ---- spans and metrics per kind -------------------------------------------------------------
+
+def test_memcpy_is_a_span_with_cuda_attributes_and_a_bytes_histogram() -> None:
+    out = Rig().run(memcpy())
+    (span,) = spans(out)
+    assert (span.pid, span.name, span.scope, span.start_ns, span.end_ns, span.error) == (
+        PID, "cudaMemcpyAsync", "otel_ebpf.cuda", T0, T0 + 5000, None)
+    assert dict(span.attributes) == {
+        "cuda.api": "cudaMemcpyAsync", "cuda.device.index": 1, "cuda.return_code": 0, "thread.id": TID,
+        "cuda.bytes": 32768, "cuda.memcpy.kind": "DeviceToHost", "cuda.stream": "0xabc"}
+    (copies,) = metrics(out, "gpu.cuda.memory.copies")
+    assert (copies.kind, copies.unit, copies.value, dict(copies.attributes)) == (
+        "histogram", "By", 32768, {"cuda.memcpy.kind": "DeviceToHost", "cuda.device.index": 1})
+
+
+def test_failed_call_is_an_error_span_named_by_the_cuda_error() -> None:
+    out = Rig().run(memcpy(rc=35, api="cudaMemcpy", device=-1))
+    (span,) = spans(out)
+    assert span.error == "cudaErrorInsufficientDriver"
+    assert span.attributes["error.type"] == "cudaErrorInsufficientDriver"
+    assert span.attributes["cuda.return_code"] == 35
+    assert "cuda.device.index" not in span.attributes and "cuda.stream" not in span.attributes
+    (errors,) = metrics(out, "gpu.cuda.api.errors")
+    assert (errors.value, dict(errors.attributes)) == (
+        1, {"cuda.api": "cudaMemcpy", "error.type": "cudaErrorInsufficientDriver"})
+    assert not metrics(out, "gpu.cuda.memory.copies")  # nothing was copied
+
+
+@pytest.mark.parametrize(("rc", "name"), [
+    (0, "cudaSuccess"), (1, "cudaErrorInvalidValue"), (2, "cudaErrorMemoryAllocation"),
+    (35, "cudaErrorInsufficientDriver"), (46, "cudaErrorDevicesUnavailable"),
+    (98, "cudaErrorInvalidDeviceFunction"), (100, "cudaErrorNoDevice"), (101, "cudaErrorInvalidDevice"),
+    (200, "cudaErrorInvalidKernelImage"), (225, "cudaErrorUnsupportedDevSideSync"),
+    (304, "cudaErrorOperatingSystem"), (400, "cudaErrorInvalidResourceHandle"),
+    (500, "cudaErrorSymbolNotFound"), (600, "cudaErrorNotReady"), (700, "cudaErrorIllegalAddress"),
+    (719, "cudaErrorLaunchFailure"), (720, "cudaErrorCooperativeLaunchTooLarge"),
+    (810, "cudaErrorMpsClientTerminated"), (999, "cudaErrorUnknown"), (12345, "cudaError(12345)"),
+])
+def test_error_names(rc: int, name: str) -> None:
+    assert error_name(rc) == name
+
+
+def test_error_table_covers_the_documented_ranges() -> None:
+    wanted = [*range(0, 10), *range(12, 14), *range(16, 29), 31, 32, *range(34, 38), *range(43, 47), 49,
+              52, 53, *range(65, 70), 98, 100, 101, *range(200, 202), *range(205, 226), *range(300, 305),
+              400, 500, 600, *range(700, 706), *range(708, 721), *range(800, 811), 999]
+    assert [rc for rc in wanted if rc not in CUDA_ERRORS] == []
+
+
+def test_alloc_and_free_track_outstanding_bytes() -> None:
+    rig = Rig()
+    out = rig.run(malloc(PTR, 1 << 20))
+    (span,) = spans(out)
+    assert span.attributes["cuda.ptr"] == hex(PTR) and span.attributes["cuda.bytes"] == 1 << 20
+    assert [(m.value, dict(m.attributes)) for m in metrics(out, "gpu.cuda.memory.allocations")] == [
+        (1 << 20, {"cuda.api": "cudaMalloc", "cuda.device.index": 1})]
+    assert [m.value for m in metrics(out, "gpu.cuda.memory.outstanding")] == [1 << 20]
+    assert rig.proc.tracked_allocations == 1
+    out = rig.run(free(PTR, device=0))  # freed from a thread bound elsewhere: the alloc's device counts
+    (span,) = spans(out)
+    assert span.attributes["cuda.bytes"] == 1 << 20 and span.error is None
+    assert [(m.kind, m.value, dict(m.attributes)) for m in metrics(out, "gpu.cuda.memory.outstanding")] == [
+        ("updown", -(1 << 20), {"cuda.device.index": 1})]
+    assert [m.value for m in metrics(out, "gpu.cuda.memory.free.bytes")] == [1 << 20]
+    assert rig.proc.tracked_allocations == 0
+
+
+def test_free_of_unknown_pointer_is_counted_not_an_error() -> None:
+    rig = Rig()
+    out = rig.run(free(0xDEAD000), free(0))  # never seen; cudaFree(NULL) is a no-op
+    assert [s.error for s in spans(out)] == [None, None]
+    assert "cuda.bytes" not in spans(out)[0].attributes
+    assert not metrics(out, "gpu.cuda.memory.outstanding")
+    assert rig.ctx.telemetry.get("otel_ebpf.cuda.unknown_frees") == 1
+
+
+def test_failed_malloc_and_failed_free_change_nothing() -> None:
+    rig = Rig()
+    rig.run(malloc(PTR, 4096))
+    out = rig.run(malloc(0, 1 << 40, rc=2), free(PTR, rc=1))
+    assert [s.error for s in spans(out)] == ["cudaErrorMemoryAllocation", "cudaErrorInvalidValue"]
+    assert not metrics(out, "gpu.cuda.memory.outstanding") and not metrics(out, "gpu.cuda.memory.allocations")
+    assert rig.proc.tracked_allocations == 1
+
+
+def test_process_exit_reports_leaks_per_device_then_passes_on() -> None:
+    rig = Rig()
+    rig.run(malloc(PTR, 4096, device=0), malloc(PTR + 0x1000, 8192, device=1),
+            malloc(PTR + 0x3000, 100, device=1), free(PTR + 0x3000), malloc(0x9000, 1, pid=77))
+    exit_ = ProcessExit(PID, T0 + 10**9, "train", 0)
+    out = rig.run(exit_)
+    assert out[-1] is exit_
+    assert [(m.value, dict(m.attributes)) for m in metrics(out, "gpu.cuda.memory.leaked")] == [
+        (4096, {"cuda.device.index": 0}), (8192, {"cuda.device.index": 1})]
+    assert [(m.value, m.unit) for m in metrics(out, "gpu.cuda.memory.leaked.allocations")] == [
+        (1, "{allocation}"), (1, "{allocation}")]
+    assert rig.proc.tracked_allocations == 1  # pid 77's
+    assert rig.run(ProcessExit(PID, T0, "train", 0))[0] == ProcessExit(PID, T0, "train", 0)  # nothing left
+
+
+def test_allocation_table_is_bounded() -> None:
+    rig = Rig(max_tracked_allocations=2)
+    out = rig.run(*(malloc(PTR + i * 0x1000, 10) for i in range(3)))
+    assert rig.proc.tracked_allocations == 2
+    assert len(metrics(out, "gpu.cuda.memory.allocations")) == 3  # all allocations still counted
+    assert [m.value for m in metrics(out, "gpu.cuda.memory.outstanding")] == [10, 10]
+    assert rig.ctx.telemetry.get(DROPPED, receiver="cuda", reason="alloc_table_full") == 1
+    rig.run(free(PTR))
+    rig.run(malloc(PTR + 0x9000, 10))
+    assert rig.proc.tracked_allocations == 2
+
+
+def test_sync_is_a_span_and_a_wait_histogram_in_seconds() -> None:
+    ev = SyncCall(PID, TID, "cudaStreamSynchronize_ptsz", 0, T0, T0 + 2_500_000, 0, 0x77)
+    out = Rig().run(ev)
+    (span,) = spans(out)
+    assert span.name == "cudaStreamSynchronize_ptsz" and span.attributes["cuda.stream"] == "0x77"
+    (wait,) = metrics(out, "gpu.cuda.synchronize.duration")
+    assert (wait.kind, wait.unit, wait.value) == ("histogram", "s", 0.0025)
+    assert wait.attributes == {"cuda.api": "cudaStreamSynchronize_ptsz", "cuda.device.index": 0}
+    (calls,) = metrics(out, "gpu.cuda.stream.synchronize.calls")
+    assert calls.value == 1
+    ev_sync = SyncCall(PID, TID, "cudaEventSynchronize", 0, T0, T0 + 1, 0, 0x88)
+    assert spans(Rig().run(ev_sync))[0].attributes["cuda.event"] == "0x88"
+
+
+def test_set_device_span() -> None:
+    (span,) = spans(Rig().run(SetDeviceCall(PID, TID, "cudaSetDevice", 3, T0, T0 + 10, 0, 3)))
+    assert span.attributes["cuda.device.index"] == 3 and span.attributes["cuda.device.requested"] == 3
+
+
+def test_launch_stats_become_counter_and_weighted_histograms() -> None:
+    out = Rig().run(KernelLaunchStats(PID, 1, 42, 256, 10000, T0))
+    (calls,) = metrics(out, "gpu.cuda.kernel.launch.calls")
+    assert (calls.kind, calls.value, calls.count, dict(calls.attributes)) == (
+        "counter", 10000, 1, {"cuda.device.index": 1})
+    (grid,) = metrics(out, "gpu.cuda.kernel.grid.size")
+    (block,) = metrics(out, "gpu.cuda.kernel.block.size")
+    assert (grid.kind, grid.value, grid.count) == ("histogram", 42, 10000)
+    assert (block.kind, block.value, block.count) == ("histogram", 256, 10000)
+    assert not spans(out)
+
+
+def test_sampled_launch_is_a_zero_length_span() -> None:
+    ev = KernelLaunch(PID, TID, "cudaLaunchKernel", 0, T0, 0x4010, (7, 3, 2), (128, 2, 1), 256, 0, 5)
+    (span,) = spans(Rig().run(ev))
+    assert (span.name, span.start_ns, span.end_ns) == ("cudaLaunchKernel", T0, T0)
+    assert {k: span.attributes[k] for k in ("cuda.kernel.func", "cuda.kernel.grid", "cuda.kernel.block",
+                                            "cuda.kernel.shared_mem", "cuda.kernel.launch_seq")} == {
+        "cuda.kernel.func": "0x4010", "cuda.kernel.grid": (7, 3, 2), "cuda.kernel.block": (128, 2, 1),
+        "cuda.kernel.shared_mem": 256, "cuda.kernel.launch_seq": 5}
+
+
+def test_spans_off_keeps_metrics() -> None:
+    out = Rig(spans=False).run(memcpy(), memcpy(rc=35))
+    assert not spans(out)
+    assert metrics(out, "gpu.cuda.memory.copies") and metrics(out, "gpu.cuda.api.errors")
+
+
+# ---- pipeline contract -------------------------------------------------------------------
+
+def test_other_events_pass_through_unchanged_and_in_order() -> None:
+    lib = LibraryLoaded(PID, TID, T0, "/x/libcudart.so.12")
+    other = object()
+    exit_ = ProcessExit(PID, T0, "x", 0)
+    out = Rig().run(lib, other, exit_)
+    assert out[0] is lib and out[1] is other and out[2] is exit_
+
+
+def test_bad_event_is_counted_and_the_batch_goes_on() -> None:
+    rig = Rig()
+    bad = AllocCall(PID, TID, "cudaMalloc", 0, T0, T0, 0, None, 1, 0, 0)  # type: ignore[arg-type]
+    out = rig.run(bad, memcpy())
+    assert [s.name for s in spans(out)] == ["cudaMemcpyAsync"]
+    assert rig.ctx.telemetry.get(DROPPED, receiver="cuda", reason="bad_event") == 1
+
+
+def test_lifecycle_and_factory() -> None:
+    assert factory.type == "cuda" and factory.config_class is Config
+    proc = factory.create(build(Config, {}), Context(), ListConsumer())
+    proc.shutdown()  # without start
+    proc.start()
+    proc.shutdown()
+    proc.shutdown()
+    with pytest.raises(ConfigError, match="max_tracked_allocations"):
+        build(Config, {"max_tracked_allocations": 0}, "processors.cuda")
+    with pytest.raises(ConfigError, match=r"processors\.cuda\.nope"):
+        build(Config, {"nope": 1}, "processors.cuda")
+
+
+# ---- through the real emitter -------------------------------------------------------------
+
+class StoringMetricExporter(MetricExporter):
+    def __init__(self) -> None:
+        super().__init__(preferred_temporality={}, preferred_aggregation={})
+        self.exports: list[MetricsData] = []
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+               **kwargs: Any) -> MetricExportResult:
+        self.exports.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        pass
+
+
+def _points(data: list[MetricsData], pid: int) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for md in data:
+        for rm in md.resource_metrics:
+            if rm.resource.attributes.get("process.pid") != pid:
+                continue
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    out.setdefault(m.name, []).extend(m.data.data_points)
+    return out
+
+
+def test_exported_spans_and_metrics_through_the_emitter() -> None:
+    spans_out, metrics_out = InMemorySpanExporter(), StoringMetricExporter()
+    telemetry = Telemetry()
+    emitter = Emitter([ExporterSpec("mem", spans_out, metrics_out, batch_delay=0.05)], telemetry,
+                      resource_of=lambda pid, comm: {"process.pid": pid, "service.name": "train"},
+                      agent_attributes={"service.name": "otel-ebpf"}, metrics_interval=3600.0)
+    proc = CudaProcessor(Config(), Context(telemetry=telemetry), emitter)
+    try:
+        proc.consume([
+            SetDeviceCall(PID, TID, "cudaSetDevice", 1, T0, T0 + 10, 0, 1),
+            malloc(PTR, 1 << 20), malloc(PTR + 0x100000, 4096),
+            memcpy(), memcpy(rc=35, api="cudaMemcpy"),
+            KernelLaunchStats(PID, 1, 42, 256, 1000, T0),
+            free(PTR),
+        ])
+        proc.consume([ProcessExit(PID, T0 + 10**9, "train", 0)])
+        emitter.flush()
+        got = {s.name: s for s in spans_out.get_finished_spans()}
+        assert set(got) == {"cudaSetDevice", "cudaMalloc", "cudaMemcpyAsync", "cudaMemcpy", "cudaFree"}
+        failed = got["cudaMemcpy"]
+        assert failed.status.status_code == StatusCode.ERROR
+        assert failed.status.description == "cudaErrorInsufficientDriver"
+        assert got["cudaMemcpyAsync"].status.status_code == StatusCode.UNSET
+        assert dict(got["cudaMemcpyAsync"].attributes or {}) == {
+            "cuda.api": "cudaMemcpyAsync", "cuda.device.index": 1, "cuda.return_code": 0,
+            "thread.id": TID, "cuda.bytes": 32768, "cuda.memcpy.kind": "DeviceToHost", "cuda.stream": "0xabc"}
+        assert got["cudaFree"].attributes["cuda.ptr"] == hex(PTR)  # type: ignore[index]
+        assert (got["cudaMemcpyAsync"].start_time, got["cudaMemcpyAsync"].end_time) == (T0, T0 + 5000)
+        assert {s.instrumentation_scope.name for s in got.values() if s.instrumentation_scope} == {"otel_ebpf.cuda"}
+        assert got["cudaFree"].resource.attributes["process.pid"] == PID
+
+        points = _points(metrics_out.exports, PID)
+        assert [p.value for p in points["gpu.cuda.memory.leaked"]] == [4096]
+        assert [p.value for p in points["gpu.cuda.memory.leaked.allocations"]] == [1]
+        assert [p.value for p in points["gpu.cuda.memory.outstanding"]] == [4096]
+        assert [p.value for p in points["gpu.cuda.kernel.launch.calls"]] == [1000]
+        (grid,) = points["gpu.cuda.kernel.grid.size"]
+        assert isinstance(grid, HistogramDataPoint) and (grid.count, grid.sum) == (1000, 42 * 1000)
+        (errors,) = points["gpu.cuda.api.errors"]
+        assert dict(errors.attributes) == {"cuda.api": "cudaMemcpy", "error.type": "cudaErrorInsufficientDriver",
+                                           "cuda.device.index": 1}
+        assert emitter.process_count() == 0  # the exited process was exported once more and released
+    finally:
+        emitter.shutdown()
