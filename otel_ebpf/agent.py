@@ -223,8 +223,16 @@ def wait_child(pid: int, on_signal: Callable[[int], None]) -> int:
 
 def wait_pids(pids: Sequence[int], stop: threading.Event) -> None:
     """Until ``stop`` is set (SIGINT/SIGTERM) or every target process has exited."""
+    while not stop.wait(0.5):
+        if not any(_alive(p) for p in pids):
+            return
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, exited but not yet reaped by its parent, is not)."""
     import psutil
 
-    while not stop.wait(0.5):
-        if not any(psutil.pid_exists(p) for p in pids):
-            return
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -223,9 +223,12 @@ class BpfReceiver:
 
         if self.library_key is None:
             return []
+        # ldconfig's system-wide copies matter only when tracing every process; a traced command
+        # that loads one is caught at openat anyway, and each needless attach costs ~0.1 s to undo.
         return find_libraries(self.library_key, configured=self._extra_libs,
-                              pids=self.ctx.target_pids,
-                              command=self.ctx.libraries.get("command", []))
+                              pids=self.ctx.target_pids or _all_pids(),
+                              command=self.ctx.libraries.get("command", []),
+                              use_ldconfig=not self.ctx.target_pids)
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -305,6 +308,7 @@ class BpfReceiver:
         while not self._stop.is_set():
             try:
                 self._bpf.ring_buffer_poll(self._poll_ms)
+                self._bpf.ring_buffer_consume()  # records submitted without a wakeup
                 self._read_drops()
                 self._flush()
             except Exception:
@@ -344,3 +348,8 @@ class BpfReceiver:
 
 
 Decoder = Callable[[bytes], object]
+
+
+def _all_pids() -> list[int]:
+    """Every process now running (node-agent mode scans their maps for loaded libraries)."""
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]

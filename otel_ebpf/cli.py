@@ -7,8 +7,11 @@
     otel-ebpf run --pid PID [--pid PID ...] [...]
     otel-ebpf run --all-processes [...]
     otel-ebpf config --defaults | --validate FILE
+    otel-ebpf gateway [--config FILE] [--grpc-endpoint H:P] [--http-endpoint H:P]
+                      [--otlp-endpoint URL [--otlp-protocol grpc|http]] [--output DIR] | --defaults
 
-Exit codes: the traced command's own code for ``run -- CMD``; 2 for configuration errors;
+Exit codes: the traced command's own code for ``run -- CMD``; 0 for ``gateway`` stopped by
+SIGINT/SIGTERM (after flushing); 2 for configuration errors;
 3 when the host cannot run eBPF (``check`` explains why); 1 for other agent errors.
 """
 from __future__ import annotations
@@ -42,6 +45,14 @@ RUN_EXAMPLES = """examples:
 """
 
 
+GATEWAY_EXAMPLES = """examples:
+  otel-ebpf gateway --grpc-endpoint 0.0.0.0:4327 --otlp-endpoint http://collector:4317
+      agents on every node run with --otlp-endpoint http://GATEWAY:4327; one trace per collective
+  otel-ebpf gateway --output ./joined
+      write joined traces as OTLP JSON lines
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="otel-ebpf", description="eBPF + NVML to OpenTelemetry for AI/ML jobs.",
                                 epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,6 +81,17 @@ def _parser() -> argparse.ArgumentParser:
     g = cfg.add_mutually_exclusive_group(required=True)
     g.add_argument("--defaults", action="store_true", help="the full default config, every key documented")
     g.add_argument("--validate", metavar="FILE", help="check FILE and print the effective config")
+    gw = sub.add_parser("gateway", help="join NCCL collectives from every node's agent (OTLP in, OTLP out)",
+                        epilog=GATEWAY_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    gw.add_argument("--config", help=f"YAML gateway config merged over the defaults (env {ENV_PREFIX}GATEWAY_CONFIG)")
+    gw.add_argument("--grpc-endpoint", metavar="H:P", help="OTLP/gRPC listen address (default 127.0.0.1:4327; "
+                                                            "port 0: any free port; '' disables)")
+    gw.add_argument("--http-endpoint", metavar="H:P", help="OTLP/HTTP listen address (default 127.0.0.1:4328)")
+    gw.add_argument("--otlp-endpoint", metavar="URL", help="export joined spans and metrics with OTLP here")
+    gw.add_argument("--otlp-protocol", choices=["grpc", "http"], help="OTLP transport (default grpc)")
+    gw.add_argument("--output", metavar="DIR", help="write OTLP JSON lines to DIR (default ./otel-ebpf-gateway-out "
+                                                    "when no endpoint is given)")
+    gw.add_argument("--defaults", action="store_true", help="print the default gateway config and exit")
     return p
 
 
@@ -155,6 +177,37 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gateway(args: argparse.Namespace) -> int:
+    from otel_ebpf.gateway import Gateway, config
+
+    if args.defaults:
+        sys.stdout.write(config.dump_defaults())
+        return 0
+    cfg = config.load(args.config, output=args.output, endpoint=args.otlp_endpoint, protocol=args.otlp_protocol,
+                      grpc_endpoint=args.grpc_endpoint, http_endpoint=args.http_endpoint)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    gateway = Gateway(cfg)
+    started = time.monotonic()
+    try:
+        gateway.start()
+    except EnvironmentError_ as exc:  # a port in use: not a host problem 'check' could explain
+        raise OtelEbpfError(str(exc.args[0]), hint=exc.hint) from None
+    ports = " ".join(f"{rid} grpc={g} http={h}" for rid, (g, h) in gateway.endpoints().items())
+    print(f"otel-ebpf gateway listening: {ports}", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        gateway.shutdown()
+        n = gateway.summary()
+        print(f"otel-ebpf gateway: {n['requests']} requests ({n['rejected']} rejected), {n['received']} items "
+              f"received, {n['spans']} spans out, {n['dropped']} dropped in {time.monotonic() - started:.1f}s",
+              file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="otel-ebpf %(levelname)s %(name)s: %(message)s")
@@ -167,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 3 if any(r.required and r.status != "ok" for r in rows) else 0
         if args.cmd == "config":
             return _config(args)
+        if args.cmd == "gateway":
+            return _gateway(args)
         return _run(args)
     except ConfigError as exc:
         print(f"otel-ebpf: {exc}", file=sys.stderr)

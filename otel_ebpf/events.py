@@ -28,6 +28,7 @@ __all__ = [
     "SpanEventRecord",
     "SpanLinkRecord",
     "SpanRecord",
+    "Tick",
 ]
 
 AttrValue = str | int | float | bool | tuple
@@ -116,6 +117,14 @@ class LibraryLoaded:
     tid: int
     time_ns: int
     path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed (epoch ns). A driver sends it periodically so stages with timeouts act while
+    no data arrives (a hung NCCL job sends nothing). Stages pass it on like any other event."""
+
+    time_ns: int
 
 
 Event = object  # every stage accepts any event and passes on what it does not handle

@@ -50,8 +50,8 @@ __all__ = [
     "CUDA_VISIBLE_DEVICES", "DEFAULT_REDACT_PATTERNS", "ENV_VARIABLES", "MAX_COMMAND_LINE_CHARS",
     "MAX_VALUE_CHARS", "ML_LOCAL_RANK", "ML_LOCAL_WORLD_SIZE", "ML_MASTER_ADDR", "ML_NODE_RANK", "ML_RANK",
     "ML_WORLD_SIZE", "REDACTED", "SLURM_JOB_ID", "SLURM_STEP_ID", "AttributeValue", "Attributes",
-    "ResourceCache", "agent_resource_attributes", "container_id_from_cgroup", "host_attributes",
-    "pod_uid_from_cgroup", "process_attributes", "redact_command_line",
+    "ResourceCache", "agent_resource_attributes", "container_id_from_cgroup", "gateway_resource_attributes",
+    "host_attributes", "pod_uid_from_cgroup", "process_attributes", "redact_command_line",
 ]
 
 AttributeValue: TypeAlias = str | int | tuple[str, ...]
@@ -322,6 +322,11 @@ def agent_resource_attributes() -> Attributes:
     ``telemetry.sdk.*`` are left to the SDK's ``Resource.create``.
     """
     return {SERVICE_NAME: "otel-ebpf", SERVICE_VERSION: __version__, **host_attributes()}
+
+
+def gateway_resource_attributes() -> Attributes:
+    """The gateway's own resource (its metrics, and collective root spans it synthesizes)."""
+    return {SERVICE_NAME: "otel-ebpf-gateway", SERVICE_VERSION: __version__, **host_attributes()}
 
 
 # --- cache -------------------------------------------------------------------------------------

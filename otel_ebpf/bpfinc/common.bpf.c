@@ -33,6 +33,9 @@
 #ifndef OE_PAUSE_ON_LOAD
 #define OE_PAUSE_ON_LOAD 0
 #endif
+#ifndef OE_WAKEUP_EVERY
+#define OE_WAKEUP_EVERY 64
+#endif
 #define OE_PATH_MAX 256
 
 #define OE_EV_PROC_EXIT 1
@@ -73,6 +76,22 @@ static __always_inline void oe_drop(int idx)
     u64 *v = drops.lookup(&idx);
     if (v)
         __sync_fetch_and_add(v, 1);
+}
+
+/* Ring-buffer wakeups cost about as much as the probe itself when the consumer keeps up
+ * (the default "adaptive" mode then wakes it for every record). Records are submitted with
+ * BPF_RB_NO_WAKEUP and every OE_WAKEUP_EVERY-th record per CPU forces one; Python also drains
+ * the buffer after each poll timeout, so no record waits longer than one poll interval. */
+BPF_PERCPU_ARRAY(oe_wake, u64, 1);
+
+static __always_inline u64 oe_wakeup_flags(void)
+{
+    int zero = 0;
+    u64 *n = oe_wake.lookup(&zero);
+    if (!n)
+        return 0;
+    *n += 1;
+    return (*n % OE_WAKEUP_EVERY) ? BPF_RB_NO_WAKEUP : BPF_RB_FORCE_WAKEUP;
 }
 
 static __always_inline int oe_is_traced(u32 tgid)
@@ -124,7 +143,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     e->pid = tgid;
     e->ts = bpf_ktime_get_ns();
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, oe_wakeup_flags());
     return 0;
 }
 
@@ -174,7 +193,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
     if (bpf_send_signal(19 /* SIGSTOP */) == 0)
         e->paused = 1;
 #endif
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* at once: the process may be paused */
     return 0;
 }
 #endif /* OE_LIB_PATTERN */

@@ -8,7 +8,8 @@ them). Each MeterProvider has a pull reader; one timer thread collects them all 
 to every metric exporter.
 
 Bounds: at most ``max_processes`` providers. When a process exits (ProcessExit) its metrics
-are exported once more and its provider released; when the limit is hit, the least recently
+are exported until ``exit_grace`` has passed (late in-kernel aggregates still find it), then its
+provider is released; when the limit is hit, the least recently
 used process is flushed the same way and the eviction counted
 (``otel_ebpf.events.dropped{reason=process_evicted}`` counts nothing lost, only state freed:
 see ``otel_ebpf.processes.evicted``).
@@ -77,7 +78,7 @@ class _Proc:
     resource: Resource
     histograms: HistogramStore = field(default_factory=lambda: HistogramStore(2048))
     instruments: dict[tuple[str, str, str], Any] = field(default_factory=dict)
-    exited: bool = False
+    exited_ns: int | None = None
 
 
 class Emitter:
@@ -86,13 +87,14 @@ class Emitter:
     def __init__(self, exporters: Sequence[ExporterSpec], telemetry: Telemetry, *,
                  resource_of: Callable[[int, str | None], Mapping[str, Any]],
                  agent_attributes: Mapping[str, Any], extra_attributes: Mapping[str, str] | None = None,
-                 max_processes: int = 1024, metrics_interval: float = 10.0) -> None:
+                 max_processes: int = 1024, metrics_interval: float = 10.0, exit_grace: float = 5.0) -> None:
         self._exporters = list(exporters)
         self._telemetry = telemetry
         self._resource_of = resource_of
         self._extra = dict(extra_attributes or {})
         self._max = max_processes
         self._interval = metrics_interval
+        self._grace_ns = int(exit_grace * 1e9)
         self._lock = threading.RLock()
         self._procs: OrderedDict[int, _Proc] = OrderedDict()
         self._retired: list[ResourceMetrics] = []
@@ -152,8 +154,8 @@ class Emitter:
                         self._metric(ev)
                     elif isinstance(ev, ProcessExit):
                         proc = self._procs.get(ev.pid)
-                        if proc is not None:
-                            proc.exited = True
+                        if proc is not None and proc.exited_ns is None:
+                            proc.exited_ns = time.time_ns()
                 except Exception:  # a bad record must not stop the others
                     log.debug("cannot emit %r", ev, exc_info=True)
                     self._telemetry.dropped("emit", "bad_record")
@@ -238,7 +240,9 @@ class Emitter:
                 rm = self._collect_proc(proc, now)
                 if rm is not None:
                     out.append(rm)
-                if proc.exited:
+                # Released only after a grace period: in-kernel aggregates (launch counts) of a
+                # process are read up to one stats interval after it exited.
+                if proc.exited_ns is not None and now - proc.exited_ns >= self._grace_ns:
                     del self._procs[pid]
             agent = self._collect_proc(self._agent, now)
             if agent is not None:

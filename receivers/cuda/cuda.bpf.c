@@ -137,7 +137,7 @@ static __always_inline int memcpy_return(struct pt_regs *ctx, u32 api)
     e->kind = (u32)st->arg[3];
     if (api == CUDA_API_cudaMemcpyAsync || api == CUDA_API_cudaMemcpyAsync_ptsz)
         e->stream = st->arg[4];
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, oe_wakeup_flags());
     inflight.delete(&key);
     return 0;
 }
@@ -165,7 +165,7 @@ static __always_inline int alloc_return(struct pt_regs *ctx, u32 api)
         e->stream = st->arg[2];
     if (e->call.rc == 0 && bpf_probe_read_user(&e->ptr, sizeof(e->ptr), (void *)st->arg[0]) != 0)
         e->ptr = 0;
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, oe_wakeup_flags());
     inflight.delete(&key);
     return 0;
 }
@@ -189,7 +189,7 @@ static __always_inline int free_return(struct pt_regs *ctx, u32 api)
     e->ptr = st->arg[0];
     if (api != CUDA_API_cudaFree)
         e->stream = st->arg[1];
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, oe_wakeup_flags());
     inflight.delete(&key);
     return 0;
 }
@@ -212,7 +212,7 @@ static __always_inline int sync_return(struct pt_regs *ctx, u32 api)
     cuda_fill(&e->call, CUDA_EV_SYNC, api, st, ctx);
     if (api != CUDA_API_cudaDeviceSynchronize)
         e->handle = st->arg[0];
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, oe_wakeup_flags());
     inflight.delete(&key);
     return 0;
 }
@@ -239,7 +239,7 @@ static __always_inline int set_device_return(struct pt_regs *ctx, u32 api)
     __builtin_memset(e, 0, sizeof(*e));
     cuda_fill(&e->call, CUDA_EV_SET_DEVICE, api, st, ctx);
     e->requested = requested;
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, oe_wakeup_flags());
     inflight.delete(&key);
     return 0;
 }
@@ -326,7 +326,7 @@ static __always_inline int launch_entry(u32 api, u64 id, struct cuda_launch_args
         bpf_probe_read_user(&e->stream, sizeof(e->stream), (void *)(sp + 16));
     }
     e->seq = seq;
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, oe_wakeup_flags());
 #endif
     return 0;
 }

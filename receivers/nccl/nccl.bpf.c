@@ -303,7 +303,7 @@ static __always_inline int nccl_submit_p2p(struct nccl_call *c, u64 id, s32 rc, 
             e->flags = NCCL_F_SEQ;
         }
     }
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, oe_wakeup_flags());
     return 0;
 }
 
@@ -334,7 +334,7 @@ static __always_inline int nccl_submit_coll(struct nccl_call *c, u64 id, s32 rc,
         e->seq = __sync_fetch_and_add(&st->seq, 1);
         e->flags = NCCL_F_SEQ;
     }
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, oe_wakeup_flags());
     return 0;
 }
 
@@ -404,7 +404,7 @@ int nccl_group_end_return(struct pt_regs *ctx)
         e->ts_start = g->ts;
         e->ts_end = now;
         e->group = g->group;
-        events.ringbuf_submit(e, 0);
+        events.ringbuf_submit(e, oe_wakeup_flags());
     }
     groups.delete(&id);
     return 0;
@@ -478,7 +478,7 @@ int nccl_init_return(struct pt_regs *ctx)
     e->ts_end = now;
     e->comm = comm;
     __builtin_memcpy(e->id, c->id, sizeof(e->id));
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, oe_wakeup_flags());
     inits.delete(&id);
     return 0;
 }
@@ -545,7 +545,7 @@ int nccl_split_return(struct pt_regs *ctx)
         e->ts_end = now;
         e->parent = c->a;
         e->comm = child;
-        events.ringbuf_submit(e, 0);
+        events.ringbuf_submit(e, oe_wakeup_flags());
     }
     ctls.delete(&id);
     return 0;
@@ -584,7 +584,7 @@ int nccl_end_return(struct pt_regs *ctx)
         e->ts_start = c->ts;
         e->ts_end = now;
         e->comm = c->a;
-        events.ringbuf_submit(e, 0);
+        events.ringbuf_submit(e, oe_wakeup_flags());
     }
     ctls.delete(&id);
     return 0;
@@ -627,7 +627,7 @@ int nccl_info_return(struct pt_regs *ctx)
             bpf_probe_read_user(&e->value, sizeof(e->value), (void *)c->b);
         e->ts = bpf_ktime_get_ns();
         e->comm = c->a;
-        events.ringbuf_submit(e, 0);
+        events.ringbuf_submit(e, oe_wakeup_flags());
     }
     ctls.delete(&id);
     return 0;
@@ -680,6 +680,6 @@ int nccl_init_all_return(struct pt_regs *ctx)
             nccl_comm_new(id >> 32, e->comms[k]);
         }
     }
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, oe_wakeup_flags());
     return 0;
 }

@@ -295,7 +295,7 @@ def test_exported_spans_and_metrics_through_the_emitter() -> None:
     telemetry = Telemetry()
     emitter = Emitter([ExporterSpec("mem", spans_out, metrics_out, batch_delay=0.05)], telemetry,
                       resource_of=lambda pid, comm: {"process.pid": pid, "service.name": "train"},
-                      agent_attributes={"service.name": "otel-ebpf"}, metrics_interval=3600.0)
+                      agent_attributes={"service.name": "otel-ebpf"}, metrics_interval=3600.0, exit_grace=0.0)
     proc = CudaProcessor(Config(), Context(telemetry=telemetry), emitter)
     try:
         proc.consume([

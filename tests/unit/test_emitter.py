@@ -254,7 +254,8 @@ def test_telemetry_added_later_is_exported_too(rig):
     assert points(agent["otel_ebpf.probes.failed"])[0].value == 2
 
 
-def test_process_exit_exports_once_more_then_releases(rig):
+def test_process_exit_exports_once_more_then_releases():
+    rig = Rig(exit_grace=0.0)
     rig.emitter.consume([metric(pid=10, value=1), metric(pid=11, value=1), span(10)])
     rig.emitter.consume([ProcessExit(pid=10, time_ns=T0, comm="python", exit_code=0),
                          ProcessExit(pid=999, time_ns=T0, comm="never seen", exit_code=0)])
@@ -262,6 +263,18 @@ def test_process_exit_exports_once_more_then_releases(rig):
     assert set(by_resource(rig.export())) >= {10, 11}
     assert rig.emitter.process_count() == 1
     assert 10 not in by_resource(rig.export())
+    rig.emitter.shutdown()
+
+
+def test_exited_process_keeps_its_resource_for_late_aggregates(rig):
+    """In-kernel launch counts of a process are read up to a stats interval after it exits:
+    within the grace period they still land on its resource, which is not re-created."""
+    rig.emitter.consume([metric(pid=10, value=1), ProcessExit(pid=10, time_ns=T0, comm="python", exit_code=0)])
+    rig.export()
+    rig.emitter.consume([metric(pid=10, value=2)])  # late
+    assert rig.emitter.process_count() == 1
+    (late,) = points(by_resource(rig.export())[10]["m"])
+    assert late.value == 3  # same cumulative series: the provider was kept
 
 
 def test_eviction_keeps_the_evicted_metrics_for_the_next_export():

@@ -1,0 +1,247 @@
+"""OTLP in: decoded OTLP/protobuf export requests -> OTel SDK objects the SDK exporters take.
+
+* :func:`spans_from_request`: ``ExportTraceServiceRequest`` -> SDK ``ReadableSpan`` list, each
+  with its resource, instrumentation scope, ids, parent (``is_remote`` from the span flags),
+  kind, status, attributes, events, links and times. A received span was exported, so it was
+  sampled: every context gets the SAMPLED flag (the SDK encoder does not send trace flags, and
+  the SDK's BatchSpanProcessor drops unsampled spans).
+* :func:`metrics_from_request`: ``ExportMetricsServiceRequest`` -> SDK ``MetricsData`` with
+  Sum, Gauge and (explicit-bucket) Histogram metrics, temporality and exemplars kept, for
+  pass-through to the SDK metric exporters.
+
+Never raises on bad content (the OTLP server has already rejected undecodable bodies): a span
+with invalid ids, a link with invalid ids, a metric of another point type or a malformed point
+is left out and counted in the returned :class:`Drops` (``malformed_span``, ``malformed_link``,
+``unsupported_metric_type`` (points), ``malformed_metric`` (points)). Not preserved: the
+``dropped_*_count`` fields (the SDK only derives them from its own attribute limits).
+
+Requests with one resource or scope repeated are merged per resource and scope, because the
+SDK's metrics encoder keys its output by resource and would keep only the last. Pure
+functions, thread-safe.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import SpanFlags
+from opentelemetry.sdk.metrics import Exemplar
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
+from opentelemetry.trace.status import Status, StatusCode
+
+__all__ = ["Drops", "decode_attributes", "metrics_from_request", "spans_from_request"]
+
+Drops = Counter[str]  # reason -> items left out
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_HAS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
+_IS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
+_KINDS = {0: SpanKind.INTERNAL, 1: SpanKind.INTERNAL, 2: SpanKind.SERVER, 3: SpanKind.CLIENT,
+          4: SpanKind.PRODUCER, 5: SpanKind.CONSUMER}
+_STATUS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
+_TEMPORALITY = {t.value: t for t in AggregationTemporality}
+
+
+class _Malformed(Exception):
+    """A span or point that cannot be converted (internal; counted by the caller)."""
+
+
+# -- common ----------------------------------------------------------------------------------
+def _value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return tuple(_value(v) for v in value.array_value.values)
+    if kind == "kvlist_value":
+        return decode_attributes(value.kvlist_value.values)
+    return getattr(value, kind)
+
+
+def decode_attributes(key_values: Any) -> dict[str, Any]:
+    """OTLP ``KeyValue`` list -> dict (arrays as tuples, kvlists as dicts; later keys win)."""
+    return {kv.key: _value(kv.value) for kv in key_values}
+
+
+def _resource(pb: Any, schema_url: str) -> Resource:
+    return Resource(decode_attributes(pb.attributes), schema_url or None)
+
+
+def _scope(pb: Any, schema_url: str) -> InstrumentationScope:
+    return InstrumentationScope(pb.name, pb.version or None, schema_url or None,
+                                decode_attributes(pb.attributes) or None)
+
+
+def _id(raw: bytes, size: int) -> int:
+    if len(raw) != size:
+        raise _Malformed(f"id of {len(raw)} bytes, expected {size}")
+    value = int.from_bytes(raw, "big")
+    if not value:
+        raise _Malformed("all-zero id")
+    return value
+
+
+def _trace_state(text: str) -> TraceState | None:
+    return TraceState.from_header([text]) if text else None
+
+
+def _is_remote(flags: int) -> bool:
+    return bool(flags & _HAS_REMOTE and flags & _IS_REMOTE)
+
+
+# -- spans -----------------------------------------------------------------------------------
+def _links(pb_span: Any, drops: Drops) -> list[Link]:
+    links = []
+    for pb in pb_span.links:
+        try:
+            ctx = SpanContext(_id(pb.trace_id, 16), _id(pb.span_id, 8), is_remote=_is_remote(pb.flags),
+                              trace_flags=_SAMPLED, trace_state=_trace_state(pb.trace_state))
+        except _Malformed:
+            drops["malformed_link"] += 1
+            continue
+        links.append(Link(ctx, decode_attributes(pb.attributes)))
+    return links
+
+
+def _span(pb: Any, resource: Resource, scope: InstrumentationScope, drops: Drops) -> ReadableSpan:
+    trace_id = _id(pb.trace_id, 16)
+    context = SpanContext(trace_id, _id(pb.span_id, 8), is_remote=False, trace_flags=_SAMPLED,
+                          trace_state=_trace_state(pb.trace_state))
+    parent = None
+    if pb.parent_span_id:
+        parent = SpanContext(trace_id, _id(pb.parent_span_id, 8), is_remote=_is_remote(pb.flags),
+                             trace_flags=_SAMPLED)
+    code = _STATUS.get(pb.status.code, StatusCode.UNSET)
+    status = Status(code, pb.status.message if code is StatusCode.ERROR and pb.status.message else None)
+    events = [Event(e.name, decode_attributes(e.attributes), e.time_unix_nano) for e in pb.events]
+    return ReadableSpan(
+        pb.name, context=context, parent=parent, resource=resource, attributes=decode_attributes(pb.attributes),
+        events=events, links=_links(pb, drops), kind=_KINDS.get(pb.kind, SpanKind.INTERNAL), status=status,
+        start_time=pb.start_time_unix_nano, end_time=pb.end_time_unix_nano, instrumentation_scope=scope)
+
+
+def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[ReadableSpan], Drops]:
+    """Every convertible span of ``request`` (request order) and what was left out, by reason.
+
+    Spans of one ``ResourceSpans`` share one ``Resource`` object, those of one ``ScopeSpans``
+    one ``InstrumentationScope``."""
+    spans: list[ReadableSpan] = []
+    drops: Drops = Counter()
+    for rs in request.resource_spans:
+        resource = _resource(rs.resource, rs.schema_url)
+        for ss in rs.scope_spans:
+            scope = _scope(ss.scope, ss.schema_url)
+            for pb in ss.spans:
+                try:
+                    spans.append(_span(pb, resource, scope, drops))
+                except (_Malformed, ValueError, TypeError):
+                    drops["malformed_span"] += 1
+    return spans, drops
+
+
+# -- metrics ---------------------------------------------------------------------------------
+def _exemplars(pb_point: Any) -> list[Exemplar]:
+    out = []
+    for ex in pb_point.exemplars:
+        kind = ex.WhichOneof("value")
+        value = getattr(ex, kind) if kind else 0
+        span_id = int.from_bytes(ex.span_id, "big") if len(ex.span_id) == 8 else None
+        trace_id = int.from_bytes(ex.trace_id, "big") if len(ex.trace_id) == 16 else None
+        out.append(Exemplar(decode_attributes(ex.filtered_attributes), value, ex.time_unix_nano,
+                            span_id if trace_id else None, trace_id if span_id else None))
+    return out
+
+
+def _number_points(points: Any) -> list[NumberDataPoint]:
+    out = []
+    for p in points:
+        kind = p.WhichOneof("value")
+        if kind is None:
+            raise _Malformed("number data point without a value")
+        out.append(NumberDataPoint(decode_attributes(p.attributes), p.start_time_unix_nano, p.time_unix_nano,
+                                   getattr(p, kind), _exemplars(p)))
+    return out
+
+
+def _histogram_points(points: Any) -> list[HistogramDataPoint]:
+    out = []
+    for p in points:
+        counts, bounds = list(p.bucket_counts), list(p.explicit_bounds)
+        if counts and len(counts) != len(bounds) + 1:
+            raise _Malformed("histogram bucket_counts must be one longer than explicit_bounds")
+        out.append(HistogramDataPoint(
+            decode_attributes(p.attributes), p.start_time_unix_nano, p.time_unix_nano, p.count,
+            p.sum if p.HasField("sum") else 0.0, counts, bounds,
+            p.min if p.HasField("min") else None, p.max if p.HasField("max") else None,  # type: ignore[arg-type]
+            _exemplars(p)))
+    return out
+
+
+def _temporality(value: int) -> AggregationTemporality:
+    try:
+        return _TEMPORALITY[value]
+    except KeyError:
+        raise _Malformed(f"aggregation temporality {value}") from None
+
+
+def _metric(pb: Any) -> Metric | None:
+    """The SDK metric, None for an unsupported point type; raises _Malformed."""
+    kind = pb.WhichOneof("data")
+    data: Sum | Gauge | Histogram
+    if kind == "sum":
+        data = Sum(_number_points(pb.sum.data_points), _temporality(pb.sum.aggregation_temporality),
+                   pb.sum.is_monotonic)
+    elif kind == "gauge":
+        data = Gauge(_number_points(pb.gauge.data_points))
+    elif kind == "histogram":
+        data = Histogram(_histogram_points(pb.histogram.data_points),
+                         _temporality(pb.histogram.aggregation_temporality))
+    else:
+        return None
+    return Metric(pb.name, pb.description, pb.unit, data)
+
+
+def _points(pb: Any) -> int:
+    kind = pb.WhichOneof("data")
+    return max(1, len(getattr(pb, kind).data_points)) if kind else 1
+
+
+def metrics_from_request(request: ExportMetricsServiceRequest) -> tuple[MetricsData, Drops]:
+    """Sum, Gauge and Histogram metrics of ``request`` as one MetricsData, and the data points
+    left out by reason (a metric with no points counts as one)."""
+    drops: Drops = Counter()
+    by_resource: dict[Resource, dict[InstrumentationScope, list[Metric]]] = {}
+    for rm in request.resource_metrics:
+        scopes = by_resource.setdefault(_resource(rm.resource, rm.schema_url), {})
+        for sm in rm.scope_metrics:
+            metrics = scopes.setdefault(_scope(sm.scope, sm.schema_url), [])
+            for pb in sm.metrics:
+                try:
+                    metric = _metric(pb)
+                except (_Malformed, ValueError, TypeError):
+                    drops["malformed_metric"] += _points(pb)
+                    continue
+                if metric is None:
+                    drops["unsupported_metric_type"] += _points(pb)
+                else:
+                    metrics.append(metric)
+    out = [ResourceMetrics(resource, [ScopeMetrics(scope, metrics, scope.schema_url or "")
+                                      for scope, metrics in scopes.items() if metrics], resource.schema_url)
+           for resource, scopes in by_resource.items()]
+    return MetricsData([rm for rm in out if rm.scope_metrics]), drops

@@ -1,0 +1,68 @@
+"""Finished SDK spans (``ReadableSpan``) for stages that work on spans received over OTLP.
+
+The gateway's processors (``collective_join``) receive spans other agents already finished,
+as SDK ``ReadableSpan`` objects (see :mod:`otel_ebpf.emit.otlp_in`). They read them through
+the ``ReadableSpan`` API and build changed copies or new spans only through this module, so
+the OTel SDK is still imported only under ``otel_ebpf.emit``.
+
+Every span built here is sampled (an exported span was sampled) and owns its attribute dict:
+callers hand over the mapping and must not change it afterwards. Pure functions, thread-safe.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+
+from otel_ebpf.events import SpanEventRecord
+
+__all__ = ["ReadableSpan", "SpanMaker", "resource_attribute", "with_changes"]
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+
+def _events(records: Iterable[SpanEventRecord]) -> list[Event]:
+    return [Event(r.name, dict(r.attributes), r.time_ns) for r in records]
+
+
+def with_changes(span: ReadableSpan, attributes: dict[str, Any], *, start_ns: int | None = None,
+                 end_ns: int | None = None, events: Sequence[SpanEventRecord] = ()) -> ReadableSpan:
+    """A copy of ``span`` with ``attributes`` (all of them: the caller merged), optionally new
+    times and extra events appended. Ids, parent, kind, status, links, resource and scope are
+    kept. ``attributes`` becomes the copy's own dict."""
+    extra = _events(events) if events else None
+    return ReadableSpan(
+        span.name, context=span.context, parent=span.parent, resource=span.resource,
+        attributes=attributes, events=(*span.events, *extra) if extra else span.events,
+        links=span.links, kind=span.kind, status=span.status,
+        start_time=span.start_time if start_ns is None else start_ns,
+        end_time=span.end_time if end_ns is None else end_ns,
+        instrumentation_scope=span.instrumentation_scope)
+
+
+def resource_attribute(span: ReadableSpan, key: str) -> Any:
+    """One attribute of the span's resource, or None."""
+    return span.resource.attributes.get(key)
+
+
+class SpanMaker:
+    """Builds new spans on one resource and instrumentation scope (both made once)."""
+
+    def __init__(self, resource_attributes: Mapping[str, Any], scope: str, version: str | None = None) -> None:
+        self.resource = Resource.create(dict(resource_attributes))
+        self.scope = InstrumentationScope(scope, version)
+
+    def make(self, name: str, *, trace_id: int, span_id: int, parent_span_id: int | None, start_ns: int,
+             end_ns: int, attributes: dict[str, Any], events: Iterable[SpanEventRecord] = ()) -> ReadableSpan:
+        """A finished INTERNAL span with these ids and times; ``attributes`` is taken over."""
+        parent = (SpanContext(trace_id, parent_span_id, is_remote=True, trace_flags=_SAMPLED)
+                  if parent_span_id is not None else None)
+        return ReadableSpan(
+            name, context=SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED),
+            parent=parent, resource=self.resource, attributes=attributes, events=_events(events),
+            kind=SpanKind.INTERNAL, start_time=start_ns, end_time=max(start_ns, end_ns),
+            instrumentation_scope=self.scope)

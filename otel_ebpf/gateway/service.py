@@ -1,0 +1,128 @@
+"""The gateway: OTLP from every node's agent in, NCCL collectives joined, OTLP or files out.
+
+::
+
+    OtlpServer --spans--> BoundedQueue(traces) -> collective_join -> ... -> Forwarder -> SDK exporters
+               --metrics-> BoundedQueue(metrics) --------------------------> Forwarder
+    ticker ------Tick----> BoundedQueue(traces)   (timeouts fire while a hung job sends nothing)
+
+Spans and metrics leave through the SDK (:class:`~otel_ebpf.emit.forward.Forwarder`: each
+exporter's BatchSpanProcessor, metric exporters as is); the gateway's own metrics (join
+metrics, drop counters) go through an :class:`~otel_ebpf.emit.emitter.Emitter` on the
+resource ``service.name=otel-ebpf-gateway``.
+
+Start order: emit, processors, queues, ticker, receivers. ``shutdown`` (safe twice and
+without start) stops the receivers first, then drains every stage into the next: queued
+spans are joined, pending collectives released (as partial), everything flushed.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from otel_ebpf.emit.emitter import Emitter, ExporterSpec
+from otel_ebpf.emit.exporters import build_exporters
+from otel_ebpf.emit.forward import Forwarder
+from otel_ebpf.errors import OtelEbpfError
+from otel_ebpf.events import Tick
+from otel_ebpf.gateway import components
+from otel_ebpf.gateway.config import GatewayConfig
+from otel_ebpf.gateway.receiver import OtlpInReceiver
+from otel_ebpf.pipeline import BoundedQueue, Consumer, Context
+from otel_ebpf.resources import gateway_resource_attributes
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger(__name__)
+
+
+class Gateway:
+    """Builds the one pipeline of ``cfg``; ``start``/``shutdown`` as a component."""
+
+    def __init__(self, cfg: GatewayConfig, ctx: Context | None = None) -> None:
+        self.cfg = cfg
+        self.ctx = ctx or Context()
+        svc, pipe = cfg.service, cfg.pipeline
+        specs = []
+        for eid in pipe.exporters:
+            ecfg = cfg.exporters[eid]
+            spans, metrics = build_exporters(ecfg)
+            specs.append(ExporterSpec(eid, spans, metrics, ecfg.batch.queue_size, ecfg.batch.batch_size,
+                                      ecfg.batch.batch_delay))
+        emitter = Emitter(specs, self.ctx.telemetry, resource_of=lambda pid, comm: {},
+                          agent_attributes=gateway_resource_attributes(), max_processes=1,
+                          metrics_interval=svc.metrics_interval)
+        self.forwarder = Forwarder(emitter, specs, self.ctx.telemetry)
+        factories = components.processors()
+        nxt: Consumer = self.forwarder
+        self.processors: list[Any] = []
+        for pid_ in reversed(pipe.processors):
+            proc = factories[pid_.split("/")[0]].create(cfg.processors[pid_], self.ctx, nxt)
+            self.processors.insert(0, proc)
+            nxt = proc
+        self.traces = BoundedQueue(nxt, self.ctx.telemetry, max_events=svc.max_queue, name="traces")
+        self.metrics = BoundedQueue(self.forwarder, self.ctx.telemetry, max_events=svc.max_queue, name="metrics")
+        self.receivers = {rid: OtlpInReceiver(cfg.receivers[rid], self.ctx, self.traces, self.metrics, name=rid)
+                          for rid in pipe.receivers}
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.cfg.service.tick_interval):
+            self.traces.consume([Tick(time.time_ns())])
+
+    def start(self) -> None:
+        """Start everything; on a failure stop what started and re-raise (OtlpBindError names
+        the endpoint that could not be bound)."""
+        try:
+            self.forwarder.start()
+            for proc in self.processors:
+                proc.start()
+            self.traces.start()
+            self.metrics.start()
+            self._ticker = threading.Thread(target=self._tick, name="otel-ebpf-gateway-tick", daemon=True)
+            self._ticker.start()
+            for r in self.receivers.values():
+                r.start()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def endpoints(self) -> dict[str, tuple[int, int]]:
+        """Receiver id -> (bound gRPC port, bound HTTP port); 0 where off."""
+        return {rid: (r.grpc_port, r.http_port) for rid, r in self.receivers.items()}
+
+    def shutdown(self) -> None:
+        """Stop receiving, then drain and flush every stage. Safe twice and without start."""
+        for rid, r in self.receivers.items():
+            _quietly(r.shutdown, f"receiver {rid}")
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+            self._ticker = None
+        _quietly(self.traces.shutdown, "trace queue")
+        for proc in self.processors:
+            _quietly(proc.shutdown, "processor")
+        _quietly(self.metrics.shutdown, "metrics queue")
+        _quietly(self.forwarder.shutdown, "exporters")
+
+    def summary(self) -> dict[str, int]:
+        tel = self.ctx.telemetry
+        stats = [r.stats for r in self.receivers.values()]
+        return {"requests": sum(s.requests for s in stats),
+                "rejected": sum(s.rejected_malformed + s.rejected_too_large + s.rejected_unsupported for s in stats),
+                "received": tel.get("otel_ebpf.events.received"),
+                "dropped": tel.get("otel_ebpf.events.dropped"),
+                "spans": self.forwarder.spans_forwarded}
+
+
+def _quietly(fn: Callable[[], None], what: str) -> None:
+    try:
+        fn()
+    except OtelEbpfError as exc:
+        log.warning("%s: %s", what, exc)
+    except Exception:
+        log.exception("%s failed to stop cleanly", what)
