@@ -102,6 +102,7 @@ class Agent:
                            libraries={"command": list(self.command)}, dump_bpf=self.dump_bpf)
         self.resources = ResourceCache(max_entries=max(2 * svc.max_processes, 64),
                                        service_name=svc.service_name or None)
+        self.ctx.resources = self.resources
         self.pipelines: list[_Pipeline] = []
         self.receivers: dict[str, Any] = {}
         self._started = False

@@ -17,6 +17,7 @@ import signal
 import struct
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,7 @@ class BpfReceiver:
         self._paused: set[int] = set()
         self._drops_seen = [0] * len(DROP_REASONS)
         self._attach_lock = threading.Lock()
+        self._seen_pids: OrderedDict[int, None] = OrderedDict()
         self.received = 0
 
     # ---- to override -----------------------------------------------------------------
@@ -249,6 +251,10 @@ class BpfReceiver:
         try:
             raw = ct.string_at(data, size)
             etype = raw[0]
+            if etype == 3:
+                _, pid, _ts, _comm = _EXIT.unpack_from(raw)
+                self._snapshot(pid, refresh=True)
+                return 0
             if etype == 1:
                 _, pid, ts, comm = _EXIT.unpack_from(raw)
                 ev: object | None = ProcessExit(pid, self.clock.to_epoch_ns(ts),
@@ -258,17 +264,32 @@ class BpfReceiver:
             else:
                 ev = self.decode(etype, raw)
             if ev is not None:
+                pid = getattr(ev, "pid", None)
+                if pid is not None and pid not in self._seen_pids:
+                    self._snapshot(pid)
                 self._batch.append(ev)
                 self.received += 1
         except Exception:  # hot path: count, never raise into BCC
             self.ctx.telemetry.dropped(self.name, "decode_error")
         return 0
 
+    def _snapshot(self, pid: int, *, refresh: bool = False) -> None:
+        """Read the process's /proc identity now, while it is alive (bounded memory of pids)."""
+        self._seen_pids[pid] = None
+        if len(self._seen_pids) > 65536:
+            self._seen_pids.popitem(last=False)
+        cache = self.ctx.resources
+        if cache is not None:
+            if refresh:
+                cache.evict(pid)  # exec keeps pid and start time, but not the program
+            cache.get(pid)
+
     def _library_opened(self, raw: bytes) -> LibraryLoaded:
         _, paused, pid, tid, ts, path_b = _LIBOPEN.unpack_from(raw)
         path = path_b.split(b"\0", 1)[0].decode(errors="replace")
         if paused:
             self._paused.add(pid)
+        self._snapshot(pid)
         try:
             full = path if path.startswith("/") else os.path.join(os.readlink(f"/proc/{pid}/cwd"), path)
             root = f"/proc/{pid}/root{full}"

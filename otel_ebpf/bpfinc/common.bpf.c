@@ -7,7 +7,7 @@
  *   children that live a few milliseconds are traced from their first instruction;
  *   OE_FILTER_PIDS=0 traces every process that maps a probed library.
  * - one ring buffer per program ("events"), and a drop counter array ("drops").
- * - process exit (sched_process_exit of the group leader) as an event.
+ * - process exec (to read /proc identity while the process lives) and exit (group leader).
  * - watching a traced process open a library whose basename starts with OE_LIB_PATTERN
  *   (sys_enter_openat), so Python can attach uprobes before the library is mapped. With
  *   OE_PAUSE_ON_LOAD=1 the process is stopped (SIGSTOP) until Python attached and sent SIGCONT,
@@ -40,6 +40,7 @@
 
 #define OE_EV_PROC_EXIT 1
 #define OE_EV_LIB_OPEN 2
+#define OE_EV_EXEC 3
 
 /* drops[] indexes, mirrored in otel_ebpf/bpf.py DROP_REASONS */
 #define OE_DROP_RINGBUF 0
@@ -121,6 +122,28 @@ TRACEPOINT_PROBE(task, task_newtask)
     return 0;
 }
 #endif
+
+/* A traced process became a new program: Python reads its /proc identity at once (forced
+ * wakeup), while it is alive; short-lived processes would otherwise be gone by the time their
+ * first spans are exported. Same layout as oe_proc_exit. */
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!oe_is_traced(tgid))
+        return 0;
+    struct oe_proc_exit *e = events.ringbuf_reserve(sizeof(struct oe_proc_exit));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->type = OE_EV_EXEC;
+    e->pid = tgid;
+    e->ts = bpf_ktime_get_ns();
+    bpf_get_current_comm(&e->comm, sizeof(e->comm));
+    events.ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+    return 0;
+}
 
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
