@@ -33,6 +33,8 @@ __all__ = ["INCLUDE_DIR", "BpfReceiver", "Probe", "headers_dir", "import_bcc", "
 log = logging.getLogger(__name__)
 INCLUDE_DIR = Path(__file__).parent / "bpfinc"
 COMMON_SRC = INCLUDE_DIR / "common.bpf.c"
+_CHUNK = 4096  # records handed to the pipeline at a time
+_BACKPRESSURE_S = 1.0  # longest a receiver waits for the pipeline before dropping a chunk
 DROP_REASONS = ("ringbuf_full", "pid_map_full", "state_map_full", "stats_map_full")
 _EXIT = struct.Struct("<B3xIQ16s")
 _LIBOPEN = struct.Struct("<BB2xII4xQ256s")
@@ -269,6 +271,8 @@ class BpfReceiver:
                     self._snapshot(pid)
                 self._batch.append(ev)
                 self.received += 1
+                if len(self._batch) >= _CHUNK:
+                    self._flush(with_maps=False)
         except Exception:  # hot path: count, never raise into BCC
             self.ctx.telemetry.dropped(self.name, "decode_error")
         return 0
@@ -308,14 +312,17 @@ class BpfReceiver:
             pass
         self._paused.discard(pid)
 
-    def _flush(self) -> None:
-        extra = self.poll_maps()
+    def _flush(self, with_maps: bool = True) -> None:
+        extra = self.poll_maps() if with_maps else None
         batch, self._batch = self._batch, []
         if extra:
             batch.extend(extra)
         if batch:
             self.ctx.telemetry.add("otel_ebpf.events.received", len(batch), receiver=self.name)
-            self.next.consume(batch)
+            if getattr(self.next, "backpressure", False):
+                self.next.consume(batch, block_s=_BACKPRESSURE_S)  # type: ignore[call-arg]
+            else:  # a consumer without backpressure (tests, the Python API)
+                self.next.consume(batch)
 
     def _read_drops(self) -> None:
         drops = self._bpf["drops"]

@@ -107,20 +107,28 @@ class Fanout:
 
     def __init__(self, consumers: Sequence[Consumer]) -> None:
         self._consumers = list(consumers)
+        self.backpressure = all(getattr(c, "backpressure", False) for c in self._consumers)
 
-    def consume(self, events: Sequence[object]) -> None:
+    def consume(self, events: Sequence[object], *, block_s: float | None = None) -> None:
         for c in self._consumers:
-            c.consume(events)
+            if block_s is not None and self.backpressure:
+                c.consume(events, block_s=block_s)  # type: ignore[call-arg]
+            else:
+                c.consume(events)
 
 
 class BoundedQueue:
     """Thread-safe bounded hand-off from receiver threads to one worker thread.
 
-    ``consume`` never blocks: when ``max_events`` are already waiting, the batch is dropped
-    and counted as ``otel_ebpf.events.dropped{reason=queue_full}``. The worker calls
+    ``consume`` does not block unless asked to (``block_s``, used by receiver threads for
+    backpressure); a batch that does not fit is dropped and counted as
+    ``otel_ebpf.events.dropped{reason=queue_full}``. A batch larger than the whole queue is
+    accepted when the queue is empty, so one big poll round never starves. The worker calls
     ``next.consume`` with merged batches; an exception there is logged and counted, and
     the worker goes on. ``shutdown`` drains what is queued before returning.
     """
+
+    backpressure = True  # consume() accepts block_s
 
     def __init__(self, next_: Consumer, telemetry: Telemetry, *, max_events: int = 65536,
                  name: str = "pipeline") -> None:
@@ -134,17 +142,23 @@ class BoundedQueue:
         self._stop = False
         self._thread: threading.Thread | None = None
 
-    def consume(self, events: Sequence[object]) -> None:
+    def consume(self, events: Sequence[object], *, block_s: float | None = None) -> None:
+        """Queue a batch. With ``block_s`` (receiver threads), wait up to that long for room,
+        so a slow pipeline pushes back into the kernel ring buffer instead of dropping here;
+        otherwise, or when still full, the batch is dropped and counted (``queue_full``)."""
         n = len(events)
         if not n:
             return
         with self._cond:
-            if self._size + n > self._max:
+            if block_s and self._size + n > self._max and self._size:
+                self._cond.wait_for(lambda: self._size + n <= self._max or not self._size or self._stop,
+                                    timeout=block_s)
+            if self._size + n > self._max and self._size:
                 self._telemetry.dropped(self._name, "queue_full", n)
                 return
             self._items.append(events)
             self._size += n
-            self._cond.notify()
+            self._cond.notify_all()
 
     def start(self) -> None:
         if self._thread is None:
@@ -159,9 +173,10 @@ class BoundedQueue:
             if not self._items:
                 return None
             batch: list[object] = []
-            while self._items:
+            while self._items and len(batch) < 8192:
                 batch.extend(self._items.popleft())
-            self._size = 0
+            self._size -= len(batch)
+            self._cond.notify_all()  # room for blocked producers
             return batch
 
     def _run(self) -> None:

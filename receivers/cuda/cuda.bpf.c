@@ -79,6 +79,26 @@ static __always_inline s32 cuda_device(u32 tid)
     return dev ? *dev : -1;
 }
 
+/* The launch path's one lookup: a thread_device entry exists only for threads of traced
+ * processes, so finding it answers both "traced?" and "which device?". A traced thread seen
+ * for the first time gets an entry (device -1 until cudaSetDevice succeeds); a full map only
+ * costs the two-lookup path next time. Entries go at thread exit. Returns 0: not traced. */
+static __always_inline int launch_thread(u64 id, s32 *device)
+{
+    u32 tid = (u32)id;
+    s32 *dev = thread_device.lookup(&tid);
+    if (dev) {
+        *device = *dev;
+        return 1;
+    }
+    if (!oe_is_traced(id >> 32))
+        return 0;
+    s32 none = -1;
+    thread_device.insert(&tid, &none);
+    *device = -1;
+    return 1;
+}
+
 /* ---- completed calls -------------------------------------------------------------- */
 
 static __always_inline int cuda_enter(struct pt_regs *ctx, u32 api)
@@ -290,10 +310,9 @@ static __always_inline u64 launch_next_seq(u32 pid)
 
 /* sp: the caller's stack pointer at entry when shared_mem/stream are stack arguments (cudaLaunchKernel),
  * 0 when `a` already holds them (cudaLaunchKernelExC). */
-static __always_inline int launch_entry(u32 api, u64 id, struct cuda_launch_args *a, u64 sp)
+static __always_inline int launch_entry(u32 api, u64 id, s32 device, struct cuda_launch_args *a, u64 sp)
 {
     u32 pid = id >> 32;
-    s32 device = cuda_device((u32)id);
     launch_count(pid, device, a);
 #if CUDA_LAUNCH_SAMPLE_EVERY > 0
     u64 seq = launch_next_seq(pid);
@@ -338,7 +357,8 @@ static __always_inline int launch_entry(u32 api, u64 id, struct cuda_launch_args
 static __always_inline int launch_kernel_enter(struct pt_regs *ctx, u32 api)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!oe_is_traced(id >> 32))
+    s32 device;
+    if (!launch_thread(id, &device))
         return 0;
     struct cuda_launch_args a = {};
     u64 grid_xy = PT_REGS_PARM2(ctx), block_xy = PT_REGS_PARM4(ctx);
@@ -349,14 +369,15 @@ static __always_inline int launch_kernel_enter(struct pt_regs *ctx, u32 api)
     a.block[0] = (u32)block_xy;
     a.block[1] = (u32)(block_xy >> 32);
     a.block[2] = (u32)PT_REGS_PARM5(ctx);
-    return launch_entry(api, id, &a, PT_REGS_SP(ctx));
+    return launch_entry(api, id, device, &a, PT_REGS_SP(ctx));
 }
 
 /* cudaLaunchKernelExC(const cudaLaunchConfig_t *config, func, args) */
 static __always_inline int launch_exc_enter(struct pt_regs *ctx, u32 api)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!oe_is_traced(id >> 32))
+    s32 device;
+    if (!launch_thread(id, &device))
         return 0;
     struct cuda_launch_config cfg = {};
     struct cuda_launch_args a = {};
@@ -372,7 +393,7 @@ static __always_inline int launch_exc_enter(struct pt_regs *ctx, u32 api)
         a.stream = cfg.stream;
     }
     a.func = PT_REGS_PARM2(ctx);
-    return launch_entry(api, id, &a, 0);
+    return launch_entry(api, id, device, &a, 0);
 }
 
 /* ---- thread exit: forget per-thread state --------------------------------------- */

@@ -152,3 +152,40 @@ def test_stages_satisfy_the_protocols(telemetry):
     q = BoundedQueue(ListConsumer(), telemetry)
     assert isinstance(q, Consumer) and isinstance(q, Component)
     assert isinstance(Fanout([]), Consumer) and isinstance(ListConsumer(), Component)
+
+
+def test_blocking_producer_waits_for_room_instead_of_dropping():
+    import threading as _t
+
+    from otel_ebpf.pipeline import BoundedQueue
+    from otel_ebpf.telemetry import Telemetry
+
+    gate = _t.Event()
+    seen: list[object] = []
+
+    class Slow:
+        def consume(self, events):
+            gate.wait(5)
+            seen.extend(events)
+
+    tel = Telemetry()
+    q = BoundedQueue(Slow(), tel, max_events=10)
+    q.start()
+    q.consume(list(range(10)))  # fills the queue (the worker takes it and blocks in Slow)
+    q.consume(list(range(10, 20)), block_s=5)  # waits for the worker to take the first batch
+    _t.Timer(0.3, gate.set).start()
+    q.consume(list(range(20, 30)), block_s=5)  # must wait, then fit
+    q.shutdown()
+    assert tel.get("otel_ebpf.events.dropped") == 0
+    assert seen == list(range(30))
+
+
+def test_batch_larger_than_the_queue_is_accepted_when_empty():
+    from otel_ebpf.pipeline import BoundedQueue, ListConsumer
+    from otel_ebpf.telemetry import Telemetry
+
+    out, tel = ListConsumer(), Telemetry()
+    q = BoundedQueue(out, tel, max_events=4)
+    q.consume(list(range(100)))
+    q.shutdown()
+    assert out.take() == list(range(100)) and tel.get("otel_ebpf.events.dropped") == 0
