@@ -1,5 +1,5 @@
 /* Benchmark load generator: N calls of one CUDA runtime API on the REAL libcudart (argv[1]).
- *   cuda_loop LIB launch|memcpy|malloc N [--wait-stdin]
+ *   cuda_loop LIB launch|memcpy|malloc N [--wait-stdin] [--rate CALLS_PER_S]
  * Prints "ns_per_call=X" measured with CLOCK_MONOTONIC around the loop. Without a GPU every
  * call returns 35 (cudaErrorInsufficientDriver) after doing its argument checks: the probe
  * cost measured is the same as on a GPU machine, the work inside the call is not. */
@@ -34,7 +34,15 @@ int main(int argc, char **argv)
         return 1;
     }
     long n = atol(argv[3]);
-    if (argc > 4 && strcmp(argv[4], "--wait-stdin") == 0) {
+    double rate = 0; /* calls per second; 0 = as fast as possible */
+    int wait = 0;
+    for (int i = 4; i < argc; i++) {
+        if (strcmp(argv[i], "--wait-stdin") == 0)
+            wait = 1;
+        else if (strcmp(argv[i], "--rate") == 0 && i + 1 < argc)
+            rate = atof(argv[++i]);
+    }
+    if (wait) {
         char line[16];
         printf("ready\n");
         fflush(stdout);
@@ -52,6 +60,12 @@ int main(int argc, char **argv)
     if (strcmp(argv[2], "launch") == 0)
         for (long i = 0; i < n; i++)
             rc |= launch((const void *)main, g, b, NULL, 0, NULL);
+    else if (strcmp(argv[2], "memcpy") == 0 && rate > 0)
+        for (long i = 0; i < n; i++) {
+            while (now_ns() - t0 < i * 1e9 / rate)
+                ; /* paced: spin until this call's slot */
+            rc |= cpy(dst, src, sizeof src, 1);
+        }
     else if (strcmp(argv[2], "memcpy") == 0)
         for (long i = 0; i < n; i++)
             rc |= cpy(dst, src, sizeof src, 1);

@@ -1,9 +1,11 @@
 """The emit stage: the only place where records become OTel SDK spans and metrics.
 
-Each traced process is its own OTel ``Resource`` (``process.pid``, executable, container...),
-so it gets its own ``TracerProvider`` and ``MeterProvider``. All TracerProviders share one
-SDK ``BatchSpanProcessor`` per exporter (spans carry their resource; the OTLP encoder groups
-them). Each MeterProvider has a pull reader; one timer thread collects them all every
+Each traced process is its own OTel ``Resource`` (``process.pid``, executable, container...)
+with its own ``MeterProvider``. Spans arrive finished, with known times and (sometimes derived)
+ids, so they are built directly as the SDK's ``ReadableSpan`` (1.8 µs each, against ~13 µs
+through ``Tracer.start_span``, whose sampler and context machinery have nothing to decide
+here) and handed to one SDK ``BatchSpanProcessor`` per exporter (spans carry their resource;
+the OTLP encoder groups them). Each MeterProvider has a pull reader; one timer thread collects them all every
 ``metrics_interval``, adds the weighted histograms, and hands a single merged ``MetricsData``
 to every metric exporter.
 
@@ -27,7 +29,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import trace as trace_api
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
@@ -39,15 +40,14 @@ from opentelemetry.sdk.metrics.export import (
     ScopeMetrics,
 )
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_ebpf.emit.histograms import HistogramStore
-from otel_ebpf.emit.ids import ForcibleIdGenerator, forced_ids
 from otel_ebpf.events import MetricRecord, ProcessExit, SpanRecord
 from otel_ebpf.telemetry import Telemetry
 
@@ -70,9 +70,12 @@ class ExporterSpec:
     batch_delay: float = 1.0
 
 
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_OK = Status(StatusCode.UNSET)
+
+
 @dataclass
 class _Proc:
-    tracers: TracerProvider
     meters: MeterProvider
     reader: InMemoryMetricReader
     resource: Resource
@@ -98,7 +101,8 @@ class Emitter:
         self._lock = threading.RLock()
         self._procs: OrderedDict[int, _Proc] = OrderedDict()
         self._retired: list[ResourceMetrics] = []
-        self._ids = ForcibleIdGenerator()
+        self._ids = RandomIdGenerator()
+        self._scopes: dict[str, InstrumentationScope] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._shut = False
@@ -114,9 +118,7 @@ class Emitter:
     def _make_proc(self, resource: Resource) -> _Proc:
         reader = InMemoryMetricReader()
         meters = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
-        tracers = TracerProvider(resource=resource, id_generator=self._ids, sampler=ALWAYS_ON,
-                                 shutdown_on_exit=False)
-        return _Proc(tracers, meters, reader, resource)
+        return _Proc(meters, reader, resource)
 
     def _proc(self, pid: int | None, comm: str | None) -> _Proc:
         if pid is None:
@@ -132,8 +134,6 @@ class Emitter:
         attrs = dict(self._resource_of(pid, comm))
         attrs.update(self._extra)
         proc = self._make_proc(Resource.create(attrs))
-        for sp in self.span_processors:
-            proc.tracers.add_span_processor(sp)
         self._procs[pid] = proc
         return proc
 
@@ -162,25 +162,24 @@ class Emitter:
 
     def _span(self, rec: SpanRecord) -> None:
         proc = self._proc(rec.pid, rec.comm)
-        tracer = proc.tracers.get_tracer(rec.scope)
-        ctx = None
-        if rec.parent_span_id is not None:
-            parent = SpanContext(trace_id=rec.trace_id or self._ids.generate_trace_id(),
-                                 span_id=rec.parent_span_id, is_remote=True,
-                                 trace_flags=TraceFlags(TraceFlags.SAMPLED))
-            ctx = trace_api.set_span_in_context(NonRecordingSpan(parent))
-        links = [Link(SpanContext(lk.trace_id, lk.span_id, is_remote=True,
-                                  trace_flags=TraceFlags(TraceFlags.SAMPLED)), dict(lk.attributes))
-                 for lk in rec.links]
-        with forced_ids(rec.trace_id, rec.span_id):
-            span = tracer.start_span(rec.name, context=ctx, kind=_KINDS[rec.kind],
-                                     attributes=dict(rec.attributes), links=links,
-                                     start_time=rec.start_ns)
-        for ev in rec.events:
-            span.add_event(ev.name, dict(ev.attributes), timestamp=ev.time_ns)
-        if rec.error is not None:
-            span.set_status(Status(StatusCode.ERROR, rec.error))
-        span.end(end_time=max(rec.end_ns, rec.start_ns))
+        trace_id = rec.trace_id or self._ids.generate_trace_id()
+        parent = (SpanContext(trace_id, rec.parent_span_id, is_remote=True, trace_flags=_SAMPLED)
+                  if rec.parent_span_id is not None else None)
+        scope = self._scopes.get(rec.scope)
+        if scope is None:
+            scope = self._scopes[rec.scope] = InstrumentationScope(rec.scope)
+        span = ReadableSpan(
+            name=rec.name,
+            context=SpanContext(trace_id, rec.span_id or self._ids.generate_span_id(), is_remote=False,
+                                trace_flags=_SAMPLED),
+            parent=parent, resource=proc.resource, attributes=rec.attributes,
+            events=[Event(e.name, e.attributes, e.time_ns) for e in rec.events],
+            links=[Link(SpanContext(lk.trace_id, lk.span_id, is_remote=True, trace_flags=_SAMPLED),
+                        lk.attributes) for lk in rec.links],
+            kind=_KINDS[rec.kind], status=_OK if rec.error is None else Status(StatusCode.ERROR, rec.error),
+            start_time=rec.start_ns, end_time=max(rec.end_ns, rec.start_ns), instrumentation_scope=scope)
+        for sp in self.span_processors:
+            sp.on_end(span)
         self.spans_emitted += 1
 
     def _metric(self, rec: MetricRecord) -> None:
