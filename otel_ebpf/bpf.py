@@ -59,7 +59,10 @@ def import_bcc() -> Any:
 
 
 def headers_dir() -> Path | None:
-    d = Path(f"/lib/modules/{platform.release()}/build")
+    """Where BCC will find kernel headers: $BCC_KERNEL_SOURCE (BCC's own override) or
+    /lib/modules/$(uname -r)/build. None when they are not there."""
+    src = os.environ.get("BCC_KERNEL_SOURCE")
+    d = Path(src) if src else Path(f"/lib/modules/{platform.release()}/build")
     return d if (d / "include").is_dir() else None
 
 

@@ -9,10 +9,14 @@
     otel-ebpf config --defaults | --validate FILE
     otel-ebpf gateway [--config FILE] [--grpc-endpoint H:P] [--http-endpoint H:P]
                       [--otlp-endpoint URL [--otlp-protocol grpc|http]] [--output DIR] | --defaults
+    otel-ebpf demo [--nodes N] [--ranks-per-node R] [--steps S] [--straggler RANK] [--straggler-delay-ms MS]
+                   [--kill-rank RANK --kill-after-step K] [--output DIR] [--otlp-endpoint URL]
 
 Exit codes: the traced command's own code for ``run -- CMD``; 0 for ``gateway`` stopped by
-SIGINT/SIGTERM (after flushing); 2 for configuration errors;
-3 when the host cannot run eBPF (``check`` explains why); 1 for other agent errors.
+SIGINT/SIGTERM (after flushing); 0 for a ``demo`` that ran as asked (an injected crash is
+reported, not an error), 130 when it is interrupted; 2 for configuration (or option) errors;
+3 when the host cannot run eBPF (``check`` explains why); 1 for other agent errors (for
+``demo``: a node, agent, rank or the gateway failed, named in the message).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from otel_ebpf import __version__
 from otel_ebpf.config import ENV_PREFIX
@@ -51,6 +56,37 @@ GATEWAY_EXAMPLES = """examples:
   otel-ebpf gateway --output ./joined
       write joined traces as OTLP JSON lines
 """
+
+
+DEMO_EXAMPLES = """examples:
+  sudo otel-ebpf demo
+      2 nodes x 2 ranks, 20 steps, the last rank 30 ms late to every collective: the gateway names it
+  sudo otel-ebpf demo --kill-rank 1 --kill-after-step 5
+      rank 1 crashes: the collective it never joined is reported (partial, nccl.desync event)
+  sudo otel-ebpf demo --otlp-endpoint http://127.0.0.1:4317
+      the gateway also sends the joined traces to a Collector or Jaeger
+"""
+
+
+def _demo_parser(sub: Any) -> None:
+    demo = sub.add_parser("demo", help="a simulated multi-node training job on this machine, traced (no GPU needed)",
+                          description="Runs N 'nodes' (network + UTS namespaces on 10.213.<i>.0/30 veths) with an "
+                                      "agent each, R ranks per node driving the real CUDA runtime and a stand-in "
+                                      "NCCL, and a gateway joining every collective; then prints what it found. "
+                                      "Needs root.",
+                          epilog=DEMO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_argument("--nodes", type=int, metavar="N", default=2, help="simulated nodes (default 2)")
+    demo.add_argument("--ranks-per-node", type=int, metavar="R", default=2, help="ranks per node (default 2)")
+    demo.add_argument("--steps", type=int, metavar="S", default=20, help="training steps (default 20)")
+    demo.add_argument("--straggler", type=int, metavar="RANK",
+                      help="rank that is late to every collective (default: the last rank; -1: none)")
+    demo.add_argument("--straggler-delay-ms", type=float, metavar="MS", default=30.0,
+                      help="how late, in ms (default 30)")
+    demo.add_argument("--kill-rank", type=int, metavar="RANK", help="rank that crashes (SIGKILL itself) ...")
+    demo.add_argument("--kill-after-step", type=int, metavar="K", help="... after step K")
+    demo.add_argument("--output", metavar="DIR", default="./otel-ebpf-demo-out",
+                      help="the gateway's OTLP JSON lines and the logs (default ./otel-ebpf-demo-out)")
+    demo.add_argument("--otlp-endpoint", metavar="URL", help="the gateway also exports here (OTLP/gRPC)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -92,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     gw.add_argument("--output", metavar="DIR", help="write OTLP JSON lines to DIR (default ./otel-ebpf-gateway-out "
                                                     "when no endpoint is given)")
     gw.add_argument("--defaults", action="store_true", help="print the default gateway config and exit")
+    _demo_parser(sub)
     return p
 
 
@@ -208,6 +245,15 @@ def _gateway(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from otel_ebpf.demo.runner import DemoOptions, run
+
+    return run(DemoOptions(nodes=args.nodes, ranks_per_node=args.ranks_per_node, steps=args.steps,
+                           straggler=args.straggler, straggler_delay_ms=args.straggler_delay_ms,
+                           kill_rank=args.kill_rank, kill_after_step=args.kill_after_step, output=args.output,
+                           otlp_endpoint=args.otlp_endpoint))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="otel-ebpf %(levelname)s %(name)s: %(message)s")
@@ -222,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _config(args)
         if args.cmd == "gateway":
             return _gateway(args)
+        if args.cmd == "demo":
+            return _demo(args)
         return _run(args)
     except ConfigError as exc:
         print(f"otel-ebpf: {exc}", file=sys.stderr)

@@ -192,11 +192,25 @@ static __always_inline int oe_lib_match(const char *path)
     return 1;
 }
 
+struct oe_path_buf {
+    char path[OE_PATH_MAX];
+};
+/* Scratch space: the path is read and matched here, and a ring-buffer record is reserved only
+ * for a match (reserving first would cost a record, and a counted drop when the buffer is
+ * full, for every openat of a traced process). */
+BPF_PERCPU_ARRAY(oe_path_scratch, struct oe_path_buf, 1);
+
 TRACEPOINT_PROBE(syscalls, sys_enter_openat)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
     if (!oe_is_traced(tgid))
+        return 0;
+    int zero = 0;
+    struct oe_path_buf *buf = oe_path_scratch.lookup(&zero);
+    if (!buf)
+        return 0;
+    if (bpf_probe_read_user_str(buf->path, sizeof(buf->path), args->filename) <= 0 || !oe_lib_match(buf->path))
         return 0;
     struct oe_lib_open *e = events.ringbuf_reserve(sizeof(struct oe_lib_open));
     if (!e) {
@@ -204,10 +218,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
         return 0;
     }
     __builtin_memset(e, 0, sizeof(*e));
-    if (bpf_probe_read_user_str(e->path, sizeof(e->path), args->filename) <= 0 || !oe_lib_match(e->path)) {
-        events.ringbuf_discard(e, 0);
-        return 0;
-    }
+    __builtin_memcpy(e->path, buf->path, sizeof(e->path));
     e->type = OE_EV_LIB_OPEN;
     e->pid = tgid;
     e->tid = (u32)id;

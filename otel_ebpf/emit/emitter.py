@@ -84,6 +84,27 @@ class _Proc:
     exited_ns: int | None = None
 
 
+def _wait_for_room(sp: BatchSpanProcessor, wait_s: float) -> bool:
+    """Backpressure: wait (bounded) while the SDK batch queue is full, so a slow exporter slows
+    the pipeline, and through it the ring buffer (where overflow is counted), instead of the SDK
+    silently evicting the oldest queued span. False: still full after ``wait_s``.
+
+    Reads the SDK's queue (opentelemetry-sdk 1.45: ``_batch_processor._queue`` and
+    ``_max_queue_size``); if those names change this degrades to no backpressure, and the SDK
+    still counts its drops in ``otel.sdk.processor.span.processed{error.type}``.
+    """
+    bp = getattr(sp, "_batch_processor", None)
+    queue, limit = getattr(bp, "_queue", None), getattr(bp, "_max_queue_size", None)
+    if queue is None or not isinstance(limit, int) or len(queue) < limit:
+        return True
+    deadline = time.monotonic() + wait_s
+    while len(queue) >= limit:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
 class Emitter:
     """Consumer of SpanRecord, MetricRecord and ProcessExit; passes nothing on."""
 
@@ -98,6 +119,7 @@ class Emitter:
         self._max = max_processes
         self._interval = metrics_interval
         self._grace_ns = int(exit_grace * 1e9)
+        self._export_wait_s = 2.0
         self._lock = threading.RLock()
         self._procs: OrderedDict[int, _Proc] = OrderedDict()
         self._retired: list[ResourceMetrics] = []
@@ -178,8 +200,11 @@ class Emitter:
                         lk.attributes) for lk in rec.links],
             kind=_KINDS[rec.kind], status=_OK if rec.error is None else Status(StatusCode.ERROR, rec.error),
             start_time=rec.start_ns, end_time=max(rec.end_ns, rec.start_ns), instrumentation_scope=scope)
-        for sp in self.span_processors:
-            sp.on_end(span)
+        for spec, sp in zip(self._exporters, self.span_processors, strict=True):
+            if _wait_for_room(sp, self._export_wait_s):
+                sp.on_end(span)
+            else:
+                self._telemetry.dropped(spec.name, "export_queue_full")
         self.spans_emitted += 1
 
     def _metric(self, rec: MetricRecord) -> None:

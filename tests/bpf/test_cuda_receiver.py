@@ -295,10 +295,13 @@ def test_process_exiting_inside_a_call_keeps_earlier_events(bpf_ready: None, bui
             assert dying.returncode == 3 and "in_call=1" in out, out
             _wait_for("ProcessExit of the dying driver",
                       lambda: any(isinstance(e, ProcessExit) and e.pid == dying.pid for e in t.sink.events))
-            # its worker died between the uprobe and the uretprobe of cudaDeviceSynchronize:
-            # no record for it, and the thread-exit hook removed its in-flight entry
-            assert not [e for e in t.sink.events if getattr(e, "pid", None) == dying.pid
-                        and isinstance(e, CALL_TYPES)]
+            # it ran the script (completed calls, all kept), then its worker thread died between
+            # the uprobe and the uretprobe of cudaDeviceSynchronize: no record for that call, and
+            # the thread-exit hook removed its in-flight entry
+            dying_calls = [e for e in t.sink.events if getattr(e, "pid", None) == dying.pid
+                           and isinstance(e, CALL_TYPES)]
+            assert [c.api for c in dying_calls] == SCRIPT_CALLS
+            assert all(c.tid == dying.pid for c in dying_calls)  # none from the worker thread
             _wait_for("the thread-exit hook to clear in-flight calls", lambda: _inflight(t) == 0)
             assert t.events() == before
             _assert_script_calls_only(t)

@@ -21,7 +21,7 @@
  *                    "In-call sleep" below.
  *   --wait-stdin     after dlopen+dlsym, print "ready pid=P" and block until
  *                    one line arrives on stdin (attach probes, then release).
- *   --exit-mid-call  a worker thread enters cudaDeviceSynchronize and stays
+ *   --exit-mid-call  after the script, a worker thread enters cudaDeviceSynchronize and stays
  *                    inside it (in-call sleep of 10 s); the main thread waits
  *                    200 ms, prints "exit_mid_call in_call=1|0" and calls
  *                    _exit(3).  Probes see an entry with no matching return.
@@ -354,8 +354,6 @@ int main(int argc, char **argv)
         if (fgets(line, sizeof(line), stdin) == NULL)
             return 1;
     }
-    if (exit_mid_call)
-        run_exit_mid_call();
     if (launch_only) {
         run_launch_only(loops);
         return 0;
@@ -373,5 +371,7 @@ int main(int argc, char **argv)
     printf("buffers src=%p dst=%p\n", (void *)src, (void *)dst);
     for (long i = 0; i < loops; i++)
         run_script(src, dst);
+    if (exit_mid_call) /* after the script: completed calls first, then death inside a call */
+        run_exit_mid_call();
     return 0;
 }
