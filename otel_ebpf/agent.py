@@ -129,7 +129,7 @@ class Agent:
                               extra_attributes=svc.resource_attributes,
                               max_processes=svc.max_processes, metrics_interval=svc.metrics_interval)
             nxt: Consumer = emitter
-            procs = []
+            procs: list[Any] = []
             for pid_ in reversed(p.processors):
                 proc = pfactories[pid_.split("/")[0]].create(self.cfg.processors[pid_], self.ctx, nxt)
                 procs.insert(0, proc)

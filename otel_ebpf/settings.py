@@ -81,7 +81,7 @@ def _overrides(output: str | None, endpoint: str | None, protocol: str | None) -
 def _build_section(section: str, data: Any, registry: dict[str, type]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(section, "expected a mapping of component ids to their config")
-    out = {}
+    out: dict[str, Any] = {}
     for cid, cdata in data.items():
         ctype = component_type(str(cid))
         if ctype not in registry:

@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check otel_ebpf receivers processors
+.venv/bin/mypy otel_ebpf receivers processors
 exec .venv/bin/python -m pytest -ra "$@"

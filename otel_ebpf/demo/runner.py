@@ -315,7 +315,8 @@ class _Demo:
                                     f"(see {self.gateway.log}):{self.gateway.tail()}")
             if not job_done and all((self.run_dir / f"node-{n.index}.status.json").exists() for n in self.nodes):
                 job_done = True
-                self.echo(f"{self._progress()}; every rank exited: agents detach their probes and flush")
+                self.echo(f"{self.elapsed()}  every rank exited; the agents detach their probes and flush "
+                          "(detaching takes ~0.15 s per uprobe: tens of seconds)")
             elif up and time.monotonic() - last >= PROGRESS_S and not job_done:
                 last = time.monotonic()
                 self.echo(self._progress())

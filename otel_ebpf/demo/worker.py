@@ -59,6 +59,12 @@ BROADCAST_COUNT = 1 << 16
 BROADCAST_EVERY = 4
 KERNELS_PER_STEP = 4
 COMPUTE_S = 0.004
+# A rank lingers this long after its last NCCL call before it exits. Why: every BPF receiver
+# reports the exit, each from its own ring buffer, and the NCCL processor forgets a process's
+# communicators at the first ProcessExit it sees; the CUDA receiver's can overtake the NCCL
+# receiver's last records (each is read every poll_interval, 100 ms), and those calls then
+# lose their join ids (seen on kernel 6.18: the last two collectives of the last rank).
+EXIT_LINGER_S = 0.5
 _H2D = 1
 
 
@@ -134,6 +140,12 @@ def _unique_id(nccl: ct.CDLL, run_dir: Path, rank: int) -> UniqueId:
     return UniqueId.from_buffer_copy(path.read_bytes())
 
 
+def _say(line: str) -> None:
+    """One progress line in ONE write(2): every rank of a node shares the pipe, and print()
+    writes the text and its newline separately when stdout is unbuffered (lines interleave)."""
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
+
+
 def _check(what: str, rc: int) -> None:
     if rc != 0:
         raise SystemExit(f"{what} returned ncclResult_t {rc}")
@@ -167,6 +179,7 @@ class Rank:
             print(f"rank {self.rank}: watchdog: '{tag}' did not complete in {timeout_s:.0f}s: ranks {missing} "
                   "never arrived; aborting the communicator", file=sys.stderr, flush=True)
             self.nccl.ncclCommAbort(self.comm)
+            time.sleep(EXIT_LINGER_S)
             os._exit(WATCHDOG_EXIT)
 
     def _collective(self, tag: str, call: Callable[[], int]) -> None:
@@ -188,7 +201,7 @@ class Rank:
             self._collective(f"s{k}-broadcast", lambda: nccl.ncclBroadcast(
                 self.params, self.params, BROADCAST_COUNT, NCCL_FLOAT32, 0, comm, None))
         time.sleep(COMPUTE_S)
-        print(f"oe-demo step rank={self.rank} step={k}", flush=True)
+        _say(f"oe-demo step rank={self.rank} step={k}")
 
     def run(self) -> int:
         self.init()
@@ -199,11 +212,12 @@ class Rank:
                       flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
         _check("ncclCommDestroy", self.nccl.ncclCommDestroy(self.comm))
+        time.sleep(EXIT_LINGER_S)
         return 0
 
 
 def _launch(a: argparse.Namespace, argv: Sequence[str]) -> int:
-    print(f"oe-demo up node={a.node} host={socket.gethostname()}", flush=True)
+    _say(f"oe-demo up node={a.node} host={socket.gethostname()}")
     procs: dict[int, subprocess.Popen[bytes]] = {}
     for local in range(a.ranks):
         rank = a.node * a.ranks + local

@@ -218,8 +218,8 @@ class Emitter:
         inst = proc.instruments.get(key)
         if inst is None:
             meter = proc.meters.get_meter(rec.scope)
-            make = {"counter": meter.create_counter, "updown": meter.create_up_down_counter,
-                    "gauge": meter.create_gauge}[rec.kind]
+            make: Callable[..., Any] = {"counter": meter.create_counter, "updown": meter.create_up_down_counter,
+                                        "gauge": meter.create_gauge}[rec.kind]
             inst = proc.instruments[key] = make(rec.name, unit=rec.unit, description=rec.description)
         if rec.kind == "gauge":
             inst.set(rec.value, dict(rec.attributes))
