@@ -263,7 +263,8 @@ class BpfReceiver:
             if etype == 1:
                 _, pid, ts, comm = _EXIT.unpack_from(raw)
                 ev: object | None = ProcessExit(pid, self.clock.to_epoch_ns(ts),
-                                                comm.split(b"\0", 1)[0].decode(errors="replace"), -1)
+                                                comm.split(b"\0", 1)[0].decode(errors="replace"), -1,
+                                                source=self.name)
             elif etype == 2:
                 ev = self._library_opened(raw)
             else:

@@ -101,12 +101,16 @@ class MetricRecord:
 
 @dataclass(frozen=True, slots=True)
 class ProcessExit:
-    """A traced process (thread group) ended. Emitted by every BPF receiver's common part."""
+    """A traced process (thread group) ended. Emitted by every BPF receiver's common part;
+    ``source`` names that receiver. Its own ring buffer orders the exit after the process's
+    last records of that receiver, but not after another receiver's: a processor that frees
+    per-process state acts on the exit from its own receiver only."""
 
     pid: int
     time_ns: int
     comm: str
     exit_code: int
+    source: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from otel_ebpf.errors import EnvironmentError_, OtelEbpfError
 
-__all__ = ["MAX_NODES", "NETNS_PREFIX", "NodeNet", "create", "destroy", "remove_stale", "run_id"]
+__all__ = ["MAX_NODES", "NETNS_PREFIX", "NodeNet", "create", "destroy", "remove_stale", "run_alive", "run_id"]
 
 NETNS_PREFIX = "oe-demo-"
 NETNS_DIR = Path("/run/netns")
@@ -101,7 +102,7 @@ def _ip(*args: str, check: bool = True) -> str:
     return proc.stdout
 
 
-def _run_alive(run: str) -> bool:
+def run_alive(run: str) -> bool:
     """Whether the demo process that owns run ``run`` still runs (not this process)."""
     try:
         pid = int(run, 16)
@@ -123,10 +124,11 @@ def _check_addresses() -> None:
 
 
 def remove_stale() -> list[str]:
-    """Delete the namespaces and veths of demo runs whose process is gone; return their names.
+    """Delete the namespaces and veths of demo runs whose process is gone (killing what still
+    runs inside them: agents and ranks orphaned by a SIGKILLed demo); return their names.
 
-    Raises EnvironmentError_ when another demo is running (both would use 10.213.0.0/16) or
-    the range is taken by something else.
+    Raises OtelEbpfError when another demo is running (both would use 10.213.0.0/16),
+    EnvironmentError_ when the range is taken by something else.
     """
     removed: list[str] = []
     for line in _ip("netns", "list").splitlines():
@@ -134,15 +136,20 @@ def remove_stale() -> list[str]:
         m = _NETNS_RE.match(name)
         if not m:
             continue
-        if _run_alive(m.group(1)):
-            raise EnvironmentError_(f"another otel-ebpf demo is running (pid {int(m.group(1), 16)}, namespace "
+        if run_alive(m.group(1)):
+            raise OtelEbpfError(f"another otel-ebpf demo is running (pid {int(m.group(1), 16)}, namespace "
                                     f"{name}); both would use 10.213.0.0/16",
                                     hint="wait for it to finish, or stop it with Ctrl+C")
+        for pid in _ip("netns", "pids", name, check=False).split():  # a dead run's orphaned agents and ranks
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ValueError, OSError):
+                pass
         _ip("netns", "del", name, check=False)
         removed.append(name)
     for line in _ip("-o", "link", "show").splitlines():
         m = _LINK_RE.match(line)
-        if m and not _run_alive(m.group(2)) and m.group(2) != run_id():
+        if m and not run_alive(m.group(2)) and m.group(2) != run_id():
             _ip("link", "del", m.group(1), check=False)
             removed.append(m.group(1))
     _check_addresses()

@@ -26,7 +26,6 @@ import queue
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,11 +33,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import yaml
 
 from otel_ebpf.demo import netns, summary, worker
+from otel_ebpf.demo.procs import Child
 from otel_ebpf.demo.build import build_stand_in_nccl, find_cudart
 from otel_ebpf.errors import ConfigError, EnvironmentError_, OtelEbpfError
 
@@ -98,63 +98,18 @@ class DemoOptions:
         return 240.0 + self.steps * (0.2 + 2 * self.straggler_delay_ms / 1000)
 
 
-class _Child:
-    """A subprocess in its own session (so its whole tree can be killed), stdout lines to ``lines``
-    as (name, line), (name, None) at EOF; stderr to ``log``."""
-
-    def __init__(self, name: str, argv: list[str], log: Path, lines: queue.Queue[tuple[str, str | None]],
-                 env: dict[str, str]) -> None:
-        self.name, self.log = name, log
-        self._terminated = False
-        with open(log, "wb") as err:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                         env=env, start_new_session=True, text=True)
-        threading.Thread(target=self._read, args=(lines,), daemon=True, name=f"demo-{name}").start()
-
-    def _read(self, lines: queue.Queue[tuple[str, str | None]]) -> None:
-        stream: IO[str] | None = self.proc.stdout
-        assert stream is not None
-        for line in stream:
-            lines.put((self.name, line.rstrip("\n")))
-        lines.put((self.name, None))
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def terminate(self) -> None:
-        """SIGTERM, once: an agent forwards the first to its command, but a second one would
-        kill it while it detaches its probes and flushes."""
-        if not self._terminated and self.running():
-            self._terminated = True
-            _quiet(lambda: self.proc.send_signal(signal.SIGTERM))
-
-    def tail(self, n: int = 8) -> str:
+def _kill_orphans(run_dir: Path) -> None:
+    """SIGKILL what a dead run left running (its gateway, agents, ranks: their command lines
+    name its directory)."""
+    needle = str(run_dir).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
         try:
-            text = self.log.read_text(errors="replace").strip().splitlines()[-n:]
+            if needle in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
         except OSError:
-            return ""
-        return "\n    ".join(["", *text]) if text else " (empty)"
-
-    def stop(self, timeout: float, hurry: threading.Event) -> int | None:
-        """SIGTERM, wait up to ``timeout`` (or until ``hurry`` is set), then SIGKILL the whole
-        session: leftovers of the tree too. Never raises."""
-        if self.running():
-            self.terminate()
-            deadline = time.monotonic() + timeout
-            while self.running() and time.monotonic() < deadline and not hurry.is_set():
-                time.sleep(0.1)
-        _quiet(lambda: os.killpg(self.proc.pid, signal.SIGKILL))
-        try:
-            return self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            return None
-
-
-def _quiet(fn: Callable[[], Any]) -> None:
-    try:
-        fn()
-    except (OSError, ValueError):
-        pass
+            pass
 
 
 def _write_yaml(path: Path, data: dict[str, Any]) -> Path:
@@ -190,8 +145,8 @@ class _Demo:
         self.logs = self.out / "logs"
         self.nodes: list[netns.NodeNet] = []
         self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
-        self.gateway: _Child | None = None
-        self.agents: list[_Child] = []
+        self.gateway: Child | None = None
+        self.agents: list[Child] = []
         self.ports: dict[int, int] = {}
         self.steps: dict[int, int] = {}
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(_CHILD_ENV_DROP)}
@@ -202,13 +157,19 @@ class _Demo:
     # ---- set-up ------------------------------------------------------------------------
     def prepare(self) -> tuple[Path, Path]:
         cudart = _preflight()
+        removed = netns.remove_stale()  # first: it refuses to run beside another demo
+        for old in Path(tempfile.gettempdir()).glob("oe-demo-*-*"):  # dead runs' directories
+            run = old.name.split("-")[2]
+            if run != self.run_id and not netns.run_alive(run):
+                _kill_orphans(old)
+                shutil.rmtree(old, ignore_errors=True)
+                removed.append(old.name)
+        if removed:
+            self.echo(f"removed leftovers of earlier runs: {', '.join(removed)}")
         nccl = build_stand_in_nccl(self.run_dir / "lib")
         self.logs.mkdir(parents=True, exist_ok=True)
         for stale in (self.out / "traces.jsonl", self.out / "metrics.jsonl", *self.logs.glob("*.log")):
             stale.unlink(missing_ok=True)  # the file exporter appends: start from empty files
-        removed = netns.remove_stale()
-        if removed:
-            self.echo(f"removed leftovers of earlier runs: {', '.join(removed)}")
         return cudart, nccl
 
     def start_gateway(self) -> None:
@@ -227,7 +188,7 @@ class _Demo:
                 "--output", str(self.out)]
         if self.o.otlp_endpoint:
             argv += ["--otlp-endpoint", self.o.otlp_endpoint]
-        self.gateway = _Child("gateway", argv, self.logs / "gateway.log", self.lines, self.env)
+        self.gateway = Child("gateway", argv, self.logs / "gateway.log", self.lines, self.env)
         deadline = time.monotonic() + GATEWAY_START_S
         while time.monotonic() < deadline:
             try:
@@ -266,7 +227,7 @@ class _Demo:
             agent = [sys.executable, "-m", "otel_ebpf", "--log-level", "warning", "run", "--config", str(cfg),
                      "--otlp-endpoint", f"http://{n.host_addr}:{self.ports[n.index]}",
                      "--service-name", "otel-ebpf-demo", "--", *job]
-            self.agents.append(_Child(f"node-{n.index}", n.enter(agent), self.logs / f"node-{n.index}.log",
+            self.agents.append(Child(f"node-{n.index}", n.enter(agent), self.logs / f"node-{n.index}.log",
                                       self.lines, self.env))
 
     # ---- the run -----------------------------------------------------------------------
@@ -280,6 +241,8 @@ class _Demo:
             i, host = int(m.group(1)), m.group(2)
             n, r = self.nodes[i], self.o.ranks_per_node
             up.add(i)
+            if host != n.hostname:
+                self.echo(f"{name}: warning: the agent sees host name {host!r}, not {n.hostname!r}")
             self.echo(f"{name}: agent up in netns {n.netns} (host.name {host}, {n.node_addr} -> gateway "
                       f"{n.host_addr}:{self.ports[i]}); ranks {i * r}-{i * r + r - 1} starting")
 
@@ -416,7 +379,7 @@ def run(opts: DemoOptions, echo: Callable[[str], None] | None = None) -> int:
         say(f"{demo.elapsed()}  agents stopped; stopping the gateway (it flushes the joined traces)")
         problems = demo.problems() + demo.stop_gateway()
     except KeyboardInterrupt:
-        say("interrupted: stopping every node (Ctrl+C again kills them at once)")
+        say("interrupted: stopping every node; the agents detach their probes first (Ctrl+C again: kill them)")
         return 130
     finally:
         demo.cleanup()

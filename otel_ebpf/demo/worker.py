@@ -208,6 +208,10 @@ class Rank:
         for k in range(1, self.a.steps + 1):
             self.step(k)
             if self.rank == self.a.kill_rank and k == self.a.kill_after_step:
+                # It dies in the next step's compute (still no ncclCommDestroy), not right on the
+                # heels of its last collective: see EXIT_LINGER_S, which would make that one look
+                # unjoined by this rank too.
+                time.sleep(EXIT_LINGER_S)
                 print(f"rank {self.rank}: killing myself (SIGKILL) after step {k}, as asked", file=sys.stderr,
                       flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)

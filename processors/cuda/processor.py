@@ -271,8 +271,11 @@ class CudaProcessor:
         self._metric(out, ev.pid, "gpu.cuda.kernel.block.size", ev.block_size, dev, count=ev.count)
 
     def _exit(self, ev: ProcessExit, out: list[object]) -> None:
-        """Leak report for the process, then the exit itself (always passed on)."""
+        """Leak report for the process, then the exit itself (always passed on). Only the CUDA
+        receiver's own exit record counts: it is ordered after the process's last CUDA calls."""
         try:
+            if ev.source not in ("", "cuda"):
+                return
             table = self._allocs.pop(ev.pid, None)
             if not table:
                 return

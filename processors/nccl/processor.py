@@ -94,7 +94,9 @@ class NcclProcessor:
         for ev in events:
             handler = self._handlers.get(type(ev))
             if handler is None:
-                if isinstance(ev, ProcessExit):
+                if isinstance(ev, ProcessExit) and ev.source in ("", "nccl"):
+                    # only after the NCCL receiver's own exit record, which its ring buffer
+                    # orders after the process's last NCCL calls (another receiver's may not be)
                     self.comms.forget_process(ev.pid)
                 out.append(ev)
                 continue

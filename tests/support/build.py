@@ -6,10 +6,12 @@ which is gitignored):
 - ``cuda_driver``: calls a libcudart.so.12 with known arguments.
 - ``nccl_rank``: one rank of a scripted NCCL job.
 - ``stand_in_nccl``: ``build/stand_in_nccl/libnccl.so.2``, a stand-in for
-  NVIDIA's libnccl.so.2 on machines without a GPU.
+  NVIDIA's libnccl.so.2 on machines without a GPU. Its source and flags live in
+  the product (``otel_ebpf/demo/``: ``otel-ebpf demo`` needs it too); this
+  module builds it with :func:`otel_ebpf.demo.build.build_stand_in_nccl`.
 
-:func:`build_all` recompiles a program only when its source (or this file,
-which holds the flags) is newer than the output.  Outputs are written to a
+:func:`build_all` recompiles a program only when its source (or this file or
+otel_ebpf/demo/build.py, which hold the flags) is newer than the output.  Outputs are written to a
 temporary name and renamed into place, so concurrent test workers never run a
 half-written binary.  Compile errors raise :class:`RuntimeError` naming the
 command and the compiler's stderr.
@@ -28,15 +30,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BUILD_DIR", "SUPPORT_DIR", "build_all", "real_cudart", "real_nccl"]
+# COMPILER and COMMON_FLAGS (-fno-omit-frame-pointer: see there) are shared with the stand-in.
+from otel_ebpf.demo import build as _demo_build
+from otel_ebpf.demo.build import COMMON_FLAGS, COMPILER, build_stand_in_nccl
+from otel_ebpf.errors import OtelEbpfError
+
+__all__ = ["BUILD_DIR", "SUPPORT_DIR", "build_all", "build_stand_in_nvml", "real_cudart", "real_nccl"]
 
 SUPPORT_DIR = Path(__file__).resolve().parent
 BUILD_DIR = SUPPORT_DIR / "build"
-
-COMPILER = "gcc"
-# -fno-omit-frame-pointer: every function then starts with `push %rbp`, which
-# the kernel emulates for a uprobe instead of single-stepping it.
-COMMON_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Wextra")
 
 
 @dataclass(frozen=True)
@@ -52,14 +54,6 @@ _TARGETS = (
     # -rdynamic exports cuda_driver's pthread_once, which the in-call sleep needs.
     _Target("cuda_driver", "cuda_driver.c", "cuda_driver", ("-rdynamic",), ("-ldl", "-lpthread")),
     _Target("nccl_rank", "nccl_rank.c", "nccl_rank", (), ("-ldl",)),
-    _Target(
-        "stand_in_nccl",
-        "stand_in_nccl.c",
-        "stand_in_nccl/libnccl.so.2",
-        # -fno-shrink-wrap keeps `push %rbp` first even in functions that return early.
-        ("-fno-shrink-wrap", "-fPIC", "-shared", "-Wl,-soname,libnccl.so.2"),
-        ("-lpthread",),
-    ),
 )
 
 
@@ -72,13 +66,18 @@ def build_all(out_dir: Path | None = None) -> dict[str, Path]:
     compiler is missing or fails.
     """
     out = Path(out_dir) if out_dir is not None else BUILD_DIR
-    return {t.name: _build(t, out) for t in _TARGETS}
+    built = {t.name: _build(t, out) for t in _TARGETS}
+    try:
+        built["stand_in_nccl"] = build_stand_in_nccl(out / "stand_in_nccl")
+    except OtelEbpfError as exc:
+        raise RuntimeError(str(exc)) from None
+    return built
 
 
 def _build(target: _Target, out_dir: Path) -> Path:
     source = SUPPORT_DIR / target.source
     output = out_dir / target.output
-    if _up_to_date(output, (source, Path(__file__).resolve())):
+    if _up_to_date(output, (source, Path(__file__).resolve(), Path(_demo_build.__file__).resolve())):
         return output
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
@@ -104,6 +103,19 @@ def _up_to_date(output: Path, inputs: tuple[Path, ...]) -> bool:
     except FileNotFoundError:
         return False
     return all(p.stat().st_mtime_ns <= built for p in inputs)
+
+
+def build_stand_in_nvml(out_dir: Path | None = None) -> Path:
+    """Compile ``stand_in_nvml.c`` (a stand-in, not NVIDIA's library) to
+    ``<out_dir>/stand_in_nvml/libnvidia-ml.so.1`` (soname libnvidia-ml.so.1) and return its path.
+
+    Put its directory on LD_LIBRARY_PATH (or give it as ``receivers.nvml.library``) and pynvml
+    loads it as NVML. ``out_dir`` defaults to ``tests/support/build``. Rebuilds only when out of
+    date; safe from several processes at once; RuntimeError names the command when gcc fails.
+    """
+    target = _Target("stand_in_nvml", "stand_in_nvml.c", "stand_in_nvml/libnvidia-ml.so.1",
+                     ("-fPIC", "-shared", "-Wl,-soname,libnvidia-ml.so.1"), ("-lpthread",))
+    return _build(target, Path(out_dir) if out_dir is not None else BUILD_DIR)
 
 
 def _wheel_lib(package: str, filename: str) -> Path | None:

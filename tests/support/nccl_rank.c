@@ -1,6 +1,6 @@
 /*
  * nccl_rank: one rank of a scripted NCCL job, calling libnccl.so.2 (the real
- * one or tests/support/stand_in_nccl.c) through dlopen/dlsym with KNOWN
+ * one or otel_ebpf/demo/stand_in_nccl.c) through dlopen/dlsym with KNOWN
  * argument values that probe tests assert on.  Needs no NCCL headers.
  *
  * Usage:

@@ -334,3 +334,13 @@ def test_exported_spans_and_metrics_through_the_emitter() -> None:
         assert emitter.process_count() == 0  # the exited process was exported once more and released
     finally:
         emitter.shutdown()
+
+
+def test_leak_report_waits_for_the_cuda_receivers_own_exit_record() -> None:
+    rig = Rig()
+    rig.run(malloc(PTR, 4096, device=0))
+    other = ProcessExit(PID, T0 + 10, "train", 0, source="nccl")
+    assert rig.run(other) == [other]  # passed on, no report: CUDA records may still be coming
+    rig.run(free(PTR))  # a late free of the same process
+    out = rig.run(ProcessExit(PID, T0 + 20, "train", 0, source="cuda"))
+    assert metrics(out, "gpu.cuda.memory.leaked") == []  # nothing leaked after all

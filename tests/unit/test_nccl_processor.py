@@ -332,3 +332,15 @@ def test_emitted_otel_spans_carry_the_derived_ids_links_and_attributes() -> None
     assert {lk.context.span_id for lk in send.links} == {recv.context.span_id, group.context.span_id}
     assert recv.links[0].context.span_id == send.context.span_id
     assert group.attributes["nccl.group.size"] == 1
+
+
+def test_only_the_nccl_receivers_exit_record_frees_communicators() -> None:
+    """The CUDA receiver's exit record of a rank can overtake the NCCL receiver's last records
+    of it; freeing the communicators then would strip the last collectives of their join ids."""
+    h = three_ranks()
+    h.feed(ProcessExit(101, 5, "rank", 0, source="cuda"))
+    assert h.proc.comms.get(101, HANDLE) is not None
+    (span,) = h.spans(coll(101, 0))  # a late record of that rank is still joined
+    assert span.trace_id is not None and span.attributes["nccl.comm.id"]
+    h.feed(ProcessExit(101, 6, "rank", 0, source="nccl"))
+    assert h.proc.comms.get(101, HANDLE) is None

@@ -1,0 +1,99 @@
+"""otel_ebpf.demo.summary on a small synthetic traces.jsonl, shaped as the gateway's file exporter
+writes it (OTLP/JSON: hex ids, int64 as strings)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from otel_ebpf.demo import summary
+
+
+def _attr(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        v: dict[str, Any] = {"boolValue": value}
+    elif isinstance(value, int):
+        v = {"intValue": str(value)}
+    elif isinstance(value, (list, tuple)):
+        v = {"arrayValue": {"values": [_attr("", x)["value"] for x in value]}}
+    else:
+        v = {"stringValue": value}
+    return {"key": key, "value": v}
+
+
+def _request(host: str, spans: list[dict[str, Any]]) -> str:
+    resource = {"attributes": [_attr("host.name", host), _attr("service.name", "otel-ebpf-demo")]}
+    return json.dumps({"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": spans}]}]})
+
+
+def _span(name: str, seq: int, attrs: dict[str, Any], parent: str = "") -> dict[str, Any]:
+    attributes = [_attr("nccl.comm.id", "00000000000000aa"), _attr("nccl.seq", seq), _attr("nccl.op", "AllReduce")]
+    attributes += [_attr(k, v) for k, v in attrs.items()]
+    span: dict[str, Any] = {"traceId": f"{seq:032x}", "spanId": f"{seq + 1:016x}", "name": name,
+                            "attributes": attributes, "events": []}
+    if parent:
+        span["parentSpanId"] = parent
+    return span
+
+
+def _root(seq: int, straggler: int | None, skew_ms: float) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"nccl.ranks.arrived": 4 if straggler is not None else 3,
+                             "nccl.skew_ns": int(skew_ms * 1e6)}
+    if straggler is not None:
+        attrs.update({"nccl.straggler.rank": straggler,
+                      "nccl.straggler.host": "node-1" if straggler >= 2 else "node-0"})
+    return _span("nccl AllReduce", seq, attrs)
+
+
+def _rank(rank: int) -> dict[str, Any]:
+    return _span("ncclAllReduce", 0, {"nccl.rank": rank}, parent="0000000000000001")
+
+
+def _jsonl(tmp_path: Path) -> Path:
+    desync = {"name": "nccl.desync", "timeUnixNano": "1",
+              "attributes": [_attr("nccl.missing_ranks", [1]), _attr("nccl.missing.hosts", ["node-0"]),
+                             _attr("nccl.waited_ns", 2_000_000_000)]}
+    partial = _root(3, None, 5.0)
+    partial["attributes"] += [_attr("nccl.partial", True), _attr("nccl.missing_ranks", [1])]
+    partial["events"] = [desync]
+    node0 = [_root(0, 3, 30.0), _root(1, 3, 32.0), _root(2, 2, 10.0), partial, _rank(0), _rank(1)]
+    node1 = [_rank(2), _rank(3)]
+    path = tmp_path / "traces.jsonl"
+    path.write_text("\n".join([_request("node-0", node0), "not json", _request("node-1", node1), ""]) + "\n")
+    return path
+
+
+def test_read_counts_complete_and_partial_collectives_and_their_hosts(tmp_path: Path) -> None:
+    s = summary.read(_jsonl(tmp_path))
+    assert (len(s.collectives), len(s.complete), len(s.partial)) == (4, 3, 1)
+    assert s.rank_hosts == {0: "node-0", 1: "node-0", 2: "node-1", 3: "node-1"}
+    assert s.spans == 8 and s.bad_lines == 1  # 4 roots + 4 rank spans; "not json" skipped
+
+
+def test_the_most_frequent_straggler_and_skew_percentiles(tmp_path: Path) -> None:
+    s = summary.read(_jsonl(tmp_path))
+    assert s.straggler() == (3, "node-1", 2)
+    assert s.skew_ms() == (30.0, 32.0)  # complete collectives only: 10, 30, 32 ms
+
+
+def test_desync_events_name_the_missing_ranks(tmp_path: Path) -> None:
+    (d,) = summary.read(_jsonl(tmp_path)).desyncs
+    assert (d.op, d.seq, d.missing_ranks, d.missing_hosts, d.waited_ms) == ("AllReduce", 3, (1,), ("node-0",), 2000.0)
+    assert summary.read(_jsonl(tmp_path)).partial[0].missing_ranks == (1,)
+
+
+def test_render_says_whether_the_injected_faults_were_found(tmp_path: Path) -> None:
+    text = summary.render(summary.read(_jsonl(tmp_path)), straggler=3, killed=1, out_dir=tmp_path)
+    assert "4 (3 complete, 1 partial)" in text
+    assert "straggler: rank 3 on node-1, last to arrive in 2/3 complete collectives (injected: rank 3: FOUND)" in text
+    assert "p50 30.0 ms, max 32.0 ms" in text
+    assert "desync: AllReduce seq 3 waited 2.0s for ranks 1 (hosts node-0)" in text
+    assert "injected crash of rank 1: FOUND" in text
+    other = summary.render(summary.read(_jsonl(tmp_path)), straggler=0, killed=2, out_dir=tmp_path)
+    assert "(injected: rank 0: NOT found)" in other and "injected crash of rank 2: NOT found" in other
+
+
+def test_a_missing_file_is_an_empty_summary(tmp_path: Path) -> None:
+    s = summary.read(tmp_path / "nope.jsonl")
+    assert s.collectives == [] and s.straggler() is None and s.skew_ms() is None
+    assert "none found" in summary.render(s, straggler=None, killed=None, out_dir=tmp_path)
