@@ -35,7 +35,7 @@ INCLUDE_DIR = Path(__file__).parent / "bpfinc"
 COMMON_SRC = INCLUDE_DIR / "common.bpf.c"
 _CHUNK = 4096  # records handed to the pipeline at a time
 _BACKPRESSURE_S = 1.0  # longest a receiver waits for the pipeline before dropping a chunk
-DROP_REASONS = ("ringbuf_full", "pid_map_full", "state_map_full", "stats_map_full")
+DROP_REASONS = ("ringbuf_full", "pid_map_full", "state_map_full", "stats_map_full", "lifecycle_ringbuf_full")
 _EXIT = struct.Struct("<B3xIQ16s")
 _LIBOPEN = struct.Struct("<BB2xII4xQ256s")
 HEADERS_HINT = ("install the headers of the running kernel (Debian/Ubuntu: apt install "
@@ -146,6 +146,7 @@ class BpfReceiver:
         self._drops_seen = [0] * len(DROP_REASONS)
         self._attach_lock = threading.Lock()
         self._seen_pids: OrderedDict[int, None] = OrderedDict()
+        self._exits: list[object] = []  # held until the call records before them are read
         self.received = 0
 
     # ---- to override -----------------------------------------------------------------
@@ -249,6 +250,7 @@ class BpfReceiver:
         for lib in self.initial_libraries():
             self.attach_library(lib)
         self._bpf["events"].open_ring_buffer(self._on_record)
+        self._bpf["lifecycle"].open_ring_buffer(self._on_record)
         self._thread = threading.Thread(target=self._run, name=f"otel-ebpf-{self.name}", daemon=True)
         self._thread.start()
 
@@ -269,6 +271,12 @@ class BpfReceiver:
                 ev = self._library_opened(raw)
             else:
                 ev = self.decode(etype, raw)
+            if etype == 1:
+                # The exit comes on the lifecycle ring buffer, which epoll may report before the
+                # events ring that still holds this process's last calls: hold it until a full
+                # drain of the events ring has run (see _run), so it follows them.
+                self._exits.append(ev)
+                return 0
             if ev is not None:
                 pid = getattr(ev, "pid", None)
                 if pid is not None and pid not in self._seen_pids:
@@ -340,7 +348,9 @@ class BpfReceiver:
         while not self._stop.is_set():
             try:
                 self._bpf.ring_buffer_poll(self._poll_ms)
+                exits, self._exits = self._exits, []
                 self._bpf.ring_buffer_consume()  # records submitted without a wakeup
+                self._batch.extend(exits)  # after every call record submitted before them
                 self._read_drops()
                 self._flush()
             except Exception:
@@ -350,6 +360,9 @@ class BpfReceiver:
     def _drain(self) -> None:
         try:
             self._bpf.ring_buffer_consume()
+            exits, self._exits = self._exits, []
+            self._bpf.ring_buffer_consume()
+            self._batch.extend(exits)
             self._read_drops()
             self._flush()
         except Exception:

@@ -10,9 +10,9 @@ __all__ = ["processors", "receivers"]
 
 
 def receivers() -> dict[str, Factory]:
-    from otel_ebpf.receivers import cuda, nccl
+    from otel_ebpf.receivers import cuda, nccl, nvml
 
-    return {f.type: f for f in (cuda.factory, nccl.factory)}
+    return {f.type: f for f in (cuda.factory, nccl.factory, nvml.factory)}
 
 
 def processors() -> dict[str, Factory]:

@@ -77,7 +77,8 @@ def commented_yaml(data: dict[str, Any]) -> str:
     _section("processors", cfg.processors, lines, {t: f.description for t, f in proc.items()})
     _section("exporters", cfg.exporters, lines, {
         "file": "OTLP JSON lines files (the default exporter).",
-        "otlp": "OTLP over gRPC or HTTP with the OTel SDK exporters (used when --otlp-endpoint is given)."})
+        "otlp": "OTLP over gRPC or HTTP with the OTel SDK exporters (used when --otlp-endpoint is given).",
+        "prometheus": "A /metrics endpoint for Prometheus (off: add 'prometheus' to a pipeline's exporters)."})
     lines.append("service:")
     lines.append("  # Which components run, and how they connect.")
     lines.append("  pipelines:")

@@ -10,6 +10,7 @@ Metric names (all on the agent's own resource, ``service.name=otel-ebpf``):
   (``ringbuf_full``, ``queue_full``, ``map_full``, ``decode_error``, ``process_cache``...).
 * ``otel_ebpf.probes.attached`` / ``otel_ebpf.probes.failed`` {receiver, library}.
 * ``otel_ebpf.export.failed`` {signal}: export batches the exporters could not send.
+* ``otel_ebpf.nvml.scrape.errors`` {function, error}: NVML calls that failed (receivers/nvml).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ _DESCRIPTIONS = {
     "otel_ebpf.probes.attached": "Probes attached, by receiver and library.",
     "otel_ebpf.probes.failed": "Probes that failed to attach, by receiver and library.",
     "otel_ebpf.export.failed": "Spans or metric batches the exporters failed to send.",
+    "otel_ebpf.nvml.scrape.errors": "NVML calls that failed during a scrape, by function and error; "
+                                    "the scrape kept what it could read.",
 }
 
 

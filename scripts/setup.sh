@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything otel-ebpf needs on a fresh Debian/Ubuntu machine, idempotently:
-#   apt:  python3-bpfcc (BCC lives in the distribution's /usr/bin/python3), kernel headers, a C compiler
+#   apt:  python3-bpfcc (BCC lives in the distribution's /usr/bin/python3), kernel headers, a C compiler,
+#         prometheus (the real server tests/e2e/test_prometheus.py scrapes the agent with; Debian 12 has it)
 #   pip:  the package and its test extras into .venv (made from /usr/bin/python3 --system-site-packages
 #         so that `import bcc` works inside it).
 # When the running kernel has no headers package (custom/cloud kernels), the distribution's generic
@@ -16,13 +17,16 @@ export DEBIAN_FRONTEND=noninteractive
 need_apt=0
 /usr/bin/python3 -c 'import bcc' 2>/dev/null || need_apt=1
 command -v cc >/dev/null || need_apt=1
+command -v prometheus >/dev/null || need_apt=1
 /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt=1
 kdir="/lib/modules/$(uname -r)"
 [ -e "$kdir/build/include" ] || need_apt=1
 if [ "$need_apt" = 1 ]; then
-  echo "setup: installing system packages (python3-bpfcc, kernel headers, gcc)" >&2
+  echo "setup: installing system packages (python3-bpfcc, kernel headers, gcc, prometheus)" >&2
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq python3-bpfcc gcc make python3-venv ca-certificates >/dev/null
+  # No recommends: the tests run their own prometheus on loopback, not the packaged exporters.
+  command -v prometheus >/dev/null || $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
   # Headers for exactly this kernel when the distribution has them, else the generic ones.
   if ! $SUDO apt-get install -y -qq "linux-headers-$(uname -r)" >/dev/null 2>&1; then
     $SUDO apt-get install -y -qq linux-headers-amd64 >/dev/null 2>&1 \

@@ -47,7 +47,8 @@
 #define OE_DROP_PIDMAP 1
 #define OE_DROP_STATEMAP 2
 #define OE_DROP_STATSMAP 3
-#define OE_DROP_SLOTS 4
+#define OE_DROP_LIFECYCLE 4
+#define OE_DROP_SLOTS 5
 
 struct oe_proc_exit {
     u8 type;
@@ -69,6 +70,12 @@ struct oe_lib_open {
 };
 
 BPF_RINGBUF_OUTPUT(events, OE_RINGBUF_PAGES);
+/* Process lifecycle (exec, exit, library open) has its own small ring buffer, so a flood of
+ * call records can never push out the record that frees a process's state or un-pauses it. */
+#ifndef OE_LIFECYCLE_PAGES
+#define OE_LIFECYCLE_PAGES 16
+#endif
+BPF_RINGBUF_OUTPUT(lifecycle, OE_LIFECYCLE_PAGES);
 BPF_HASH(traced, u32, u8, OE_MAX_PIDS);
 BPF_ARRAY(drops, u64, OE_DROP_SLOTS);
 
@@ -131,9 +138,9 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!oe_is_traced(tgid))
         return 0;
-    struct oe_proc_exit *e = events.ringbuf_reserve(sizeof(struct oe_proc_exit));
+    struct oe_proc_exit *e = lifecycle.ringbuf_reserve(sizeof(struct oe_proc_exit));
     if (!e) {
-        oe_drop(OE_DROP_RINGBUF);
+        oe_drop(OE_DROP_LIFECYCLE);
         return 0;
     }
     __builtin_memset(e, 0, sizeof(*e));
@@ -141,7 +148,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     e->pid = tgid;
     e->ts = bpf_ktime_get_ns();
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
-    events.ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+    lifecycle.ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
     return 0;
 }
 
@@ -156,9 +163,9 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 #if OE_FILTER_PIDS
     traced.delete(&tgid);
 #endif
-    struct oe_proc_exit *e = events.ringbuf_reserve(sizeof(struct oe_proc_exit));
+    struct oe_proc_exit *e = lifecycle.ringbuf_reserve(sizeof(struct oe_proc_exit));
     if (!e) {
-        oe_drop(OE_DROP_RINGBUF);
+        oe_drop(OE_DROP_LIFECYCLE);
         return 0;
     }
     __builtin_memset(e, 0, sizeof(*e));
@@ -166,7 +173,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     e->pid = tgid;
     e->ts = bpf_ktime_get_ns();
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
-    events.ringbuf_submit(e, oe_wakeup_flags());
+    lifecycle.ringbuf_submit(e, 0);
     return 0;
 }
 
@@ -212,9 +219,9 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
         return 0;
     if (bpf_probe_read_user_str(buf->path, sizeof(buf->path), args->filename) <= 0 || !oe_lib_match(buf->path))
         return 0;
-    struct oe_lib_open *e = events.ringbuf_reserve(sizeof(struct oe_lib_open));
+    struct oe_lib_open *e = lifecycle.ringbuf_reserve(sizeof(struct oe_lib_open));
     if (!e) {
-        oe_drop(OE_DROP_RINGBUF);
+        oe_drop(OE_DROP_LIFECYCLE);
         return 0;
     }
     __builtin_memset(e, 0, sizeof(*e));
@@ -227,7 +234,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
     if (bpf_send_signal(19 /* SIGSTOP */) == 0)
         e->paused = 1;
 #endif
-    events.ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* at once: the process may be paused */
+    lifecycle.ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* at once: the process may be paused */
     return 0;
 }
 #endif /* OE_LIB_PATTERN */

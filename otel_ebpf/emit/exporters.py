@@ -2,6 +2,8 @@
 
 * ``file``: OTLP JSON lines in a directory (the default: useful with no server at all).
 * ``otlp``: the OTel SDK's OTLP exporters over gRPC or HTTP/protobuf.
+* ``prometheus``: a ``/metrics`` endpoint serving the same metrics (off unless a pipeline lists
+  it; spans are dropped there). See :mod:`otel_ebpf.emit.prometheus`.
 
 Each exporter gets its own SDK ``BatchSpanProcessor`` (bounded queue; drops are counted by
 the SDK's own ``otel.sdk.processor.span.processed{error.type}`` metric, exported on the
@@ -9,6 +11,7 @@ agent's resource) and its metric exporter receives every collection.
 """
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlparse
@@ -18,9 +21,11 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_ebpf.config import doc
 from otel_ebpf.emit.jsonfile import JsonLinesMetricExporter, JsonLinesSpanExporter
-from otel_ebpf.errors import ConfigError
+from otel_ebpf.emit.prometheus import DEFAULT_RESOURCE_LABELS
+from otel_ebpf.errors import ConfigError, OtelEbpfError
 
-__all__ = ["EXPORTER_TYPES", "BatchConfig", "FileExporterConfig", "OtlpExporterConfig", "build_exporters"]
+__all__ = ["EXPORTER_TYPES", "BatchConfig", "FileExporterConfig", "OtlpExporterConfig", "PrometheusExporterConfig",
+           "build_exporters"]
 
 
 @dataclass
@@ -67,7 +72,50 @@ class OtlpExporterConfig:
             raise ConfigError(f"{path}.endpoint", f"bad port in {self.endpoint!r}") from None
 
 
-EXPORTER_TYPES: dict[str, type] = {"file": FileExporterConfig, "otlp": OtlpExporterConfig}
+@dataclass
+class PrometheusExporterConfig:
+    endpoint: str = doc("127.0.0.1:9435", "host:port serving /metrics for Prometheus to scrape (9435: ebpf_exporter's "
+                                          "port). Port 0 picks a free one. Loopback unless allow_non_loopback.")
+    allow_non_loopback: bool = doc(False, "Allow a non-loopback endpoint (0.0.0.0, a NIC address): anyone who can "
+                                          "reach it reads the metrics, with process ids, pod uids and GPU ids.")
+    resource_labels: list[str] = doc(DEFAULT_RESOURCE_LABELS,
+                                     "Resource attributes copied onto every series as labels (process.pid -> "
+                                     "process_pid); the rest of a resource is not exported to Prometheus.")
+
+    @property
+    def batch(self) -> BatchConfig:
+        """Span batching of the (no-op) span side: the defaults, not configurable."""
+        return BatchConfig()
+
+    def host_port(self) -> tuple[str, int]:
+        host, sep, port = self.endpoint.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(self.endpoint)
+        return host, int(port)
+
+    def validate(self, path: str) -> None:
+        where = f"{path}.endpoint" if path else "endpoint"
+        try:
+            host, _port = self.host_port()
+        except ValueError:
+            raise ConfigError(where, f"expected host:port, got {self.endpoint!r}") from None
+        if not self.allow_non_loopback and not _loopback(host):
+            raise ConfigError(where, f"{host} is not a loopback address: the metrics would be readable from the "
+                                     "network", hint="set allow_non_loopback: true to mean it")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+EXPORTER_TYPES: dict[str, type] = {"file": FileExporterConfig, "otlp": OtlpExporterConfig,
+                                   "prometheus": PrometheusExporterConfig}
 
 
 def _otlp(cfg: OtlpExporterConfig) -> tuple[SpanExporter, MetricExporter]:
@@ -98,8 +146,20 @@ def _otlp(cfg: OtlpExporterConfig) -> tuple[SpanExporter, MetricExporter]:
                        compression=hcomp))
 
 
-def build_exporters(cfg: FileExporterConfig | OtlpExporterConfig) -> tuple[SpanExporter, MetricExporter]:
-    """The SDK span and metric exporter for one configured exporter."""
+def build_exporters(cfg: FileExporterConfig | OtlpExporterConfig | PrometheusExporterConfig
+                    ) -> tuple[SpanExporter, MetricExporter]:
+    """The SDK span and metric exporter for one configured exporter. A Prometheus endpoint
+    listens from here on; OtelEbpfError names it when it cannot."""
     if isinstance(cfg, FileExporterConfig):
         return JsonLinesSpanExporter(cfg.directory), JsonLinesMetricExporter(cfg.directory)
+    if isinstance(cfg, PrometheusExporterConfig):
+        from otel_ebpf.emit.prometheus import NoSpanExporter, PrometheusMetricExporter
+
+        host, port = cfg.host_port()
+        try:
+            return NoSpanExporter(), PrometheusMetricExporter(host, port, cfg.resource_labels)
+        except OSError as exc:
+            raise OtelEbpfError(f"cannot serve Prometheus metrics on {cfg.endpoint}: {exc.strerror or exc}",
+                                hint="another program (ebpf_exporter?) may hold the port: set "
+                                     "exporters.prometheus.endpoint") from None
     return _otlp(cfg)

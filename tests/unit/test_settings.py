@@ -12,7 +12,7 @@ import yaml
 
 from otel_ebpf import components, settings
 from otel_ebpf.config import doc
-from otel_ebpf.emit.exporters import FileExporterConfig, OtlpExporterConfig
+from otel_ebpf.emit.exporters import FileExporterConfig, OtlpExporterConfig, PrometheusExporterConfig
 from otel_ebpf.errors import ConfigError
 from otel_ebpf.pipeline import Factory
 
@@ -80,8 +80,9 @@ def test_dump_defaults_loads_back_as_the_default_config(tmp_path):
     cfg, default = settings.load(str(dumped)), settings.load()
     assert (cfg.receivers, cfg.processors, cfg.service) == (default.receivers, default.processors,
                                                             default.service)
-    # the dump also documents the otlp exporter, which is defined but in no pipeline
-    assert cfg.exporters == {"file": FileExporterConfig(), "otlp": OtlpExporterConfig()}
+    # the dump also documents the otlp and prometheus exporters, defined but in no pipeline
+    assert cfg.exporters == {"file": FileExporterConfig(), "otlp": OtlpExporterConfig(),
+                             "prometheus": PrometheusExporterConfig()}
 
 
 def test_file_mappings_merge_into_defaults(tmp_path):
