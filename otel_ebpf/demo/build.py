@@ -18,7 +18,8 @@ from pathlib import Path
 
 from otel_ebpf.errors import EnvironmentError_
 
-__all__ = ["COMMON_FLAGS", "COMPILER", "STAND_IN_FLAGS", "STAND_IN_SOURCE", "build_stand_in_nccl", "find_cudart"]
+__all__ = ["COMMON_FLAGS", "COMPILER", "STAND_IN_FLAGS", "STAND_IN_SOURCE", "build_stand_in_nccl", "compile_c",
+           "find_cudart"]
 
 STAND_IN_SOURCE = Path(__file__).resolve().parent / "stand_in_nccl.c"
 COMPILER = "gcc"
@@ -36,14 +37,22 @@ def build_stand_in_nccl(out_dir: str | os.PathLike[str]) -> Path:
 
     Blocks while compiling (well under a second); safe to call from several processes at once.
     """
-    output = Path(out_dir) / "libnccl.so.2"
-    if _up_to_date(output, (STAND_IN_SOURCE, Path(__file__).resolve())):
+    return compile_c(STAND_IN_SOURCE, Path(out_dir) / "libnccl.so.2", STAND_IN_FLAGS, _LIBS)
+
+
+def compile_c(source: Path, output: Path, flags: tuple[str, ...], libs: tuple[str, ...],
+              extra_inputs: tuple[Path, ...] = ()) -> Path:
+    """``gcc COMMON_FLAGS flags -o output source libs`` unless ``output`` is newer than the
+    source, this file (which holds the flags) and ``extra_inputs``. Written to a temporary name
+    and renamed, so concurrent builders never load a half-written file. Raises
+    EnvironmentError_ naming the command when the compiler is missing or fails."""
+    if _up_to_date(output, (source, Path(__file__).resolve(), *extra_inputs)):
         return output
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
     os.close(fd)
     tmp = Path(tmp_name)
-    cmd = [COMPILER, *COMMON_FLAGS, *STAND_IN_FLAGS, "-o", str(tmp), str(STAND_IN_SOURCE), *_LIBS]
+    cmd = [COMPILER, *COMMON_FLAGS, *flags, "-o", str(tmp), str(source), *libs]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -51,7 +51,7 @@ from otel_ebpf.emit.histograms import HistogramStore
 from otel_ebpf.events import MetricRecord, ProcessExit, SpanRecord
 from otel_ebpf.telemetry import Telemetry
 
-__all__ = ["Emitter", "ExporterSpec"]
+__all__ = ["Emitter", "ExporterSpec", "export_metrics_to"]
 
 log = logging.getLogger(__name__)
 _KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT, "server": SpanKind.SERVER,
@@ -103,6 +103,21 @@ def _wait_for_room(sp: BatchSpanProcessor, wait_s: float) -> bool:
             return False
         time.sleep(0.002)
     return True
+
+
+def export_metrics_to(exporters: Sequence[ExporterSpec], data: MetricsData, telemetry: Telemetry) -> None:
+    """Hand ``data`` to every exporter's SDK metric exporter; a failure (result or exception)
+    is logged and counted in ``otel_ebpf.export.failed{signal=metrics}``, never raised."""
+    if not data.resource_metrics:
+        return
+    for spec in exporters:
+        try:
+            result = spec.metrics.export(data, timeout_millis=10_000)
+        except Exception:
+            log.warning("metric export to %s failed", spec.name, exc_info=True)
+            result = MetricExportResult.FAILURE
+        if result != MetricExportResult.SUCCESS:
+            telemetry.add("otel_ebpf.export.failed", 1, signal="metrics", exporter=spec.name)
 
 
 class Emitter:
@@ -274,17 +289,7 @@ class Emitter:
         return MetricsData(resource_metrics=out)
 
     def export_metrics(self) -> None:
-        data = self.collect()
-        if not data.resource_metrics:
-            return
-        for spec in self._exporters:
-            try:
-                result = spec.metrics.export(data, timeout_millis=10_000)
-            except Exception:
-                log.warning("metric export to %s failed", spec.name, exc_info=True)
-                result = MetricExportResult.FAILURE
-            if result != MetricExportResult.SUCCESS:
-                self._telemetry.add("otel_ebpf.export.failed", 1, signal="metrics", exporter=spec.name)
+        export_metrics_to(self._exporters, self.collect(), self._telemetry)
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):

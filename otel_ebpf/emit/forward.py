@@ -17,10 +17,10 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics.export import MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_ebpf.emit.emitter import Emitter, ExporterSpec
+from otel_ebpf.emit.emitter import Emitter, ExporterSpec, export_metrics_to
 from otel_ebpf.telemetry import Telemetry
 
 __all__ = ["Forwarder"]
@@ -59,17 +59,8 @@ class Forwarder:
             self.emitter.consume(others)
 
     def _export_metrics(self, data: MetricsData) -> None:
-        if not data.resource_metrics:
-            return
         with self._lock:
-            for spec in self._exporters:
-                try:
-                    result = spec.metrics.export(data, timeout_millis=10_000)
-                except Exception:
-                    log.warning("metric export to %s failed", spec.name, exc_info=True)
-                    result = MetricExportResult.FAILURE
-                if result != MetricExportResult.SUCCESS:
-                    self._telemetry.add("otel_ebpf.export.failed", 1, signal="metrics", exporter=spec.name)
+            export_metrics_to(self._exporters, data, self._telemetry)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         self.emitter.flush(timeout_s)

@@ -22,17 +22,13 @@ Run ``python tests/support/build.py`` to build everything and print the paths.
 from __future__ import annotations
 
 import importlib.util
-import os
-import shlex
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 # COMPILER and COMMON_FLAGS (-fno-omit-frame-pointer: see there) are shared with the stand-in.
 from otel_ebpf.demo import build as _demo_build
-from otel_ebpf.demo.build import COMMON_FLAGS, COMPILER, build_stand_in_nccl
+from otel_ebpf.demo.build import build_stand_in_nccl
 from otel_ebpf.errors import OtelEbpfError
 
 __all__ = ["BUILD_DIR", "SUPPORT_DIR", "build_all", "build_stand_in_nvml", "real_cudart", "real_nccl"]
@@ -75,34 +71,11 @@ def build_all(out_dir: Path | None = None) -> dict[str, Path]:
 
 
 def _build(target: _Target, out_dir: Path) -> Path:
-    source = SUPPORT_DIR / target.source
-    output = out_dir / target.output
-    if _up_to_date(output, (source, Path(__file__).resolve(), Path(_demo_build.__file__).resolve())):
-        return output
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    cmd = [COMPILER, *COMMON_FLAGS, *target.flags, "-o", str(tmp), str(source), *target.libs]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"cannot run compiler: {shlex.join(cmd)}: {exc}") from exc
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"compile failed (exit {proc.returncode}): {shlex.join(cmd)}\n{proc.stderr}")
-    tmp.chmod(0o755)
-    os.replace(tmp, output)
-    return output
-
-
-def _up_to_date(output: Path, inputs: tuple[Path, ...]) -> bool:
-    try:
-        built = output.stat().st_mtime_ns
-    except FileNotFoundError:
-        return False
-    return all(p.stat().st_mtime_ns <= built for p in inputs)
+        return _demo_build.compile_c(SUPPORT_DIR / target.source, out_dir / target.output, tuple(target.flags),
+                                     tuple(target.libs), extra_inputs=(Path(__file__).resolve(),))
+    except OtelEbpfError as exc:
+        raise RuntimeError(str(exc)) from None
 
 
 def build_stand_in_nvml(out_dir: Path | None = None) -> Path:
