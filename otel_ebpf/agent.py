@@ -94,12 +94,11 @@ class Agent:
     cfg: AgentConfig
     target_pids: list[int] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
-    dump_bpf: bool = False
 
     def __post_init__(self) -> None:
         svc = self.cfg.service
         self.ctx = Context(strict=svc.strict, target_pids=list(self.target_pids),
-                           libraries={"command": list(self.command)}, dump_bpf=self.dump_bpf)
+                           libraries={"command": list(self.command)})
         self.resources = ResourceCache(max_entries=max(2 * svc.max_processes, 64),
                                        service_name=svc.service_name or None)
         self.ctx.resources = self.resources

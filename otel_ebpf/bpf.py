@@ -18,7 +18,7 @@ import struct
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 INCLUDE_DIR = Path(__file__).parent / "bpfinc"
 COMMON_SRC = INCLUDE_DIR / "common.bpf.c"
 _CHUNK = 4096  # records handed to the pipeline at a time
+_FIRST_RECEIVER_TYPE = 16  # record types below are common.bpf.c's (1 exit, 2 library open, 3 exec)
 _BACKPRESSURE_S = 1.0  # longest a receiver waits for the pipeline before dropping a chunk
 DROP_REASONS = ("ringbuf_full", "pid_map_full", "state_map_full", "stats_map_full", "lifecycle_ringbuf_full")
 _EXIT = struct.Struct("<B3xIQ16s")
@@ -147,7 +148,6 @@ class BpfReceiver:
         self._attach_lock = threading.Lock()
         self._seen_pids: OrderedDict[int, None] = OrderedDict()
         self._exits: list[object] = []  # held until the call records before them are read
-        self.received = 0
 
     # ---- to override -----------------------------------------------------------------
     def cflags(self) -> list[str]:
@@ -258,36 +258,36 @@ class BpfReceiver:
         try:
             raw = ct.string_at(data, size)
             etype = raw[0]
-            if etype == 3:
-                _, pid, _ts, _comm = _EXIT.unpack_from(raw)
-                self._snapshot(pid, refresh=True)
+            if etype < _FIRST_RECEIVER_TYPE:
+                self._lifecycle(etype, raw)
                 return 0
-            if etype == 1:
-                _, pid, ts, comm = _EXIT.unpack_from(raw)
-                ev: object | None = ProcessExit(pid, self.clock.to_epoch_ns(ts),
-                                                comm.split(b"\0", 1)[0].decode(errors="replace"), -1,
-                                                source=self.name)
-            elif etype == 2:
-                ev = self._library_opened(raw)
-            else:
-                ev = self.decode(etype, raw)
-            if etype == 1:
-                # The exit comes on the lifecycle ring buffer, which epoll may report before the
-                # events ring that still holds this process's last calls: hold it until a full
-                # drain of the events ring has run (see _run), so it follows them.
-                self._exits.append(ev)
-                return 0
+            ev = self.decode(etype, raw)  # the hot path: one receiver record
             if ev is not None:
                 pid = getattr(ev, "pid", None)
                 if pid is not None and pid not in self._seen_pids:
                     self._snapshot(pid)
                 self._batch.append(ev)
-                self.received += 1
                 if len(self._batch) >= _CHUNK:
                     self._flush(with_maps=False)
         except Exception:  # hot path: count, never raise into BCC
             self.ctx.telemetry.dropped(self.name, "decode_error")
         return 0
+
+    def _lifecycle(self, etype: int, raw: bytes) -> None:
+        """exec (3): read the process's identity now; library open (2): attach, resume;
+        exit (1): held until the call records submitted before it are read (see _run): it
+        comes on the lifecycle ring buffer, which epoll may report before the events ring
+        that still holds the process's last calls."""
+        if etype == 2:
+            self._batch.append(self._library_opened(raw))
+            return
+        _, pid, ts, comm = _EXIT.unpack_from(raw)
+        if etype == 3:
+            self._snapshot(pid, refresh=True)
+        elif etype == 1:
+            self._exits.append(ProcessExit(pid, self.clock.to_epoch_ns(ts),
+                                           comm.split(b"\0", 1)[0].decode(errors="replace"), -1,
+                                           source=self.name))
 
     def _snapshot(self, pid: int, *, refresh: bool = False) -> None:
         """Read the process's /proc identity now, while it is alive (bounded memory of pids)."""
@@ -391,8 +391,6 @@ class BpfReceiver:
     def bpf(self) -> Any:
         return self._bpf
 
-
-Decoder = Callable[[bytes], object]
 
 
 def _all_pids() -> list[int]:

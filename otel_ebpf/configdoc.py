@@ -58,11 +58,10 @@ def _section(title: str, items: dict[str, Any], lines: list[str], docs: dict[str
     lines.append("")
 
 
-def commented_yaml(data: dict[str, Any]) -> str:
-    """Render the default config (``data`` from settings.default_data) with documentation."""
+def commented_yaml() -> str:
+    """The default config, rendered from the typed classes so every field carries its doc."""
     from otel_ebpf.settings import AgentConfig
 
-    del data  # rebuilt below from the typed classes so every field carries its doc
     recv = components.receivers()
     proc = components.processors()
     cfg = AgentConfig(

@@ -20,7 +20,6 @@ from typing import Literal
 __all__ = [
     "AttrValue",
     "Attributes",
-    "Event",
     "LibraryLoaded",
     "MetricKind",
     "MetricRecord",
@@ -130,5 +129,3 @@ class Tick:
 
     time_ns: int
 
-
-Event = object  # every stage accepts any event and passes on what it does not handle

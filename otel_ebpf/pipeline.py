@@ -61,8 +61,6 @@ class Context:
     target_pids: list[int] = field(default_factory=list)
     follow_children: bool = True
     libraries: dict[str, list[str]] = field(default_factory=dict)
-    dump_bpf: bool = False
-    on_library_loaded: list[Callable[[int, str], None]] = field(default_factory=list)
     # Process identity cache (otel_ebpf.resources.ResourceCache): receivers fill it as soon as a
     # process is seen (exec, library open, first record), while /proc/PID still describes it.
     resources: Any = None

@@ -12,8 +12,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from otel_ebpf import components
 from otel_ebpf.config import ENV_PREFIX, ServiceConfig, build, component_type, load_yaml_file, to_plain
 from otel_ebpf.emit.exporters import EXPORTER_TYPES
@@ -145,7 +143,5 @@ def dump_defaults() -> str:
     """The default config as commented YAML: every key with its documentation."""
     from otel_ebpf.configdoc import commented_yaml
 
-    return commented_yaml(default_data())
+    return commented_yaml()
 
-
-_ = yaml  # imported for its error types in callers

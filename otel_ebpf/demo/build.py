@@ -19,7 +19,7 @@ from pathlib import Path
 from otel_ebpf.errors import EnvironmentError_
 
 __all__ = ["COMMON_FLAGS", "COMPILER", "STAND_IN_FLAGS", "STAND_IN_SOURCE", "build_stand_in_nccl", "compile_c",
-           "find_cudart"]
+           "find_cudart", "find_wheel_library"]
 
 STAND_IN_SOURCE = Path(__file__).resolve().parent / "stand_in_nccl.c"
 COMPILER = "gcc"
@@ -75,18 +75,23 @@ def _up_to_date(output: Path, inputs: tuple[Path, ...]) -> bool:
     return all(p.stat().st_mtime_ns <= built for p in inputs)
 
 
-def find_cudart() -> Path | None:
-    """NVIDIA's libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel of this interpreter, or
+def find_wheel_library(package: str, names: tuple[str, ...]) -> Path | None:
+    """``site-packages/<package as dirs>/lib/<name>`` from NVIDIA's wheels for this interpreter, or
     None. ``nvidia`` is a namespace package: every directory providing it is searched."""
     try:
-        spec = importlib.util.find_spec("nvidia.cuda_runtime")
+        spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
         return None
     if spec is None or spec.submodule_search_locations is None:
         return None
     for location in spec.submodule_search_locations:
-        for name in ("libcudart.so.12", "libcudart.so.13"):
+        for name in names:
             candidate = Path(location) / "lib" / name
             if candidate.is_file():
                 return candidate
     return None
+
+
+def find_cudart() -> Path | None:
+    """NVIDIA's libcudart from the nvidia-cuda-runtime-cu12 (or -cu13) wheel, or None."""
+    return find_wheel_library("nvidia.cuda_runtime", ("libcudart.so.12", "libcudart.so.13"))

@@ -21,7 +21,6 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
     MetricExporter,
     MetricExportResult,
     MetricsData,
@@ -88,5 +87,3 @@ class JsonLinesMetricExporter(MetricExporter):
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         pass
 
-
-_ = AggregationTemporality  # re-exported type used by callers' temporality maps

@@ -21,7 +21,6 @@ Run ``python tests/support/build.py`` to build everything and print the paths.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,33 +90,14 @@ def build_stand_in_nvml(out_dir: Path | None = None) -> Path:
     return _build(target, Path(out_dir) if out_dir is not None else BUILD_DIR)
 
 
-def _wheel_lib(package: str, filename: str) -> Path | None:
-    """Find ``site-packages/nvidia/<pkg>/lib/<filename>`` for this interpreter.
-
-    ``nvidia`` is a namespace package, so the spec's search locations list
-    every directory that provides it.
-    """
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or spec.submodule_search_locations is None:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / "lib" / filename
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def real_cudart() -> Path | None:
     """NVIDIA's libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel, if installed."""
-    return _wheel_lib("nvidia.cuda_runtime", "libcudart.so.12")
+    return _demo_build.find_wheel_library("nvidia.cuda_runtime", ("libcudart.so.12",))
 
 
 def real_nccl() -> Path | None:
     """NVIDIA's libnccl.so.2 from the nvidia-nccl-cu12 wheel, if installed."""
-    return _wheel_lib("nvidia.nccl", "libnccl.so.2")
+    return _demo_build.find_wheel_library("nvidia.nccl", ("libnccl.so.2",))
 
 
 def main() -> int:
