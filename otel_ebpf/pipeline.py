@@ -68,12 +68,17 @@ class Context:
 
 @dataclass(frozen=True)
 class Factory:
-    """``type`` name, its ``Config`` dataclass and ``create(config, ctx, next) -> component``."""
+    """``type`` name, its ``Config`` dataclass and ``create(config, ctx, next) -> component``.
+
+    ``default_on``: part of the default pipeline. Components whose cost depends on the workload
+    (every Python call, every operator) or that need user input are off by default and are
+    enabled by naming them in ``service.pipelines`` (their config section always exists)."""
 
     type: str
     config_class: builtins.type
     create: Callable[[Any, Context, Consumer], Any]
     description: str = ""
+    default_on: bool = True
 
 
 class ListConsumer:

@@ -42,7 +42,9 @@ def default_data() -> dict[str, Any]:
     proc = {t: to_plain(f.config_class()) for t, f in components.processors().items()}
     exp = {"file": to_plain(EXPORTER_TYPES["file"]())}
     service = to_plain(ServiceConfig())
-    service["pipelines"] = {"default": {"receivers": list(recv), "processors": list(proc),
+    on_r = [t for t, f in components.receivers().items() if f.default_on]
+    on_p = [t for t, f in components.processors().items() if f.default_on]
+    service["pipelines"] = {"default": {"receivers": on_r, "processors": on_p,
                                         "exporters": ["file"]}}
     return {"receivers": recv, "processors": proc, "exporters": exp, "service": service}
 
