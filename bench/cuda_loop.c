@@ -57,21 +57,18 @@ int main(int argc, char **argv)
     dim3 g = {128, 1, 1}, b = {256, 1, 1};
     int rc = 0;
     double t0 = now_ns();
-    if (strcmp(argv[2], "launch") == 0)
-        for (long i = 0; i < n; i++)
-            rc |= launch((const void *)main, g, b, NULL, 0, NULL);
-    else if (strcmp(argv[2], "memcpy") == 0 && rate > 0)
-        for (long i = 0; i < n; i++) {
+    int api = strcmp(argv[2], "launch") == 0 ? 0 : strcmp(argv[2], "memcpy") == 0 ? 1 : 2;
+    for (long i = 0; i < n; i++) {
+        if (rate > 0)
             while (now_ns() - t0 < i * 1e9 / rate)
                 ; /* paced: spin until this call's slot */
+        if (api == 0)
+            rc |= launch((const void *)main, g, b, NULL, 0, NULL);
+        else if (api == 1)
             rc |= cpy(dst, src, sizeof src, 1);
-        }
-    else if (strcmp(argv[2], "memcpy") == 0)
-        for (long i = 0; i < n; i++)
-            rc |= cpy(dst, src, sizeof src, 1);
-    else
-        for (long i = 0; i < n; i++)
+        else
             rc |= mal(&p, 1 << 20);
+    }
     double dt = now_ns() - t0;
     printf("ns_per_call=%.1f rc=%d calls=%ld\n", dt / n, rc, n);
     return 0;

@@ -7,7 +7,11 @@ Prints a Markdown table (and writes it with --write docs/benchmarks.md section m
 2. pipeline: cudaMemcpy calls (one span each) pushed through the whole agent (BPF -> ring
    buffer -> processors -> SDK -> OTLP JSON file): calls seen vs made, events/s drained,
    agent CPU per event;
-3. agent RSS after that load, and time from agent start to its first event.
+3. agent RSS after that load, and time from agent start to its first event;
+4. (``--compare``) the same probes through an eACGM-style pipeline (bpf_trace_printk +
+   trace_pipe parsing, ``bench/eacgm_style.py``) in the same run: the highest zero-loss rate
+   of each, for cudaMemcpy (one span per call either way) and cudaLaunchKernel (a span per
+   launch there, in-kernel counting here).
 
 Every figure is measured in the run that prints it; nothing is carried over.
 """
@@ -141,6 +145,84 @@ def pipeline(loop: Path, rates: list[float], seconds: float) -> tuple[dict[str, 
     return best, runs
 
 
+def launches_exported(out_dir: str) -> int:
+    """Kernel launches the agent's exporters received: the last cumulative value of each
+    ``gpu.cuda.kernel.launch.calls`` series in metrics.jsonl, summed."""
+    import json
+
+    last: dict[str, int] = {}
+    path = Path(out_dir) / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        for rm in json.loads(line).get("resourceMetrics", []):
+            for sm in rm.get("scopeMetrics", []):
+                for m in sm.get("metrics", []):
+                    if m.get("name") != "gpu.cuda.kernel.launch.calls":
+                        continue
+                    for dp in m.get("sum", {}).get("dataPoints", []):
+                        key = json.dumps([rm.get("resource"), dp.get("attributes")], sort_keys=True)
+                        last[key] = int(dp.get("asInt", dp.get("asDouble", 0)))
+    return sum(last.values())
+
+
+def ours_at(loop: Path, api: str, rate: float, seconds: float) -> dict[str, float]:
+    """Our agent on ``api`` at ``rate`` calls/s: memcpy -> spans, launch -> in-kernel counts."""
+    if api == "memcpy":
+        r = pipeline_at(loop, rate, seconds)
+        return {"calls": r["calls"], "seen": r["spans"], "dropped": r["dropped"]}
+    n = int(rate * seconds)
+    p = start_loop(loop, api, n, rate)
+    with tempfile.TemporaryDirectory() as d:
+        agent = agent_for(p.pid, d, ["cuda"])
+        agent.start()
+        finish_loop(p)
+        time.sleep(1.5)  # > stats_interval: the last counters are read
+        agent.shutdown()
+        seen = launches_exported(d)
+    return {"calls": n, "seen": seen, "dropped": agent.ctx.telemetry.get("otel_ebpf.events.dropped")}
+
+
+def eacgm_at(loop: Path, api: str, rate: float, seconds: float) -> dict[str, float]:
+    from bench.eacgm_style import EacgmStylePipeline
+
+    n = int(rate * seconds)
+    p = start_loop(loop, api, n, rate)
+    pipe = EacgmStylePipeline(cudart(), "cudaMemcpy" if api == "memcpy" else "cudaLaunchKernel")
+    pipe.start()
+    finish_loop(p)
+    spans = pipe.stop()
+    return {"calls": n, "seen": spans, "dropped": n - spans}
+
+
+def zero_loss(run, loop: Path, api: str, rates: list[float], seconds: float) -> tuple[float, list[dict]]:
+    best, runs = 0.0, []
+    for rate in rates:
+        r = run(loop, api, rate, seconds) | {"rate": rate}
+        runs.append(r)
+        if r["seen"] >= r["calls"] and not r["dropped"]:
+            best = rate
+        else:
+            break
+    return best, runs
+
+
+def compare(loop: Path, seconds: float) -> list[tuple[str, str]]:
+    rows = []
+    plans = {"memcpy": [1000.0, 2000, 5000, 10000, 20000, 40000],
+             "launch": [5000.0, 10000, 20000, 50000, 100000, 200000, 400000, 800000]}
+    for api, rates in plans.items():
+        ours, ours_runs = zero_loss(ours_at, loop, api, rates, seconds)
+        theirs, their_runs = zero_loss(eacgm_at, loop, api, rates, seconds)
+        for who, runs in (("otel-ebpf", ours_runs), ("eACGM-style", their_runs)):
+            for r in runs:
+                rows.append((f"{who}, {api} at {r['rate']:.0f}/s for {seconds:.0f} s",
+                             f"{r['seen']:.0f} of {r['calls']:.0f} calls exported"))
+        ratio = f"{ours / theirs:.1f}x" if theirs else "n/a (eACGM-style lost calls at every rate)"
+        rows.append((f"**{api}: highest zero-loss rate, otel-ebpf vs eACGM-style**",
+                     f"**{ours:.0f}/s vs {theirs:.0f}/s: {ratio}**"
+                     + (" (ours held every rate tried)" if ours == rates[-1] else "")))
+    return rows
+
+
 def first_event_latency(loop: Path) -> float:
     p = start_loop(loop, "memcpy", 1)
     with tempfile.TemporaryDirectory() as d:
@@ -166,10 +248,15 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0, help="length of each pipeline run")
     ap.add_argument("--repeat", type=int, default=5, help="probe-cost runs; the median is reported")
     ap.add_argument("--probe-only", action="store_true", help="only the probe-cost rows")
+    ap.add_argument("--compare", action="store_true", help="also the eACGM-style pipeline comparison")
+    ap.add_argument("--compare-only", action="store_true", help="only the eACGM-style comparison")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench: needs root (BPF)")
     loop = build_loop()
+    if a.compare_only:
+        _table(compare(loop, a.seconds))
+        return 0
 
     # interleaved (untraced, bare, ours, untraced, ...) so drift hits all three alike; medians
     runs: dict[str, list[float]] = {"base": [], "bare": [], "ours": []}
@@ -194,10 +281,16 @@ def main() -> int:
     rows += [("**highest zero-loss rate tried**", f"**{best['rate']:.0f} spans/s**" if best else "none"),
              ("agent RSS after the last run", f"{last['rss_mb']:.0f} MiB"),
              ("agent start to first event", f"{first:.2f} s")]
+    if a.compare:
+        rows += compare(loop, a.seconds)
+    _table(rows)
+    return 0
+
+
+def _table(rows: list[tuple[str, str]]) -> None:
     print("| figure | value |\n|---|---|")
     for k, v in rows:
-        print(f"| {k} | {v} |")
-    return 0
+        print(f"| {k} | {v} |", flush=True)
 
 
 if __name__ == "__main__":
