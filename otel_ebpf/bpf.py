@@ -28,7 +28,8 @@ from otel_ebpf.errors import AttachError, BccMissingError, BpfLoadError, KernelH
 from otel_ebpf.events import LibraryLoaded, ProcessExit
 from otel_ebpf.pipeline import Consumer, Context
 
-__all__ = ["INCLUDE_DIR", "BpfReceiver", "Probe", "headers_dir", "import_bcc", "require_bpf"]
+__all__ = ["INCLUDE_DIR", "BpfReceiver", "Probe", "headers_dir", "import_bcc", "release_uprobes_in_background",
+           "require_bpf"]
 
 log = logging.getLogger(__name__)
 INCLUDE_DIR = Path(__file__).parent / "bpfinc"
@@ -368,6 +369,10 @@ class BpfReceiver:
         except Exception:
             log.exception("%s: final drain failed", self.name)
 
+    # Set by the agent when this process exits right after shutdown (the CLI): uprobes are then
+    # released by a detached child instead of here (see release_uprobes_in_background).
+    detach_in_background = False
+
     def shutdown(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -375,6 +380,8 @@ class BpfReceiver:
             self._thread = None
         for pid in list(self._paused):
             self._resume(pid)
+        if self._bpf is not None and self.detach_in_background:
+            release_uprobes_in_background(self._bpf)
         if self._bpf is not None:
             try:
                 self._bpf.cleanup()
@@ -391,6 +398,42 @@ class BpfReceiver:
     def bpf(self) -> Any:
         return self._bpf
 
+
+
+def release_uprobes_in_background(bpf: Any) -> int:
+    """Release ``bpf``'s uprobes without waiting: returns how many were handed off.
+
+    Closing a uprobe's perf-event fd unregisters it, and the kernel waits for an RCU grace
+    period per uprobe (measured ~0.1 s each on 6.18, one after another): 94 CUDA + NCCL probes
+    held the agent's exit for 10-15 s after the traced command had ended. A double-forked
+    child inherits the fds, closes them and exits; this process drops its references at once
+    (cheap, they are not the last ones). The probes stop firing within those seconds; their
+    records are no longer read (the ring buffer has been drained and no traced process is left).
+    The child only calls close() and _exit(), which is safe after fork() in a threaded process.
+    """
+    fds = dict(getattr(bpf, "uprobe_fds", {}))
+    if not fds:
+        return 0
+    try:
+        pid = os.fork()
+    except OSError:
+        return 0  # BCC's own cleanup detaches them, slowly
+    if pid == 0:  # child: fork again so init reaps the closer, then leave at once
+        try:
+            if os.fork() == 0:
+                for fd in fds.values():
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    bcc = import_bcc()
+    for ev_name, fd in fds.items():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        bcc.lib.bpf_detach_uprobe(ev_name if isinstance(ev_name, bytes) else ev_name.encode())
+        bpf._del_uprobe_fd(ev_name)  # BCC's own bookkeeping (it counts open probes globally)
+    return len(fds)
 
 
 def _all_pids() -> list[int]:

@@ -109,8 +109,11 @@ def test_run_writes_otlp_json_lines_by_default(bpf_ready, tmp_path):
 
 
 def test_attach_to_running_pid(bpf_ready, tmp_path):
+    # steps keep coming for ~15 s, so the agent (started after the process, compiling every
+    # default receiver's program: seconds on a busy 2-core machine) sees some of them
+    argv = [*WORKLOAD[1:2], "--steps", "60", "--kernels-per-step", "2", "--step-sleep-ms", "250"]
     proc = subprocess.Popen([sys.executable, "-c", "import time,sys,runpy; time.sleep(2); "
-                             f"sys.argv={WORKLOAD[1:]!r}; runpy.run_path(sys.argv[0], run_name='__main__')"])
+                             f"sys.argv={argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"])
     try:
         r = cli("run", "--pid", str(proc.pid), "--output", str(tmp_path), timeout=60)
         assert r.returncode == 0, r.stderr
