@@ -1,0 +1,38 @@
+"""Configuration of the block IO receiver (``receivers: {blockio: {...}}``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from otel_ebpf.config import doc
+from otel_ebpf.errors import ConfigError
+
+__all__ = ["Config"]
+
+
+@dataclass
+class Config:
+    """Every default lives here and is documented here."""
+
+    interval: float = doc(
+        1.0, "How often the in-kernel block IO counters are read and turned into metrics "
+             "(plus once at shutdown).", duration=True)
+    max_inflight: int = doc(
+        16384, "Block requests in flight tracked at once (LRU: the oldest, e.g. requests merged "
+               "away, are forgotten first). A completion whose issue was forgotten is counted as "
+               "otel_ebpf.events.dropped{receiver=blockio, reason=no_issue_seen}.")
+    max_devices: int = doc(
+        1024, "Distinct (device, operation) histograms in the kernel. Beyond it completions "
+              "are not counted (reason=stats_map_full).")
+    max_process_keys: int = doc(
+        8192, "Distinct (traced process, device, operation) counters in the kernel. Beyond it "
+              "IO of new processes is not attributed (reason=process_map_full).")
+
+    def validate(self, path: str) -> None:
+        def where(key: str) -> str:
+            return f"{path}.{key}" if path else key
+
+        for key in ("max_inflight", "max_devices", "max_process_keys"):
+            if getattr(self, key) < 1:
+                raise ConfigError(where(key), f"must be >= 1, got {getattr(self, key)}")
+        if self.interval < 0.01:
+            raise ConfigError(where("interval"), "must be at least 10ms")

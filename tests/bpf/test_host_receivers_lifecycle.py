@@ -1,0 +1,33 @@
+"""Lifecycle of the blockio, memory and perf components as the agent builds them (from the
+registry, default config): shutdown without start, start, shutdown twice; and the programs
+compile for every process (no target pids: node-agent mode) too."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from otel_ebpf import components
+from otel_ebpf.pipeline import Context, ListConsumer
+
+pytestmark = pytest.mark.bpf
+TYPES = ("blockio", "memory", "perf")
+
+
+@pytest.mark.parametrize("kind", ["receivers", "processors"])
+@pytest.mark.parametrize("type_", TYPES)
+@pytest.mark.parametrize("targets", [[os.getpid()], []], ids=["traced", "all_processes"])
+def test_default_config_start_and_shutdown_twice(bpf_ready: None, kind: str, type_: str, targets: list[int]) -> None:
+    factory = getattr(components, kind)()[type_]
+    comp = factory.create(factory.config_class(), Context(target_pids=targets), ListConsumer())
+    comp.shutdown()  # safe without start
+    comp = factory.create(factory.config_class(), Context(target_pids=targets), ListConsumer())
+    comp.start()
+    comp.shutdown()
+    comp.shutdown()
+
+
+def test_defaults_in_the_registry() -> None:
+    rec, proc = components.receivers(), components.processors()
+    assert rec["blockio"].default_on and not rec["memory"].default_on and not rec["perf"].default_on
+    assert all(proc[t].default_on for t in TYPES)  # pass-through until their receiver is enabled
