@@ -17,8 +17,8 @@ def create(config: Config, ctx: Context, next_: Consumer) -> MemoryReceiver:
     return MemoryReceiver(config, ctx, next_)
 
 
-# Off by default: the fault tracepoint runs on every user page fault on the host, traced or not
-# (measured about 120 ns per untraced and 185 ns per traced fault; see docs/receivers.md).
+# On by default: OOM kills are one tracepoint hit each, RSS and (fault_source 'proc') page faults
+# are /proc reads per traced process per interval. fault_source 'tracepoint' is the per-fault
+# probe (about 120 ns per untraced and 185 ns per traced fault, host-wide; docs/receivers.md).
 factory = Factory(type="memory", config_class=Config, create=create,
-                  description="Page faults, RSS and OOM kills (named victims) of traced processes",
-                  default_on=False)
+                  description="Page faults, RSS and OOM kills (named victims) of traced processes")

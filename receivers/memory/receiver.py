@@ -85,7 +85,7 @@ class MemoryReceiver(BpfReceiver):
         super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages,
                          poll_interval=min(config.interval, 0.1))
         self.config = config
-        self.fault_tracepoint = os.path.isdir(FAULT_TRACEPOINT)
+        self.fault_tracepoint = config.fault_source == "tracepoint" and os.path.isdir(FAULT_TRACEPOINT)
         self._fault_totals: dict[int, int] = {}
         self._next_read = 0.0
         self._final_read = False
@@ -99,9 +99,10 @@ class MemoryReceiver(BpfReceiver):
                 f"-DMM_FAULT_TP={1 if self.fault_tracepoint else 0}", f"-DMM_OOM_DETAIL={1 if detail else 0}"]
 
     def start(self) -> None:
-        if not self.fault_tracepoint and self.bpf is None:
-            log.info("%s: no exceptions:page_fault_user tracepoint here; page faults come from "
-                     "/proc/PID/stat of live traced processes", self.name)
+        if self.config.fault_source == "tracepoint" and not self.fault_tracepoint and self.bpf is None:
+            log.warning("%s: fault_source 'tracepoint' asked, but there is no exceptions:page_fault_user "
+                        "tracepoint here (it is x86-only); page faults come from /proc/PID/stat of live "
+                        "traced processes", self.name)
         super().start()
 
     # ---- ring-buffer records ----------------------------------------------------------

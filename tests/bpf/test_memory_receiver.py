@@ -63,9 +63,9 @@ def _traced(script: str,
     try:
         ctx = Context(target_pids=[proc.pid])
         sink = ListConsumer()
-        receiver = create(Config(interval=0.1), ctx, sink)
-        # False: the path of kernels without exceptions:page_fault_user (/proc/PID/stat)
-        receiver.fault_tracepoint = receiver.fault_tracepoint and fault_tracepoint
+        # fault_source 'proc' is also the path of kernels without exceptions:page_fault_user
+        receiver = create(Config(interval=0.1, fault_source="tracepoint" if fault_tracepoint else "proc"),
+                          ctx, sink)
         receiver.start()
         yield proc, sink, ctx
     finally:
