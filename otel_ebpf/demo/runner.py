@@ -385,7 +385,8 @@ def run(opts: DemoOptions, echo: Callable[[str], None] | None = None) -> int:
         demo.cleanup()
     demo.write_collector_config()
     result = summary.read(demo.out / "traces.jsonl")
-    say("summary:\n" + summary.render(result, straggler=opts.straggler_rank, killed=opts.kill_rank, out_dir=demo.out))
+    say("summary:\n" + summary.render(result, straggler=opts.straggler_rank, killed=opts.kill_rank, out_dir=demo.out,
+                                      report=summary.html_report(demo.out)))
     if not result.collectives:
         problems.append(f"the gateway joined no collective (logs in {demo.logs})")
     if problems:

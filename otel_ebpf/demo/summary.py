@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Collective", "Desync", "Summary", "decode_attributes", "read", "render"]
+__all__ = ["Collective", "Desync", "Summary", "decode_attributes", "html_report", "read", "render"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,17 @@ def read(traces: str | Path) -> Summary:
     return summary
 
 
+def html_report(out: str | Path) -> str:
+    """Write ``out/report.html`` (otel_ebpf.report) from the files there; returns its path, or a
+    line saying why it could not be written. Never raises."""
+    from otel_ebpf.report import write_report
+
+    try:
+        return str(write_report(out, Path(out) / "report.html", title="otel-ebpf demo"))
+    except (OSError, ValueError) as exc:
+        return f"none: the HTML report could not be written: {exc}"
+
+
 def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
     return ",".join(str(r) for r in ranks) or "-"
 
@@ -168,8 +179,10 @@ def _verdict(found: int | None, injected: int | None) -> str:
     return f"(injected: rank {injected}: {'FOUND' if found == injected else 'NOT found'})"
 
 
-def render(s: Summary, *, straggler: int | None, killed: int | None, out_dir: str | Path) -> str:
-    """The demo's closing report. ``straggler``/``killed``: the injected ranks, or None."""
+def render(s: Summary, *, straggler: int | None, killed: int | None, out_dir: str | Path,
+           report: str | Path | None = None) -> str:
+    """The demo's closing report. ``straggler``/``killed``: the injected ranks, or None.
+    ``report``: the HTML report written (or a line saying why there is none)."""
     out = Path(out_dir)
     hosts = sorted(set(s.rank_hosts.values()))
     lines = [f"collectives joined: {len(s.collectives)} ({len(s.complete)} complete, {len(s.partial)} partial) "
@@ -199,6 +212,9 @@ def render(s: Summary, *, straggler: int | None, killed: int | None, out_dir: st
     lines += [f"files: {out / 'traces.jsonl'} ({s.spans} spans), {out / 'metrics.jsonl'}, logs in {out / 'logs'}",
               f"browse: otelcol-contrib --config {out / 'otelcol-jaeger.yaml'} (otlpjsonfile receiver -> OTLP "
               "to Jaeger on 127.0.0.1:4317), then http://127.0.0.1:16686, service 'otel-ebpf-demo'"]
+    if report is not None:
+        lines.insert(len(lines) - 1, f"report: {report}" + (" (open it in a browser; it needs no network)"
+                                                             if str(report).endswith(".html") else ""))
     if s.bad_lines:
         lines.append(f"({s.bad_lines} unreadable lines skipped)")
     return "\n".join(f"  {line}" for line in lines)

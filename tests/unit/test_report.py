@@ -1,0 +1,174 @@
+"""otel_ebpf.report: OTLP JSON lines -> one self-contained report.html.
+
+Inputs: the synthetic job of tests/unit/otlp_job.py (known answers, written by the real file
+exporters), and tests/unit/data/demo_kill/, recorded from a real run of
+``otel-ebpf demo --steps 8 --kill-rank 1 --kill-after-step 4`` (gateway output; trimmed to
+<200 KB by removing the resource attributes process.command_line, process.command_args and
+service.instance.id). The page's script is run under node with a DOM stand-in
+(data/dom_stand_in.js) when node is installed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_ebpf.cli import main
+from otel_ebpf.demo import summary
+from otel_ebpf.report import model, read_otlp_json, render_html, write_report
+from tests.unit import otlp_job
+
+DATA = Path(__file__).parent / "data"
+DEMO = DATA / "demo_kill"
+
+
+def _embedded(page: str) -> dict[str, Any]:
+    m = re.search(r'<script type="application/json" id="oe-data">(.*?)</script>', page, re.S)
+    assert m, "no embedded data block"
+    return json.loads(m.group(1))
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> otlp_job.Job:
+    return otlp_job.write_job(tmp_path, collectives=6)
+
+
+def test_reader_reads_every_span_and_point_and_counts_bad_lines(job: otlp_job.Job) -> None:
+    with open(job.directory / "traces.jsonl", "a") as fh:
+        fh.write("{not json\n[1, 2]\n\n")
+    data = read_otlp_json(job.directory)
+    assert len(data.spans) == job.spans
+    assert data.bad_lines == 2
+    # 4 ranks x 2 collections x (counter + histogram) + the agent's drop counter
+    assert len(data.metrics) == otlp_job.RANKS * 2 * 2 + 1
+    slow = max(data.spans, key=lambda s: s.duration_ns)
+    assert (slow.name, slow.duration_ns, slow.resource["ml.rank"]) == ("cudaMemcpyAsync", otlp_job.SLOW[2], 2)
+    with pytest.raises(FileNotFoundError, match="no OTLP JSON lines"):
+        read_otlp_json(job.directory / "missing")
+
+
+def test_model_marks_the_straggler_lane_and_its_span_in_every_complete_collective(job: otlp_job.Job) -> None:
+    built = model.build(read_otlp_json(job.directory))
+    lanes = built["lanes"]
+    assert [lane["label"] for lane in lanes] == [f"{otlp_job.host(r)} / rank {r}" for r in range(otlp_job.RANKS)]
+    assert [lane["straggler"] for lane in lanes] == [r == otlp_job.STRAGGLER for r in range(otlp_job.RANKS)]
+    flagged = [s for s in built["spans"] if s[5] & 1]
+    assert len(flagged) == job.collectives - 1  # every complete collective; the partial one has none
+    assert {(s[0], s[4]) for s in flagged} == {(otlp_job.STRAGGLER, "ncclAllReduce")}
+    assert len(built["spans"]) == job.rank_spans + job.cuda_spans
+    colls = built["collectives"]
+    assert len(colls) == job.collectives
+    assert [c["partial"] for c in colls] == [False] * (job.collectives - 1) + [True]
+    assert colls[-1]["missing"] == [otlp_job.MISSING_RANK] and len(colls[-1]["desyncs"]) == 1
+    meta = built["meta"]
+    assert meta["straggler"] == {"rank": otlp_job.STRAGGLER, "host": otlp_job.STRAGGLER_HOST,
+                                 "count": job.collectives - 1, "of": job.collectives - 1}
+    assert (meta["collectives"], meta["complete"], meta["partial"], meta["desyncs"]) == (job.collectives,
+                                                                                      job.collectives - 1, 1, 1)
+    assert meta["dropped"] == otlp_job.DROPPED and meta["dropped_by"][0]["reason"] == "ringbuf_full"
+    assert meta["ranks"] == list(range(otlp_job.RANKS)) and meta["errors"] == otlp_job.RANKS
+
+
+def test_tables_list_the_slowest_calls_and_collectives_by_skew(job: otlp_job.Job) -> None:
+    built = model.build(read_otlp_json(job.directory), top=5)
+    slow = built["top_slow"]
+    assert len(slow) == 5
+    assert (slow[0]["name"], slow[0]["dur_ms"], slow[0]["rank"], slow[0]["host"], slow[0]["process"]) == (
+        "cudaMemcpyAsync", 50.0, 2, "node-1", "python3 (1002)")
+    assert [r["dur_ms"] for r in slow] == sorted((r["dur_ms"] for r in slow), reverse=True)
+    skew = built["by_skew"]
+    assert skew[0]["partial"] and skew[0]["missing"] == [otlp_job.MISSING_RANK]  # partial first
+    assert [r["seq"] for r in skew] == [5, 4, 3, 2, 1]  # then by skew, largest first; top=5 rows
+    charts = {c["name"]: c for c in built["charts"]}
+    assert set(charts) == {"gpu.cuda.kernel.launch.calls", "gpu.cuda.memory.copies"}  # no self-telemetry
+    launches = charts["gpu.cuda.kernel.launch.calls"]
+    assert launches["unit"] == "{call}" and len(launches["series"]) == otlp_job.RANKS
+    assert [p[1] for p in launches["series"][0]["points"]] == [10, 30]  # cumulative: 10, then 10 + 20
+    assert [p[1] for p in charts["gpu.cuda.memory.copies"]["series"][0]["points"]] == [4096, 4096 * 3]
+
+
+def test_span_cap_keeps_collective_spans_first_and_says_so(job: otlp_job.Job) -> None:
+    built = model.build(read_otlp_json(job.directory), max_spans=10)
+    assert len(built["spans"]) == 10
+    assert all(s[4] == "ncclAllReduce" for s in built["spans"])
+    assert built["span_note"].startswith(f"10 of {job.rank_spans + job.cuda_spans} spans shown")
+
+
+def test_page_is_self_contained_and_embeds_the_data_safely(job: otlp_job.Job) -> None:
+    data = read_otlp_json(job.directory)
+    evil = "</script><script>alert(1)</script><!--"
+    data.spans[0].attributes["evil"] = evil
+    page = render_html(data, title="job <1>")
+    for tag in re.findall(r"<(?:script|link|img|iframe|source|video|audio|embed|object)\b[^>]*>", page, re.I):
+        assert not re.search(r"\b(?:src|href|data)\s*=", tag, re.I), tag
+    assert not re.search(r"<[^>]+(?:src|href)\s*=\s*[\"']?(?:https?:)?//", page, re.I)
+    assert "<link" not in page and "@import" not in page and "url(" not in page
+    assert page.count("<script") == 2 and "<title>job &lt;1&gt;</title>" in page
+    embedded = _embedded(page)
+    assert embedded == json.loads(json.dumps(model.build(data, title="job <1>")))
+    assert evil in json.dumps(embedded["spans"])  # the value survives, inside the JSON block only
+
+
+def test_recorded_demo_crash_shows_the_partial_collective_and_the_straggler(tmp_path: Path) -> None:
+    out = write_report(DEMO, tmp_path / "r.html")
+    built = _embedded(out.read_text())
+    truth = summary.read(DEMO / "traces.jsonl")  # the demo's own, independent reading
+    assert (built["meta"]["collectives"], built["meta"]["partial"]) == (len(truth.collectives), len(truth.partial))
+    assert len(truth.partial) == 1 and built["meta"]["desyncs"] == len(truth.desyncs) == 1
+    rank, host, n = truth.straggler() or (None, None, 0)
+    assert built["meta"]["straggler"] == {"rank": rank, "host": host, "count": n, "of": len(truth.complete)}
+    assert [lane["rank"] for lane in built["lanes"] if lane["straggler"]] == [rank]
+    assert sum(1 for s in built["spans"] if s[5] & 1) == len(truth.complete)
+    partial = [c for c in built["collectives"] if c["partial"]]
+    assert partial[0]["missing"] == list(truth.partial[0].missing_ranks)
+    assert {c["name"] for c in built["charts"]} >= {"gpu.cuda.kernel.launch.calls", "nccl.collective.skew"}
+    assert built["meta"]["hosts"] == sorted(set(truth.rank_hosts.values()))
+
+
+def test_page_script_draws_lanes_bars_charts_and_tables(tmp_path: Path) -> None:
+    if shutil.which("node") is None:  # scripts/setup.sh installs nodejs; CI must run this
+        if os.environ.get("CI"):
+            pytest.fail("node is not installed: the report page's script cannot be run")
+        pytest.skip("node is not installed: the page's script is not run")
+    out = write_report(DEMO, tmp_path / "r.html")
+    run = subprocess.run(["node", str(DATA / "dom_stand_in.js"), str(out)], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    drawn = json.loads(run.stdout)
+    built = _embedded(out.read_text())
+    assert drawn["bars"] == len(built["spans"]) + len(built["collectives"])
+    assert drawn["straggler_bars"] == sum(1 for s in built["spans"] if s[5] & 1) > 0
+    assert drawn["coll_bars"] == len(built["collectives"]) and drawn["desyncs"] == 1
+    assert drawn["straggler_lane_labels"] == 1 and drawn["lane_labels"] == len(built["lanes"]) + 1
+    assert drawn["charts"] == len(built["charts"]) and drawn["slow_rows"] == len(built["top_slow"])
+    assert drawn["skew_rows"] == len(built["by_skew"])
+    assert "STRAGGLER" in drawn["tip"] and "nccl.rank = 3" in drawn["tip"]
+
+
+def test_cli_report_writes_html_and_perfetto_and_names_a_missing_input(job: otlp_job.Job, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    html, trace = tmp_path / "out.html", tmp_path / "trace.json"
+    assert main(["report", str(job.directory), "-o", str(html), "--perfetto", str(trace)]) == 0
+    assert _embedded(html.read_text())["meta"]["spans"] == job.spans
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert main(["report", str(job.directory)]) == 0 and (job.directory / "report.html").exists()
+    assert main(["report", str(tmp_path / "nope")]) == 1
+    assert "no OTLP JSON lines at" in capsys.readouterr().err
+    assert main(["report", str(job.directory), "--max-spans", "0"]) == 2
+
+
+def test_demo_closing_summary_writes_the_report_and_names_it(tmp_path: Path) -> None:
+    out = tmp_path / "demo-out"
+    shutil.copytree(DEMO, out)
+    line = summary.html_report(out)
+    assert line == str(out / "report.html") and _embedded((out / "report.html").read_text())["meta"]["partial"] == 1
+    text = summary.render(summary.read(out / "traces.jsonl"), straggler=3, killed=1, out_dir=out, report=line)
+    assert f"report: {out / 'report.html'} (open it in a browser; it needs no network)" in text
+    (tmp_path / "file").write_text("")
+    assert summary.html_report(tmp_path / "file" / "sub").startswith("none: the HTML report could not be written:")
