@@ -55,6 +55,9 @@ def test_demo_joins_every_collective_across_nodes_and_names_the_straggler(bpf_re
     assert "summary:" in run.stdout and "straggler: rank 3 on node-1" in run.stdout, run.stdout
     traces = collectives(tmp_path / "out")
     assert len(traces) == 7, run.stdout  # 6 AllReduce + 1 Broadcast (every 4th step)
+    page = (tmp_path / "out" / "report.html").read_text()  # the first run leaves a report to open
+    assert str(tmp_path / "out" / "report.html") in run.stdout and '"straggler"' in page
+    assert not re.search(r'<(script|link|img)[^>]+(src|href)="https?://', page)  # opens offline
     for spans in traces.values():
         ids = {span.span_id for _r, span, _a in spans}
         assert all(span.parent_span_id in ids for _r, span, _a in spans if span.parent_span_id)
