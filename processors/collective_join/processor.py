@@ -15,6 +15,8 @@ Input: finished SDK spans (``ReadableSpan``, read through its API; new spans are
   gateway's resource with ``nccl.join.synthesized=true``) with ``nccl.skew_ns``,
   ``nccl.ranks.arrived``, ``nccl.straggler.rank``/``nccl.straggler.host`` (complete
   collectives: the rank that started last, host from its resource ``host.name``),
+  ``nccl.straggler.X`` / ``nccl.peers_median.X`` for each ``ml.step.X`` host figure on the
+  straggler's span (otel_ebpf.hostctx.straggler_attributes: "why was it late"),
   ``nccl.partial=true`` + ``nccl.missing_ranks``, ``nccl.mismatch=true`` +
   ``nccl.mismatch.fields`` when ranks disagree on ``nccl.op``/``nccl.count``/``nccl.datatype``
   (or ``nccl.nranks``).
@@ -46,6 +48,7 @@ from typing import Any
 from otel_ebpf.emit.ids import derive_id
 from otel_ebpf.emit.readable import ReadableSpan, SpanMaker, resource_attribute, with_changes
 from otel_ebpf.events import AttrValue, MetricRecord, SpanEventRecord
+from otel_ebpf.hostctx import straggler_attributes
 from otel_ebpf.pipeline import Consumer, Context
 from otel_ebpf.resources import gateway_resource_attributes
 
@@ -277,6 +280,7 @@ class CollectiveJoin:
                 host = resource_attribute(ranks[last_rank], "host.name")
                 join["nccl.straggler.rank"] = last_rank
                 join["nccl.straggler.host"] = "" if host is None else str(host)
+                join.update(straggler_attributes({r: sp.attributes for r, sp in ranks.items()}, last_rank))
                 if entry.nranks > 1:
                     dims: dict[str, AttrValue] = {"nccl.rank": last_rank, "host.name": str(host)}
                     self._count("nccl.straggler.count", **dims)

@@ -1,0 +1,270 @@
+"""The sched receiver: scheduler tracepoints (sched.bpf.c) -> typed events (events.py).
+
+Lifecycle records (fork, exec with argv, exit_group code) arrive through the ring buffer; the
+exit itself is the common part's :class:`~otel_ebpf.events.ProcessExit` (``source="sched"``).
+Scheduler figures are accounted in the kernel and read here: every ``stats_interval`` the
+per-process counters become :class:`SchedProcStats` / :class:`SchedCpuStats` deltas (counters
+of processes that are gone are read a last time and deleted); every ``sample_interval`` the
+threads watched in ``ctx.host_stats`` are sampled (cumulative, including the slice in
+progress) for the per-step figures of the NCCL processor.
+
+Threading: ``decode`` and ``poll_maps`` run on the receiver's poll thread; :meth:`sample_thread`
+may also run on the pipeline worker (through ``host_stats``' sampler); it only reads maps.
+Nothing here raises into the poll loop (the base counts bad records as ``decode_error``).
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import logging
+import re
+import struct
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from otel_ebpf.bpf import BpfReceiver
+from otel_ebpf.errors import AttachError
+from otel_ebpf.pipeline import Consumer, Context
+
+from .config import Config
+from .events import OFF_CPU_REASONS, SchedCpuStats, SchedExec, SchedExitCode, SchedFork, SchedProcStats
+
+__all__ = ["EXEC", "EXIT_CODE", "FORK", "MIRRORS", "Mirror", "SchedReceiver", "newtask_offsets"]
+
+log = logging.getLogger(__name__)
+_TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+_HIST_SLOTS = 40  # SCHED_HIST_SLOTS
+_ARGS_LEN = 1024  # SCHED_ARGS_LEN
+_R_RUNQ = 4  # SCHED_R_RUNQ
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """The Python mirror of one record struct in sched.h (checked by test_sched_layout.py)."""
+
+    c_struct: str
+    etype: int
+    fmt: struct.Struct
+    fields: tuple[str, ...]
+
+
+FORK = Mirror("sched_fork_rec", 48, struct.Struct("<B3xII4xQ16s"), ("type", "pid", "ppid", "ts", "comm"))
+EXEC = Mirror("sched_exec_rec", 49, struct.Struct("<BBHIIIQ256s1280s"),
+              ("type", "truncated", "argc", "pid", "tid", "args_len", "ts", "filename", "args"))
+EXIT_CODE = Mirror("sched_exit_code_rec", 50, struct.Struct("<B3xIi4xQ"), ("type", "pid", "code", "ts"))
+MIRRORS: tuple[Mirror, ...] = (FORK, EXEC, EXIT_CODE)
+
+
+def _cstr(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+def newtask_offsets() -> tuple[int, int]:
+    """(pid offset, clone_flags offset) in task:task_newtask's record, from its format file
+    (the layout is the running kernel's, not the headers')."""
+    for base in _TRACEFS:
+        try:
+            text = Path(f"{base}/events/task/task_newtask/format").read_text()
+        except OSError:
+            continue
+        found = dict(re.findall(r"field:[^;]*?\b(pid|clone_flags);\s*offset:(\d+);", text))
+        if "pid" in found and "clone_flags" in found:
+            return int(found["pid"]), int(found["clone_flags"])
+    raise AttachError("tracefs", "task:task_newtask", "its format file (pid, clone_flags offsets) was not found "
+                      f"under {' or '.join(_TRACEFS)}")
+
+
+def _process_gone(pid: int) -> bool:
+    """True when ``pid`` has exited (no /proc entry, or a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X", b"")
+
+
+ProcTotals = tuple[int, ...]  # on, off x4, runq, voluntary, involuntary, hist x40
+
+
+class SchedReceiver(BpfReceiver):
+    """Receiver ``sched``: scheduler figures and lifecycle of the processes in
+    ``ctx.target_pids`` and their descendants (every process when there are none)."""
+
+    name = "sched"
+    src_file = Path(__file__).with_name("sched.bpf.c")
+
+    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
+        super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages, poll_interval=config.sample_interval)
+        self.config = config
+        self._totals: dict[int, ProcTotals] = {}
+        self._cpu_totals: dict[tuple[int, int], int] = {}
+        self._next_stats = 0.0
+        self._next_sample = 0.0
+        self._final_read = False
+        self._offsets: tuple[int, int] | None = None
+
+    def cflags(self) -> list[str]:
+        if self._offsets is None:
+            try:
+                self._offsets = newtask_offsets()
+            except AttachError as exc:  # --dump-bpf on a host without tracefs: the usual layout
+                log.debug("%s", exc)
+                return self._flags((8, 32))
+        return self._flags(self._offsets)
+
+    def _flags(self, offsets: tuple[int, int]) -> list[str]:
+        c = self.config
+        return [f"-DSCHED_MAX_THREADS={c.max_threads}", f"-DSCHED_MAX_PROCS={c.max_processes}",
+                f"-DSCHED_MAX_CPU_KEYS={c.max_cpu_keys}", f"-DSCHED_LOCK={1 if c.lock_reason else 0}",
+                f"-DSCHED_NEWTASK_PID_OFF={offsets[0]}", f"-DSCHED_NEWTASK_FLAGS_OFF={offsets[1]}"]
+
+    def start(self) -> None:
+        if self.bpf is not None:
+            return
+        self._offsets = newtask_offsets()
+        super().start()
+        bpf: Any = self.bpf
+        try:
+            bpf.attach_tracepoint(tp="task:task_newtask", fn_name="sched_newtask")
+        except Exception as exc:
+            err = AttachError("tracepoint", "task:task_newtask", str(exc).strip() or type(exc).__name__)
+            if self.ctx.strict:
+                self.shutdown()
+                raise err from None
+            log.warning("%s: %s: forks and new threads are not seen", self.name, err)
+        stats = getattr(self.ctx, "host_stats", None)
+        if stats is not None:
+            stats.set_sampler(self.sample_thread)
+
+    # ---- ring-buffer records ----------------------------------------------------------
+    def decode(self, etype: int, raw: bytes) -> object | None:
+        """One record -> one event. Raises on a malformed record (the base counts it)."""
+        to_epoch = self.clock.to_epoch_ns
+        if etype == FORK.etype:
+            _, pid, ppid, ts, comm = FORK.fmt.unpack_from(raw)
+            return SchedFork(pid, ppid, to_epoch(ts), _cstr(comm))
+        if etype == EXEC.etype:
+            _, truncated, argc, pid, tid, args_len, ts, filename, args = EXEC.fmt.unpack_from(raw)
+            parts = args[:min(args_len, _ARGS_LEN)].split(b"\0")
+            argv = tuple(p.decode(errors="replace") for p in parts[:argc])
+            return SchedExec(pid, tid, to_epoch(ts), _cstr(filename), argv, bool(truncated))
+        if etype == EXIT_CODE.etype:
+            _, pid, code, ts = EXIT_CODE.fmt.unpack_from(raw)
+            return SchedExitCode(pid, to_epoch(ts), code)
+        raise ValueError(f"unknown sched record type {etype}")
+
+    # ---- in-kernel counters -----------------------------------------------------------
+    def poll_maps(self) -> list[object]:
+        now = time.monotonic()
+        out: list[object] = []
+        try:
+            if now >= self._next_sample:
+                self._next_sample = now + self.config.sample_interval
+                self.sample_watched()
+            if self._final_read or now >= self._next_stats:
+                self._next_stats = now + self.config.stats_interval
+                out.extend(self.read_stats())
+        except Exception:  # a map read must not stop the poll loop
+            log.debug("%s: reading maps failed", self.name, exc_info=True)
+            self.ctx.telemetry.dropped(self.name, "map_read_error")
+        return out
+
+    def sample_watched(self) -> None:
+        stats = getattr(self.ctx, "host_stats", None)
+        if stats is None:
+            return
+        for pid, tid in stats.watched():
+            if tid:
+                self.sample_thread(pid, tid)
+
+    def sample_thread(self, pid: int, tid: int) -> None:
+        """Add thread ``tid``'s cumulative figures now (with the on/off-CPU slice in progress)
+        to ``ctx.host_stats``. Nothing when it is not (or no longer) a thread of ``pid``."""
+        bpf, stats = self.bpf, getattr(self.ctx, "host_stats", None)
+        if bpf is None or stats is None or not tid:
+            return
+        try:
+            t = bpf["threads"][ct.c_uint32(tid)]
+        except KeyError:
+            return
+        now = time.monotonic_ns()  # CLOCK_MONOTONIC, as bpf_ktime_get_ns()
+        if t.tgid != pid:
+            return
+        on, off, runq = t.on_ns, list(t.off_ns), t.runq_ns
+        if t.on_ts and now > t.on_ts:
+            on += now - t.on_ts
+        elif t.off_ts and now > t.off_ts:
+            wake = t.wake_ts if t.off_ts <= t.wake_ts <= now else now
+            if t.reason < len(off):
+                off[t.reason] += wake - t.off_ts
+            if t.wake_ts or t.reason == _R_RUNQ:
+                runq += now - wake
+        counters = {f"off_cpu_{r}_ns": off[i] for i, r in enumerate(OFF_CPU_REASONS)}
+        stats.add(pid, self.clock.to_epoch_ns(now), tid=tid, on_cpu_ns=on, runq_ns=runq, **counters)
+
+    def read_stats(self) -> list[object]:
+        """Deltas of every process's counters since the last read; processes that are gone
+        are read a last time and their counters deleted."""
+        bpf = self.bpf
+        if bpf is None:
+            return []
+        now_ns = time.time_ns()
+        out: list[object] = []
+        gone: set[int] = set()
+        procs = bpf["procs"]
+        for key, v in procs.items():
+            pid = key.value
+            totals: ProcTotals = (v.on_ns, *v.off_ns, v.runq_ns, v.voluntary, v.involuntary, *v.hist)
+            ev = _proc_delta(pid, now_ns, self._totals.get(pid), totals)
+            if ev is not None:
+                out.append(ev)
+            self._totals[pid] = totals
+            if _process_gone(pid):
+                gone.add(pid)
+                _delete(procs, key)
+                self._totals.pop(pid, None)
+        out.extend(self._read_cpu(now_ns, gone))
+        stats = getattr(self.ctx, "host_stats", None)
+        for pid in gone:
+            if stats is not None:
+                stats.forget(pid)
+        return out
+
+    def _read_cpu(self, now_ns: int, gone: set[int]) -> Iterable[SchedCpuStats]:
+        table = self.bpf["cpu_time"]
+        for key, value in table.items():
+            k = (key.tgid, key.cpu)
+            delta = value.value - self._cpu_totals.get(k, 0)
+            if delta > 0:
+                yield SchedCpuStats(k[0], k[1], now_ns, delta)
+            self._cpu_totals[k] = value.value
+            if k[0] in gone or (k[0] not in self._totals and _process_gone(k[0])):
+                _delete(table, key)
+                self._cpu_totals.pop(k, None)
+
+    def shutdown(self) -> None:
+        self._final_read = True  # the base's last drain reads the counters one more time
+        stats = getattr(self.ctx, "host_stats", None)
+        if stats is not None:
+            stats.set_sampler(None)
+        super().shutdown()
+
+
+def _delete(table: Any, key: Any) -> None:
+    try:
+        del table[key]
+    except KeyError:
+        pass
+
+
+def _proc_delta(pid: int, now_ns: int, old: ProcTotals | None, new: ProcTotals) -> SchedProcStats | None:
+    """The increase from ``old`` to ``new`` (all of ``new`` for a first read), or None if none."""
+    d = [n - o for n, o in zip(new, old, strict=True)] if old is not None else list(new)
+    if not any(x > 0 for x in d):
+        return None
+    d = [max(0, x) for x in d]
+    hist = tuple((slot, n) for slot, n in enumerate(d[8:8 + _HIST_SLOTS]) if n)
+    return SchedProcStats(pid, now_ns, d[0], (d[1], d[2], d[3], d[4]), d[5], d[6], d[7], hist)

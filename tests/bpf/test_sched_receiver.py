@@ -1,0 +1,230 @@
+"""The sched receiver's real tracepoints on processes the test starts.
+
+Each test starts ``sh -c 'read go; SCRIPT'`` (traced from before its first instruction of
+interest), loads the receiver with that shell as the traced root, then lets it go. Every wait
+is bounded; tolerances allow for the 2 shared CPUs of CI machines.
+"""
+from __future__ import annotations
+
+import contextlib
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from otel_ebpf.events import ProcessExit, SpanRecord
+from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.processors.nccl import Config as NcclProcessorConfig
+from otel_ebpf.processors.nccl.processor import NcclProcessor
+from otel_ebpf.processors.sched import Config as ProcessorConfig
+from otel_ebpf.processors.sched import SchedProcessor
+from otel_ebpf.receivers import nccl as nccl_receiver
+from otel_ebpf.receivers.sched import Config, SchedReceiver
+from otel_ebpf.receivers.sched.events import SchedCpuStats, SchedExec, SchedExitCode, SchedFork, SchedProcStats
+from otel_ebpf.telemetry import DROPPED
+
+pytestmark = pytest.mark.bpf
+
+HERE = Path(__file__).resolve().parent
+
+MS = 1_000_000
+
+
+@dataclass
+class Run:
+    child: subprocess.Popen[str]
+    receiver: SchedReceiver
+    ctx: Context
+    sink: ListConsumer
+    events: list[object]
+
+
+@contextlib.contextmanager
+def traced(script: str, **cfg: object) -> Iterator[Run]:
+    """The receiver tracing ``script`` (a shell command line); events collected after the
+    receiver shut down are in ``run.events``."""
+    child = subprocess.Popen(["/bin/sh", "-c", "read go; " + script], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    ctx, sink = Context(target_pids=[child.pid]), ListConsumer()
+    receiver = SchedReceiver(Config(**cfg), ctx, sink)  # type: ignore[arg-type]
+    run = Run(child, receiver, ctx, sink, [])
+    try:
+        receiver.start()
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        yield run
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait(timeout=30)
+        receiver.shutdown()
+        run.events = sink.take()
+
+
+def _sum_stats(events: list[object], pids: set[int]) -> dict[str, int]:
+    total = {"on": 0, "sleep": 0, "io": 0, "lock": 0, "other": 0, "runq": 0, "vol": 0, "invol": 0, "waits": 0}
+    for e in events:
+        if isinstance(e, SchedProcStats) and e.pid in pids:
+            total["on"] += e.on_cpu_ns
+            for k, v in zip(("sleep", "io", "lock", "other"), e.off_cpu_ns, strict=True):
+                total[k] += v
+            total["runq"] += e.runq_ns
+            total["vol"] += e.voluntary
+            total["invol"] += e.involuntary
+            total["waits"] += sum(n for _, n in e.runq_hist)
+    return total
+
+
+SPIN_SLEEP = """
+import os, sys, time
+def spin(s):
+    c = time.process_time()
+    while time.process_time() < c + s:
+        pass
+t0 = time.time_ns(); spin(0.25); t1 = time.time_ns(); time.sleep(0.3); t2 = time.time_ns(); spin(0.1)
+t3 = time.time_ns()
+cpu = os.times()
+print(t0, t1, t2, t3, int((cpu.user + cpu.system) * 1e9), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_spin_then_sleep_gives_on_and_off_cpu_time_and_per_thread_step_figures(bpf_ready: None) -> None:
+    with traced(f"exec {sys.executable} -c '{SPIN_SLEEP}'", stats_interval=0.1) as run:
+        pid = run.child.pid
+        run.ctx.host_stats.watch(pid, pid)
+        assert run.child.stdout is not None
+        t0, t1, t2, t3, cpu_ns = map(int, run.child.stdout.readline().split())
+        time.sleep(0.1)  # a sample after t3
+        spin = run.ctx.host_stats.delta(pid, t0, t1, tid=pid)
+        sleep = run.ctx.host_stats.delta(pid, t1, t2, tid=pid)
+        assert run.child.stdin is not None
+        run.child.stdin.write("\n")
+        run.child.stdin.flush()
+    assert spin["on_cpu_ns"] == pytest.approx(0.25e9, rel=0.2)
+    assert spin["off_cpu_sleep_ns"] < 0.05e9
+    assert sleep["off_cpu_sleep_ns"] == pytest.approx(0.3e9, rel=0.2)
+    assert sleep["on_cpu_ns"] < 0.05e9
+    total = _sum_stats(run.events, {pid})
+    # the kernel's own figure for the process's CPU time (os.times) against ours
+    assert total["on"] == pytest.approx(cpu_ns, rel=0.15, abs=30 * MS)
+    assert 0.3e9 <= total["sleep"] + total["lock"] < 0.3e9 + (t3 - t0) + 2e9  # + the wait for our "\n"
+    assert total["vol"] >= 2
+    cpus = [e for e in run.events if isinstance(e, SchedCpuStats) and e.pid == pid]
+    assert sum(e.on_cpu_ns for e in cpus) == total["on"]
+
+
+def test_exec_storm_of_1000_short_lived_processes_is_seen_completely(bpf_ready: None) -> None:
+    n = 1000
+    script = f"i=0; while [ $i -lt {n} ]; do /bin/true storm $i; i=$((i+1)); done"
+    with traced(script) as run:
+        run.child.wait(timeout=120)
+    events = run.events
+    execs = {int(e.argv[2]): e for e in events if isinstance(e, SchedExec) and e.filename == "/bin/true"}
+    assert sorted(execs) == list(range(n))
+    assert all(e.argv[:2] == ("/bin/true", "storm") for e in execs.values())
+    pids = {e.pid for e in execs.values()}
+    assert len(pids) == n
+    forks = {e.pid for e in events if isinstance(e, SchedFork) and e.ppid == run.child.pid}
+    assert pids <= forks
+    assert {e.pid for e in events if isinstance(e, SchedExitCode) and e.exit_code == 0} >= pids
+    assert {e.pid for e in events if isinstance(e, ProcessExit) and e.source == "sched"} >= pids
+    assert run.ctx.telemetry.get(DROPPED, receiver="sched") == 0
+    # through the processor: one span per process, each with its command line
+    sink = ListConsumer()
+    proc = SchedProcessor(ProcessorConfig(), run.ctx, sink)
+    proc.consume(events)
+    proc.shutdown()
+    spans = {s.pid: s for s in sink.take() if isinstance(s, SpanRecord) and s.pid in pids}
+    assert len(spans) == n
+    for s in spans.values():
+        assert s.name == "process true" and s.attributes["process.command_line"].startswith("/bin/true storm ")
+        assert s.attributes["process.exit.code"] == 0 and s.end_ns > s.start_ns
+        assert "process.sched.running" not in s.attributes
+
+
+def test_two_spinners_on_one_cpu_wait_in_the_run_queue(bpf_ready: None) -> None:
+    spin = "i=0; while [ $i -lt 150000 ]; do i=$((i+1)); done"
+    script = f"taskset -c 0 sh -c '{spin}' & taskset -c 0 sh -c '{spin}' & wait"
+    with traced(script, stats_interval=0.1) as run:
+        run.child.wait(timeout=120)
+    spinners = {e.pid for e in run.events if isinstance(e, SchedExec) and e.filename.endswith("/sh")}
+    assert len(spinners) == 2
+    total = _sum_stats(run.events, spinners)
+    assert total["invol"] > 0 and total["waits"] > 0
+    assert total["runq"] >= 0.2 * total["on"] / 2  # each waits while the other runs
+    by_core: dict[int, int] = {}
+    for e in run.events:
+        if isinstance(e, SchedCpuStats) and e.pid in spinners:
+            by_core[e.cpu] = by_core.get(e.cpu, 0) + e.on_cpu_ns
+    # taskset itself may run elsewhere before it pins the process and execs sh
+    assert by_core.get(0, 0) >= 0.9 * sum(by_core.values()) > 0
+
+
+LOCK = """
+import threading
+lock = threading.Lock()
+lock.acquire()
+threading.Timer(0.3, lock.release).start()
+lock.acquire()
+"""
+
+
+def test_waiting_on_a_lock_is_off_cpu_reason_lock(bpf_ready: None) -> None:
+    with traced(f"exec {sys.executable} -c '{LOCK}'", stats_interval=0.1) as run:
+        run.child.wait(timeout=60)
+    total = _sum_stats(run.events, {run.child.pid})
+    assert total["lock"] >= 0.25e9
+    assert total["lock"] < 1e9
+
+
+def test_collective_spans_carry_the_host_figures_of_the_step_before_them(
+        bpf_ready: None, built: dict[str, Path], tmp_path: Path) -> None:
+    """sched_rank.c: between AllReduce #1 and #2 it spins 100 ms of CPU, between #2 and #3 it
+    sleeps 150 ms; the NCCL processor, fed live, puts those figures on #2 and #3."""
+    exe = tmp_path / "sched_rank"
+    subprocess.run(["gcc", "-O1", "-Wall", "-Wextra", "-Werror", "-o", str(exe), str(HERE / "sched_rank.c"), "-ldl"],
+                   check=True, capture_output=True, timeout=60)
+    proc = subprocess.Popen([str(exe), str(built["stand_in_nccl"])], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    receivers: list[object] = []
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert select.select([proc.stdout], [], [], 30)[0], "sched_rank never printed 'ready'"
+        assert proc.stdout.readline().startswith("ready pid=")
+        ctx, sink = Context(target_pids=[proc.pid]), ListConsumer()
+        sched = SchedReceiver(Config(), ctx, ListConsumer())
+        receivers.append(sched)
+        sched.start()
+        nccl = nccl_receiver.factory.create(nccl_receiver.Config(), ctx,
+                                            NcclProcessor(NcclProcessorConfig(host="h"), ctx, sink))
+        receivers.append(nccl)
+        nccl.start()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "done" in out
+        time.sleep(0.3)  # the last records
+    finally:
+        for r in reversed(receivers):
+            r.shutdown()  # type: ignore[attr-defined]
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    spans = sorted((e for e in sink.events if isinstance(e, SpanRecord) and e.name == "ncclAllReduce"),
+                   key=lambda s: s.start_ns)
+    assert len(spans) == 4
+    assert "ml.step.interval.duration" not in spans[0].attributes  # no step before the first
+    spin, sleep = spans[2].attributes, spans[3].attributes
+    assert spin["ml.step.on_cpu.duration"] == pytest.approx(0.1, rel=0.3)
+    assert spin["ml.step.off_cpu.duration"] < 0.04  # the sleep before it, smeared over one sample interval
+    assert sleep["ml.step.off_cpu.sleep.duration"] == pytest.approx(0.15, rel=0.3)
+    assert sleep["ml.step.off_cpu.duration"] == pytest.approx(0.15, rel=0.3)
+    assert sleep["ml.step.on_cpu.duration"] < 0.03
+    assert sleep["ml.step.interval.duration"] == pytest.approx(0.15, rel=0.3)
