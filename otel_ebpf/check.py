@@ -11,6 +11,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,9 +129,20 @@ def _nvml() -> Row:
                    "needs an NVIDIA driver (libnvidia-ml.so.1); GPU metrics are skipped without it")
 
 
+def _perf() -> Row:
+    from otel_ebpf.receivers.perf.perfevent import hardware_unsupported
+
+    why = hardware_unsupported()
+    if why is None:
+        return Row("perf counters (PMU)", OK, "hardware cycles, instructions, dTLB misses can be counted")
+    return Row("perf counters (PMU)", INFO, f"not supported here: {why}",
+               "receivers.perf still counts software events (task_clock, context_switches); "
+               "see docs/troubleshooting.md")
+
+
 CHECKS: list[Callable[[], Row]] = [_root, _bcc, _headers, _tracefs, _load, _kprobes, _btf,
                                    lambda: _library("cudart", "CUDA runtime"),
-                                   lambda: _library("nccl", "NCCL"), _usdt, _nvml]
+                                   lambda: _library("nccl", "NCCL"), _usdt, _nvml, _perf]
 
 
 def run_checks() -> list[Row]:
@@ -143,13 +155,24 @@ def run_checks() -> list[Row]:
     return rows
 
 
-def render(rows: list[Row]) -> str:
-    w = max(len(r.name) for r in rows)
-    lines = [f"{'capability':<{w}}  {'status':<7}  detail", f"{'-' * w}  -------  ------"]
+def render(rows: list[Row], width: int | None = None) -> str:
+    """A table: capability | status | detail, with a ``fix:`` line under every row that is not ok
+    (a MISSING row without its own fix points at the troubleshooting guide). Long text wraps to
+    ``width`` (default: the terminal's, at least 80)."""
+    if width is None:
+        width = max(shutil.get_terminal_size((100, 24)).columns, 80)
+    w = max(len("capability"), *(len(r.name) for r in rows))
+    sw = max(len("status"), *(len(r.status) for r in rows))
+    text_w = max(width - w - sw - 6, 30)
+    lines = [f"{'capability':<{w}} | {'status':<{sw}} | detail / fix", f"{'-' * w}-+-{'-' * sw}-+-{'-' * text_w}"]
     for r in rows:
-        lines.append(f"{r.name:<{w}}  {r.status:<7}  {r.detail}")
-        if r.fix and r.status != OK:
-            lines.append(f"{'':<{w}}  {'':<7}  fix: {r.fix}")
+        fix = r.fix or ("see docs/troubleshooting.md" if r.status == MISSING else "")
+        cells = textwrap.wrap(r.detail, text_w, break_on_hyphens=False) or [""]
+        if fix and r.status != OK:
+            cells += textwrap.wrap(f"fix: {fix}", text_w, subsequent_indent="     ", break_on_hyphens=False)
+        for i, cell in enumerate(cells):
+            name, status = (r.name, r.status) if i == 0 else ("", "")
+            lines.append(f"{name:<{w}} | {status:<{sw}} | {cell}".rstrip())
     bad = [r.name for r in rows if r.required and r.status != OK]
     lines.append("")
     lines.append(f"eBPF cannot run here: fix {', '.join(bad)}" if bad else "eBPF tracing can run on this host.")

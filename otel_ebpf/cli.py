@@ -11,6 +11,8 @@
                       [--otlp-endpoint URL [--otlp-protocol grpc|http]] [--output DIR] | --defaults
     otel-ebpf demo [--nodes N] [--ranks-per-node R] [--steps S] [--straggler RANK] [--straggler-delay-ms MS]
                    [--kill-rank RANK --kill-after-step K] [--output DIR] [--otlp-endpoint URL]
+    otel-ebpf report DIR [-o report.html] [--perfetto trace.json]
+    otel-ebpf export --parquet OUTDIR DIR
 
 Exit codes: the traced command's own code for ``run -- CMD``; 0 for ``gateway`` stopped by
 SIGINT/SIGTERM (after flushing); 0 for a ``demo`` that ran as asked (an injected crash is
@@ -33,6 +35,7 @@ from typing import Any
 from otel_ebpf import __version__
 from otel_ebpf.config import ENV_PREFIX
 from otel_ebpf.errors import ConfigError, EnvironmentError_, OtelEbpfError, TargetError
+from otel_ebpf.report import cli as report_cli
 
 __all__ = ["main"]
 
@@ -45,8 +48,23 @@ RUN_EXAMPLES = """examples:
       send spans and metrics to an OpenTelemetry Collector over gRPC
   otel-ebpf run --pid 4242 --otlp-endpoint http://collector:4318 --otlp-protocol http
       attach to a running process until Ctrl+C
+  otel-ebpf run --all-processes --config /etc/otel-ebpf/agent.yaml
+      node agent: every process that loads CUDA or NCCL (what deploy/k8s and deploy/docker-compose.yaml run)
   otel-ebpf run --dump-bpf -- true
       print the BPF programs as compiled, then exit
+On a terminal a live line shows events, spans and drops per second (--quiet hides it); a summary
+is printed at the end.
+"""
+
+
+MAIN_EXAMPLES = """examples:
+  otel-ebpf check                                   what works here, and the fix for what does not
+  otel-ebpf run -- python train.py                  trace a command (see 'otel-ebpf run --help')
+  otel-ebpf run --all-processes                     node agent mode
+  otel-ebpf config --defaults                       every config key, documented
+  otel-ebpf gateway --otlp-endpoint http://collector:4317
+                                                    join collectives from many agents
+  sudo otel-ebpf demo                               a simulated 2-node job, traced, no GPU needed
 """
 
 
@@ -65,6 +83,24 @@ DEMO_EXAMPLES = """examples:
       rank 1 crashes: the collective it never joined is reported (partial, nccl.desync event)
   sudo otel-ebpf demo --otlp-endpoint http://127.0.0.1:4317
       the gateway also sends the joined traces to a Collector or Jaeger
+"""
+
+
+CHECK_EXAMPLES = """examples:
+  otel-ebpf check
+      one row per capability (privileges, BCC, kernel headers, tracefs, a real BPF load, CUDA, NCCL,
+      Python USDT, NVML) with its status and, for each missing one, the fix; exit 3 if eBPF cannot run
+  otel-ebpf check && otel-ebpf run --all-processes
+      start the node agent only on a host that can run it
+"""
+
+
+CONFIG_EXAMPLES = """examples:
+  otel-ebpf config --defaults > otel-ebpf.yaml
+      every key with its default and documentation; keep only what you change
+  otel-ebpf config --validate otel-ebpf.yaml
+      check a file (errors name the key path, e.g. 'service.pipelines.default.receivers[0]')
+      and print the effective config
 """
 
 
@@ -91,14 +127,15 @@ def _demo_parser(sub: Any) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="otel-ebpf", description="eBPF + NVML to OpenTelemetry for AI/ML jobs.",
-                                epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"otel-ebpf {__version__}")
     p.add_argument("--log-level", default=os.environ.get(f"{ENV_PREFIX}LOG_LEVEL", "warning"),
                    choices=["debug", "info", "warning", "error"])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("check", help="what works on this host and how to fix what does not",
                    description="Checks privileges, BCC, kernel headers, tracefs, loads a BPF program, and looks "
-                               "for CUDA, NCCL, Python USDT and NVML. Exits non-zero if eBPF cannot run.")
+                               "for CUDA, NCCL, Python USDT and NVML. Exits non-zero if eBPF cannot run.",
+                   epilog=CHECK_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     run = sub.add_parser("run", help="trace a command, running processes, or every process",
                          epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--config", help=f"YAML config merged over the defaults (env {ENV_PREFIX}CONFIG)")
@@ -112,8 +149,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--service-name", help="service.name of traced processes (default: executable name)")
     run.add_argument("--strict", action="store_true", help="fail when any probe cannot attach")
     run.add_argument("--dump-bpf", action="store_true", help="print the BPF programs as compiled and exit")
+    run.add_argument("--quiet", action="store_true", help="no live progress line on the terminal (it is shown "
+                                                          "only when stderr is a terminal)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
-    cfg = sub.add_parser("config", help="print the default config or validate a file")
+    cfg = sub.add_parser("config", help="print the default config or validate a file",
+                         epilog=CONFIG_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = cfg.add_mutually_exclusive_group(required=True)
     g.add_argument("--defaults", action="store_true", help="the full default config, every key documented")
     g.add_argument("--validate", metavar="FILE", help="check FILE and print the effective config")
@@ -129,6 +169,7 @@ def _parser() -> argparse.ArgumentParser:
                                                     "when no endpoint is given)")
     gw.add_argument("--defaults", action="store_true", help="print the default gateway config and exit")
     _demo_parser(sub)
+    report_cli.add_parsers(sub)  # report, export: otel_ebpf/report/cli.py
     return p
 
 
@@ -185,6 +226,11 @@ def _run(args: argparse.Namespace) -> int:
             child.abort()
         raise
     log.info("tracing started in %.2fs", time.monotonic() - started)
+    from otel_ebpf.progress import Progress
+
+    progress = Progress(agent.summary, sys.stderr)
+    if not args.quiet:
+        progress.start()
     code = 0
     try:
         if child:
@@ -196,7 +242,8 @@ def _run(args: argparse.Namespace) -> int:
                 signal.signal(s, lambda *_: stop.set())
             wait_pids(targets, stop) if targets else stop.wait()
     finally:
-        agent.shutdown()
+        progress.stop()
+        agent.shutdown(exiting=True)
         _report(agent, started)
     return code
 
@@ -269,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _config(args)
         if args.cmd == "gateway":
             return _gateway(args)
+        if args.cmd in report_cli.COMMANDS:
+            return report_cli.run(args)
         if args.cmd == "demo":
             return _demo(args)
         return _run(args)

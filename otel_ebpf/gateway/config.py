@@ -59,8 +59,14 @@ class GatewayServiceConfig:
                                 "beyond it they are dropped (counted in otel_ebpf.events.dropped).")
     tick_interval: float = doc(0.1, "How often the join is woken while no spans arrive, so timeouts and "
                                     "desync reports fire during a hang.", duration=True)
+    health_endpoint: str = doc("127.0.0.1:13134", "HOST:PORT serving /healthz and /readyz (otel_ebpf.health); "
+                                                  "'' disables it. 13134, not 13133, so an agent fits on the host.")
 
     def validate(self, path: str) -> None:
+        if self.health_endpoint:
+            from otel_ebpf.health import parse_host_port
+
+            parse_host_port(self.health_endpoint, f"{path}.health_endpoint")
         if self.max_queue < 1:
             raise ConfigError(f"{path}.max_queue", f"must be >= 1, got {self.max_queue}")
         if self.metrics_interval < 0.05:
@@ -103,7 +109,7 @@ def _exporter_overrides(data: dict[str, Any], output: str | None, endpoint: str 
         exporters["otlp"] = {"endpoint": endpoint, **({"protocol": protocol} if protocol else {})}
         names.append("otlp")
     elif protocol:
-        if "otlp" not in data.get("exporters", {}):
+        if not isinstance(data.get("exporters"), dict) or "otlp" not in data["exporters"]:
             raise ConfigError("exporters.otlp", "--otlp-protocol was given but no OTLP endpoint: add "
                                                 "--otlp-endpoint or an 'otlp' exporter to the config")
         exporters["otlp"] = {"protocol": protocol}
@@ -111,7 +117,8 @@ def _exporter_overrides(data: dict[str, Any], output: str | None, endpoint: str 
         exporters["file"] = {"directory": output}
         names.append("file")
     over: dict[str, Any] = {"exporters": exporters}
-    pipes = (data.get("service") or {}).get("pipelines") or {}
+    service = data.get("service")  # not yet validated: a list or scalar is a ConfigError later
+    pipes = service.get("pipelines") if isinstance(service, dict) else None
     if names and isinstance(pipes, dict) and len(pipes) == 1:
         over["service"] = {"pipelines": {next(iter(pipes)): {"exporters": names}}}
     return over

@@ -69,6 +69,7 @@ class Gateway:
                           for rid in pipe.receivers}
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
+        self.health: Any = None  # otel_ebpf.health.HealthServer while started
 
     def _tick(self) -> None:
         while not self._stop.wait(self.cfg.service.tick_interval):
@@ -78,6 +79,10 @@ class Gateway:
         """Start everything; on a failure stop what started and re-raise (OtlpBindError names
         the endpoint that could not be bound)."""
         try:
+            from otel_ebpf import health
+
+            self.health = health.serve(self.cfg.service.health_endpoint, health.GATEWAY_DEFAULT,
+                                       health.gateway_checks(self), "service.health_endpoint")
             self.forwarder.start()
             for proc in self.processors:
                 proc.start()
@@ -97,6 +102,9 @@ class Gateway:
 
     def shutdown(self) -> None:
         """Stop receiving, then drain and flush every stage. Safe twice and without start."""
+        health, self.health = self.health, None
+        if health is not None:
+            health.shutdown()
         for rid, r in self.receivers.items():
             _quietly(r.shutdown, f"receiver {rid}")
         self._stop.set()
