@@ -26,6 +26,8 @@ from otel_ebpf.emit.emitter import Emitter, ExporterSpec
 from otel_ebpf.emit.exporters import BatchConfig, build_exporters
 from otel_ebpf.errors import OtelEbpfError, TargetError
 from otel_ebpf.pipeline import BoundedQueue, Consumer, Context, Fanout
+from otel_ebpf import gpus
+from otel_ebpf.k8s import K8sMetadata
 from otel_ebpf.resources import ResourceCache, agent_resource_attributes
 from otel_ebpf.settings import AgentConfig
 
@@ -100,11 +102,14 @@ class Agent:
         self.ctx = Context(strict=svc.strict, target_pids=list(self.target_pids),
                            libraries={"command": list(self.command)})
         self.resources = ResourceCache(max_entries=max(2 * svc.max_processes, 64),
-                                       service_name=svc.service_name or None)
+                                       service_name=svc.service_name or None,
+                                       k8s=K8sMetadata(svc.k8s, self.ctx.telemetry))
         self.ctx.resources = self.resources
+        self.ctx.gpus = gpus.attach(self.ctx)  # hw.id for the cuda/nccl processors (NVML loaded lazily)
         self.pipelines: list[_Pipeline] = []
         self.receivers: dict[str, Any] = {}
         self._started = False
+        self.health: Any = None  # otel_ebpf.health.HealthServer while started
         self._build()
 
     def _exporters(self, ids: Sequence[str]) -> list[ExporterSpec]:
@@ -150,6 +155,10 @@ class Agent:
         """Start everything; on a failure, stop what started and re-raise."""
         self._started = True
         try:
+            from otel_ebpf import health
+
+            self.health = health.serve(self.cfg.service.health_endpoint, health.AGENT_DEFAULT,
+                                       health.agent_checks(self), "service.health_endpoint")
             for p in self.pipelines:
                 p.emitter.start()
                 for proc in p.processors:
@@ -159,12 +168,24 @@ class Agent:
                 t0 = time.monotonic()
                 r.start()
                 log.info("receiver %s started in %.2fs", rid, time.monotonic() - t0)
+            from otel_ebpf.memory import release_compiler_memory
+
+            release_compiler_memory()  # clang/LLVM are done: ~110 MiB of RSS back (docs/benchmarks.md)
         except BaseException:
             self.shutdown()
             raise
 
-    def shutdown(self) -> None:
-        """Drain and stop, in order. Safe twice and without start."""
+    def shutdown(self, *, exiting: bool = False) -> None:
+        """Drain and stop, in order. Safe twice and without start. ``exiting``: this process
+        ends right after, so uprobes are released by a detached child instead of holding the
+        exit ~0.1 s per probe (:func:`otel_ebpf.bpf.release_uprobes_in_background`)."""
+        if exiting:
+            for r in self.receivers.values():
+                if hasattr(r, "detach_in_background"):
+                    r.detach_in_background = True
+        health, self.health = self.health, None
+        if health is not None:
+            health.shutdown()
         for rid, r in self.receivers.items():
             _quietly(r.shutdown, f"receiver {rid}")
         for p in self.pipelines:

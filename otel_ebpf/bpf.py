@@ -88,11 +88,31 @@ class _Captured:
         return self.data.decode(errors="replace")
 
 
+def _stderr_handlers() -> list[logging.StreamHandler]:
+    """Logging handlers that write to fd 2."""
+    out = []
+    for logger in (logging.getLogger(), logging.getLogger("otel_ebpf")):
+        for h in logger.handlers:
+            if isinstance(h, logging.StreamHandler):
+                try:
+                    if h.stream.fileno() == 2:
+                        out.append(h)
+                except (AttributeError, OSError, ValueError):
+                    continue
+    return out
+
+
 @contextlib.contextmanager
 def _capture_stderr() -> Iterator[_Captured]:
-    """Capture fd 2 (clang and the verifier write there) and echo it back afterwards."""
+    """Capture fd 2 (clang and the verifier write there) and echo it back afterwards.
+
+    fd 2 is process-wide: while it points at the capture file, log records of other threads
+    (another receiver starting, e.g. "nvml receiver disabled") would land there too. Logging
+    handlers on fd 2 write to a copy of the real stderr meanwhile."""
     captured = _Captured()
     saved = os.dup(2)
+    real = os.fdopen(os.dup(saved), "w", buffering=1)
+    swapped = [(h, h.setStream(real)) for h in _stderr_handlers()]
     with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), 2)
         try:
@@ -100,6 +120,9 @@ def _capture_stderr() -> Iterator[_Captured]:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+            for h, old in swapped:
+                h.setStream(old)  # type: ignore[arg-type]
+            real.close()
             tmp.seek(0)
             captured.data = tmp.read()[-200_000:]
             if captured.data:

@@ -188,6 +188,34 @@ class PipelineConfig:
 
 
 @dataclass
+class K8sConfig:
+    """Kubernetes metadata of traced processes (otel_ebpf.k8s; docs/receivers.md)."""
+
+    enabled: bool = doc(True, "Add k8s.pod.name, k8s.namespace.name, k8s.container.name, k8s.node.name to "
+                              "the resource of a process in a pod (pod uid from its cgroup).")
+    kubelet_url: str = doc("auto", "Kubelet pod list: 'auto' (https://$NODE_NAME:10250/pods when the agent "
+                                   "runs in a pod with a service-account token), 'off', or a URL.")
+    token_file: str = doc("/var/run/secrets/kubernetes.io/serviceaccount/token",
+                          "Bearer token for the kubelet (sent over https only; re-read at each fetch).")
+    ca_file: str = doc("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+                       "CA bundle that signed the kubelet's serving certificate.")
+    insecure_skip_verify: bool = doc(False, "Do not verify the kubelet's certificate (self-signed kubelets).")
+    refresh_interval: float = doc(10.0, "Least time between two pod-list fetches (one is made when a pod "
+                                        "uid is not in the last list).", duration=True)
+    timeout: float = doc(2.0, "Longest wait for one pod-list fetch.", duration=True)
+    max_pods: int = doc(1024, "Pods kept from one list; the rest are counted as dropped (pod_table_full).")
+
+    def validate(self, path: str) -> None:
+        if self.kubelet_url not in ("auto", "off") and not self.kubelet_url.startswith(("http://", "https://")):
+            raise ConfigError(f"{path}.kubelet_url", f"must be auto, off or an http(s) URL, not {self.kubelet_url!r}")
+        for key, bad, rule in (("refresh_interval", self.refresh_interval < 1, "at least 1s"),
+                               ("timeout", not 0.1 <= self.timeout <= 60, "between 100ms and 60s"),
+                               ("max_pods", self.max_pods < 1, ">= 1")):
+            if bad:
+                raise ConfigError(f"{path}.{key}", f"must be {rule}")
+
+
+@dataclass
 class ServiceConfig:
     """What runs: pipelines plus agent-wide settings."""
 
@@ -200,8 +228,15 @@ class ServiceConfig:
                                    "beyond it the oldest is flushed and dropped (counted).")
     max_queue: int = doc(65536, "Most events waiting between receivers and processors; "
                                "beyond it events are dropped (counted in otel_ebpf.events.dropped).")
+    health_endpoint: str = doc("127.0.0.1:13133", "HOST:PORT serving /healthz and /readyz (otel_ebpf.health); "
+                                                  "'' disables it. Loopback by default; 0.0.0.0:13133 in a pod.")
+    k8s: K8sConfig = doc(K8sConfig(), "Kubernetes pod/container/node names on process resources.")
 
     def validate(self, path: str) -> None:
+        if self.health_endpoint:
+            from otel_ebpf.health import parse_host_port
+
+            parse_host_port(self.health_endpoint, f"{path}.health_endpoint")
         for key, value in (("max_processes", self.max_processes), ("max_queue", self.max_queue)):
             if value < 1:
                 raise ConfigError(f"{path}.{key}", f"must be >= 1, got {value}")

@@ -64,6 +64,20 @@ class Context:
     # Process identity cache (otel_ebpf.resources.ResourceCache): receivers fill it as soon as a
     # process is seen (exec, library open, first record), while /proc/PID still describes it.
     resources: Any = None
+    # GPU identity (otel_ebpf.gpus.GpuResolver): CUDA ordinal -> hw.id, shared by the cuda/nccl processors.
+    gpus: Any = None
+    # Cumulative host counters over time (otel_ebpf.hostctx.HostStats): sched and other host receivers
+    # feed it, the nccl processor reads the figures of each step. Made in __post_init__ when not given.
+    host_stats: Any = None
+    # Current application span per thread (receivers/apptrace/store.py AppContextStore): set by the apptrace
+    # receiver from SDK begin/end fires; cuda (and other) processors parent their spans on it.
+    app_context: Any = None
+
+    def __post_init__(self) -> None:
+        if self.host_stats is None:
+            from otel_ebpf.hostctx import HostStats
+
+            self.host_stats = HostStats(self.telemetry)
 
 
 @dataclass(frozen=True)
@@ -144,6 +158,14 @@ class BoundedQueue:
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._done = 0  # batches handed on (otel_ebpf.health tells a stuck worker from a busy one)
+
+    @property
+    def progress(self) -> tuple[int, int, str]:
+        """(events waiting, batches handed on so far, worker: 'running', 'not started' or 'exited')."""
+        with self._cond:
+            t = self._thread
+            return self._size, self._done, "not started" if t is None else "running" if t.is_alive() else "exited"
 
     def consume(self, events: Sequence[object], *, block_s: float | None = None) -> None:
         """Queue a batch. With ``block_s`` (receiver threads), wait up to that long for room,
@@ -192,6 +214,7 @@ class BoundedQueue:
             except Exception:  # a bad stage must not stop the pipeline
                 log.exception("pipeline stage failed on a batch of %d events", len(batch))
                 self._telemetry.dropped(self._name, "stage_error", len(batch))
+            self._done += 1
 
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until the queue is empty (the worker may still be finishing its batch)."""

@@ -44,6 +44,7 @@ from opentelemetry.semconv._incubating.attributes.k8s_attributes import K8S_POD_
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME, SERVICE_VERSION
 
 from otel_ebpf import __version__
+from otel_ebpf.k8s import DOWNWARD_ENV_NAMES, K8sMetadata
 from otel_ebpf.redact import DEFAULT_REDACT_PATTERNS, REDACTED, redact_command_line
 
 __all__ = [
@@ -51,7 +52,7 @@ __all__ = [
     "MAX_VALUE_CHARS", "ML_LOCAL_RANK", "ML_LOCAL_WORLD_SIZE", "ML_MASTER_ADDR", "ML_NODE_RANK", "ML_RANK",
     "ML_WORLD_SIZE", "REDACTED", "SLURM_JOB_ID", "SLURM_STEP_ID", "AttributeValue", "Attributes",
     "ResourceCache", "agent_resource_attributes", "container_id_from_cgroup", "gateway_resource_attributes",
-    "host_attributes", "pod_uid_from_cgroup", "process_attributes", "redact_command_line",
+    "host_attributes", "pod_uid_from_cgroup", "process_attributes", "process_environment", "redact_command_line",
 ]
 
 AttributeValue: TypeAlias = str | int | tuple[str, ...]
@@ -86,8 +87,11 @@ _STR_SOURCES: dict[str, str] = {
     ML_MASTER_ADDR: "MASTER_ADDR", SLURM_JOB_ID: "SLURM_JOB_ID", SLURM_STEP_ID: "SLURM_STEP_ID",
     CUDA_VISIBLE_DEVICES: "CUDA_VISIBLE_DEVICES", SERVICE_NAME: "OTEL_SERVICE_NAME",
 }
+#: Read for GPU identity (otel_ebpf.gpus) and Kubernetes names (otel_ebpf.k8s), not exported as such.
+_GPU_ENV = frozenset(("CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES"))
 #: The only environment variables ever read from /proc/PID/environ.
-ENV_VARIABLES = frozenset(v for vs in _INT_SOURCES.values() for v in vs) | frozenset(_STR_SOURCES.values())
+ENV_VARIABLES = (frozenset(v for vs in _INT_SOURCES.values() for v in vs) | frozenset(_STR_SOURCES.values())
+                 | _GPU_ENV | DOWNWARD_ENV_NAMES)
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 _UINT = re.compile(r"^[0-9]{1,19}$")  # /proc/PID/stat numbers
@@ -251,6 +255,26 @@ def process_attributes(pid: int, *, proc_root: str = "/proc", fallback_comm: str
     it is read (start time changes), only the vanished-process attributes are returned.
     Blocking: a few small file reads plus one cached ``getpwuid``.
     """
+    return _describe(pid, proc_root, fallback_comm, service_name, redact)[0]
+
+
+def process_environment(pid: int, *, proc_root: str = "/proc") -> tuple[dict[str, str], bool] | None:
+    """(the :data:`ENV_VARIABLES` set in ``pid``'s initial environment, whether it runs in a
+    container), or None when ``/proc/PID`` is gone. Never raises."""
+    stat = _stat(proc_root, pid)
+    if stat is None:
+        return None
+    env = _environ(proc_root, pid)
+    cgroup = (_read(proc_root, pid, "cgroup") or b"").decode("utf-8", "replace")
+    again = _stat(proc_root, pid)
+    if again is None or again[2] != stat[2]:
+        return None
+    return env, container_id_from_cgroup(cgroup) is not None
+
+
+def _describe(pid: int, proc_root: str, fallback_comm: str | None, service_name: str | None,
+              redact: Sequence[str]) -> tuple[Attributes, dict[str, str]]:
+    """:func:`process_attributes` and the environment subset it was computed from."""
     attrs: Attributes = {_proc.PROCESS_PID: pid, _host.HOST_NAME: host_attributes()[_host.HOST_NAME]}
     stat = _stat(proc_root, pid)
     name = _clean(fallback_comm) if fallback_comm else None
@@ -268,7 +292,7 @@ def process_attributes(pid: int, *, proc_root: str = "/proc", fallback_comm: str
         attrs[_proc.PROCESS_EXECUTABLE_NAME] = name
     service = env.get("OTEL_SERVICE_NAME") or (_clean(service_name) if service_name else None) or name
     attrs[SERVICE_NAME] = service or "unknown_service"
-    return attrs
+    return attrs, env
 
 
 def _read_live(proc_root: str, pid: int, stat: tuple[str, int, int], redact: Sequence[str]) -> Attributes:
@@ -341,13 +365,19 @@ class ResourceCache:
     one lock guards the map and counters; ``/proc`` is read outside it. ``hits``, ``misses`` and
     ``evictions`` (entries dropped by LRU overflow, :meth:`evict` or PID reuse) are plain ints.
     Returned dicts are shared: do not mutate them.
+
+    ``k8s`` (:class:`otel_ebpf.k8s.K8sMetadata`): adds ``k8s.pod.name``, ``k8s.namespace.name``,
+    ``k8s.container.name``, ``k8s.node.name`` to a process in a pod, computed once per entry (a
+    miss may then wait for one kubelet fetch, bounded by its timeout and refresh interval).
     """
 
     def __init__(self, max_entries: int = 4096, *, proc_root: str = "/proc",
-                 service_name: str | None = None, redact: Sequence[str] = DEFAULT_REDACT_PATTERNS) -> None:
+                 service_name: str | None = None, redact: Sequence[str] = DEFAULT_REDACT_PATTERNS,
+                 k8s: K8sMetadata | None = None) -> None:
         self.max_entries = max(1, max_entries)
         self._proc_root, self._service_name, self._redact = proc_root, service_name, tuple(redact)
-        self._entries: OrderedDict[int, tuple[int, Attributes]] = OrderedDict()
+        self._k8s = k8s
+        self._entries: OrderedDict[int, tuple[int, Attributes, dict[str, str]]] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = self.evictions = 0
 
@@ -357,27 +387,41 @@ class ResourceCache:
 
     def get(self, pid: int, fallback_comm: str | None = None) -> Attributes:
         """Attributes of ``pid``, computed once per (pid, start time); never raises."""
+        return self._entry(pid, fallback_comm)[0]
+
+    def environment(self, pid: int) -> tuple[dict[str, str], bool] | None:
+        """(:data:`ENV_VARIABLES` set in ``pid``'s initial environment, whether it is in a
+        container), from the same entry as :meth:`get`; None when never read and now gone."""
+        attrs, env = self._entry(pid, None)
+        if not env and _proc.PROCESS_PARENT_PID not in attrs:
+            return None  # nothing of the live process was ever read
+        return env, CONTAINER_ID in attrs
+
+    def _entry(self, pid: int, fallback_comm: str | None) -> tuple[Attributes, dict[str, str]]:
         stat = _stat(self._proc_root, pid)
         with self._lock:
             entry = self._entries.get(pid)
             if entry is not None and (stat is None or entry[0] == stat[2]):
                 self._entries.move_to_end(pid)
                 self.hits += 1
-                return entry[1]
+                return entry[1], entry[2]
             self.misses += 1
-        attrs = process_attributes(pid, proc_root=self._proc_root, fallback_comm=fallback_comm,
-                                   service_name=self._service_name, redact=self._redact)
+        attrs, env = _describe(pid, self._proc_root, fallback_comm, self._service_name, self._redact)
+        if self._k8s is not None:
+            pod, container = attrs.get(K8S_POD_UID), attrs.get(CONTAINER_ID)
+            attrs.update(self._k8s.attributes(pod if isinstance(pod, str) else None,
+                                              container if isinstance(container, str) else None, env))
         if stat is None:
-            return attrs
+            return attrs, env
         with self._lock:
             old = self._entries.pop(pid, None)
             if old is not None and old[0] != stat[2]:
                 self.evictions += 1  # PID reuse: the old process's entry (not a racing thread's)
-            self._entries[pid] = (stat[2], attrs)
+            self._entries[pid] = (stat[2], attrs, env)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
                 self.evictions += 1
-        return attrs
+        return attrs, env
 
     def evict(self, pid: int) -> None:
         """Forget ``pid`` (call on process exit). No-op when absent."""

@@ -10,6 +10,10 @@ Span attributes (``cuda.*``; a metric carries only the ones listed with it):
 * ``cuda.api``: the symbol called (``cudaMemcpyAsync_ptsz`` for the per-thread-stream twin).
 * ``cuda.device.index``: the thread's device from its last successful cudaSetDevice; absent
   when none was seen (OBI's name; ``cuda.device`` alone would collide with the namespace).
+* ``hw.id``: that device's GPU UUID (``GPU-...``, as dcgm-exporter's ``UUID`` label), on spans
+  and on every metric that carries ``cuda.device.index``, when :mod:`otel_ebpf.gpus` resolves
+  it (NVML present; the process's CUDA_VISIBLE_DEVICES or NVML's process list). Without a
+  cudaSetDevice it is set only when the process can be on one GPU alone.
 * ``cuda.return_code`` (int) and, when not 0, ``error.type`` (``cudaErrorInsufficientDriver``).
 * ``thread.id``: the calling thread (semconv).
 * ``cuda.bytes``: bytes copied, allocated, or freed (when the allocation was seen).
@@ -108,6 +112,14 @@ def _dev(device: int) -> dict[str, Any]:
 class _Alloc:
     size: int
     device: int
+    hw_id: str | None = None  # resolved at allocation: its free/leak lands on the same series
+
+
+def _held(alloc: _Alloc) -> dict[str, Any]:
+    attrs = _dev(alloc.device)
+    if alloc.hw_id:
+        attrs["hw.id"] = alloc.hw_id
+    return attrs
 
 
 class CudaProcessor:
@@ -117,6 +129,8 @@ class CudaProcessor:
         self.config = config
         self._telemetry = ctx.telemetry
         self._next = next_
+        self._gpus = ctx.gpus  # otel_ebpf.gpus.GpuResolver or None: hw.id beside cuda.device.index
+        self._ctx = ctx  # ctx.app_context (receivers/apptrace): the app span a thread is in -> span parent
         self._allocs: dict[int, dict[int, _Alloc]] = {}  # pid -> ptr -> allocation
         self._tracked = 0
         self._handlers: dict[type, Callable[[Any, list[object]], None]] = {
@@ -135,6 +149,14 @@ class CudaProcessor:
     @property
     def tracked_allocations(self) -> int:
         return self._tracked
+
+    def _where(self, pid: int, device: int) -> dict[str, Any]:
+        """``cuda.device.index`` and, when the GPU is known, its ``hw.id`` (otel_ebpf.gpus)."""
+        attrs = _dev(device)
+        uuid = self._gpus.hw_id(pid, device) if self._gpus is not None else None
+        if uuid:
+            attrs["hw.id"] = uuid
+        return attrs
 
     # ---- consume ---------------------------------------------------------------------
     def consume(self, events: Sequence[object]) -> None:
@@ -161,15 +183,18 @@ class CudaProcessor:
     def _call_span(self, ev: Any, extra: dict[str, Any], out: list[object]) -> None:
         """The span of a completed call, and the error counter when it failed."""
         attrs: dict[str, Any] = {"cuda.api": ev.api, "cuda.return_code": ev.rc, "thread.id": ev.tid}
-        attrs.update(_dev(ev.device))
+        where = self._where(ev.pid, ev.device)
+        attrs.update(where)
         error = None
         if ev.rc != 0:
             error = attrs["error.type"] = error_name(ev.rc)
-            self._metric(out, ev.pid, "gpu.cuda.api.errors", 1,
-                         {"cuda.api": ev.api, "error.type": error, **_dev(ev.device)})
+            self._metric(out, ev.pid, "gpu.cuda.api.errors", 1, {"cuda.api": ev.api, "error.type": error, **where})
         if self.config.spans:
             attrs.update(extra)
-            out.append(SpanRecord(ev.pid, ev.api, ev.start_ns, ev.end_ns, attrs, scope=SCOPE, error=error))
+            store = self._ctx.app_context
+            app = store.lookup(ev.pid, ev.tid, ev.start_ns) if store is not None else None
+            out.append(SpanRecord(ev.pid, ev.api, ev.start_ns, ev.end_ns, attrs, scope=SCOPE, error=error,
+                                  trace_id=app[0] if app else None, parent_span_id=app[1] if app else None))
 
     # ---- handlers --------------------------------------------------------------------
     def _memcpy(self, ev: MemcpyCall, out: list[object]) -> None:
@@ -180,7 +205,7 @@ class CudaProcessor:
         self._call_span(ev, extra, out)
         if ev.rc == 0:
             self._metric(out, ev.pid, "gpu.cuda.memory.copies", ev.bytes,
-                         {"cuda.memcpy.kind": kind, **_dev(ev.device)})
+                         {"cuda.memcpy.kind": kind, **self._where(ev.pid, ev.device)})
 
     def _alloc(self, ev: AllocCall, out: list[object]) -> None:
         extra: dict[str, Any] = {"cuda.bytes": ev.size}
@@ -195,7 +220,7 @@ class CudaProcessor:
         if ev.rc != 0:
             return
         self._metric(out, ev.pid, "gpu.cuda.memory.allocations", ev.size,
-                     {"cuda.api": ev.api, **_dev(ev.device)})
+                     {"cuda.api": ev.api, **self._where(ev.pid, ev.device)})
         self._track(ev, out)
 
     def _track(self, ev: AllocCall, out: list[object]) -> None:
@@ -203,15 +228,16 @@ class CudaProcessor:
         old = table.pop(ev.ptr, None)
         if old is not None:  # the same pointer again: its free was missed
             self._tracked -= 1
-            self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", -old.size, _dev(old.device))
+            self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", -old.size, _held(old))
         if self._tracked >= self.config.max_tracked_allocations:
             self._telemetry.dropped(TELEMETRY_NAME, "alloc_table_full")
             if not table:
                 del self._allocs[ev.pid]
             return
-        table[ev.ptr] = _Alloc(ev.size, ev.device)
+        where = self._where(ev.pid, ev.device)
+        table[ev.ptr] = alloc = _Alloc(ev.size, ev.device, where.get("hw.id"))
         self._tracked += 1
-        self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", ev.size, _dev(ev.device))
+        self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", ev.size, _held(alloc))
 
     def _free(self, ev: FreeCall, out: list[object]) -> None:
         table = self._allocs.get(ev.pid)
@@ -231,8 +257,8 @@ class CudaProcessor:
         if not table:
             del self._allocs[ev.pid]
         self._tracked -= 1
-        self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", -alloc.size, _dev(alloc.device))
-        self._metric(out, ev.pid, "gpu.cuda.memory.free.bytes", alloc.size, _dev(alloc.device))
+        self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", -alloc.size, _held(alloc))
+        self._metric(out, ev.pid, "gpu.cuda.memory.free.bytes", alloc.size, _held(alloc))
 
     def _sync(self, ev: SyncCall, out: list[object]) -> None:
         base = _base_api(ev.api)
@@ -242,7 +268,7 @@ class CudaProcessor:
         elif base == "cudaEventSynchronize":
             extra["cuda.event"] = hex(ev.handle)
         self._call_span(ev, extra, out)
-        dev = _dev(ev.device)
+        dev = self._where(ev.pid, ev.device)
         self._metric(out, ev.pid, "gpu.cuda.synchronize.duration", max(0, ev.end_ns - ev.start_ns) / 1e9,
                      {"cuda.api": ev.api, **dev})
         counter = _SYNC_CALLS.get(base)
@@ -259,13 +285,13 @@ class CudaProcessor:
             "cuda.api": ev.api, "thread.id": ev.tid, "cuda.kernel.func": hex(ev.func),
             "cuda.kernel.grid": ev.grid, "cuda.kernel.block": ev.block,
             "cuda.kernel.shared_mem": ev.shared_mem, "cuda.kernel.launch_seq": ev.seq,
-            "cuda.stream": hex(ev.stream), **_dev(ev.device)}
+            "cuda.stream": hex(ev.stream), **self._where(ev.pid, ev.device)}
         out.append(SpanRecord(ev.pid, ev.api, ev.time_ns, ev.time_ns, attrs, scope=SCOPE))
 
     def _launch_stats(self, ev: KernelLaunchStats, out: list[object]) -> None:
         if ev.count <= 0:
             return
-        dev = _dev(ev.device)
+        dev = self._where(ev.pid, ev.device)
         self._metric(out, ev.pid, "gpu.cuda.kernel.launch.calls", ev.count, dev)
         self._metric(out, ev.pid, "gpu.cuda.kernel.grid.size", ev.grid_size, dev, count=ev.count)
         self._metric(out, ev.pid, "gpu.cuda.kernel.block.size", ev.block_size, dev, count=ev.count)
@@ -280,15 +306,18 @@ class CudaProcessor:
             if not table:
                 return
             self._tracked -= len(table)
-            by_device: dict[int, list[int]] = {}
+            by_device: dict[tuple[int, str], list[int]] = {}
             for alloc in table.values():
-                acc = by_device.setdefault(alloc.device, [0, 0])
+                acc = by_device.setdefault((alloc.device, alloc.hw_id or ""), [0, 0])
                 acc[0] += alloc.size
                 acc[1] += 1
-            for device, (nbytes, count) in sorted(by_device.items()):
-                self._metric(out, ev.pid, "gpu.cuda.memory.leaked", nbytes, _dev(device))
-                self._metric(out, ev.pid, "gpu.cuda.memory.leaked.allocations", count, _dev(device))
+            for (device, hw_id), (nbytes, count) in sorted(by_device.items()):
+                held = _held(_Alloc(0, device, hw_id or None))
+                self._metric(out, ev.pid, "gpu.cuda.memory.leaked", nbytes, held)
+                self._metric(out, ev.pid, "gpu.cuda.memory.leaked.allocations", count, held)
             log.info("cuda: process %d (%s) exited with %d CUDA allocations (%d bytes) not freed",
                      ev.pid, ev.comm, len(table), sum(a.size for a in table.values()))
         finally:
+            if self._gpus is not None and ev.source in ("", "cuda"):
+                self._gpus.forget(ev.pid)
             out.append(ev)

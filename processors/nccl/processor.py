@@ -26,6 +26,15 @@ Calls that cannot be joined (communicator unknown, rank unknown, no sequence num
 their attributes and get random ids, or only the shared trace when just the rank is missing;
 each is counted in ``otel_ebpf.nccl.unjoined{reason}``.
 
+``ml.step.*`` (otel_ebpf.hostctx.StepTracker): on each collective span, the calling thread's
+off-CPU / run-queue / on-CPU time and the process's other host figures (IO, faults) over the
+interval since the end of its previous collective on that communicator (the compute phase).
+
+``hw.id``: the GPU UUID of ``nccl.device`` (otel_ebpf.gpus), on collective, p2p and
+communicator spans (not on ``ncclGroup`` spans, which may cover several devices, nor on root
+spans) and on ``nccl.calls`` / ``nccl.bytes`` / ``nccl.enqueue.duration``; with the device
+unknown only when the process can be on one GPU alone.
+
 Metrics: ``nccl.calls`` and ``nccl.bytes`` {nccl.op, nccl.datatype, nccl.comm.id},
 ``nccl.enqueue.duration`` (s) {nccl.op, nccl.comm.id}, ``nccl.comm.inits`` /
 ``nccl.comm.destroys`` {nccl.function}, ``nccl.errors`` {nccl.function, nccl.error}.
@@ -42,6 +51,7 @@ from typing import Any
 
 from otel_ebpf.emit.ids import derive_id
 from otel_ebpf.events import AttrValue, MetricRecord, ProcessExit, SpanLinkRecord, SpanRecord
+from otel_ebpf.hostctx import StepTracker
 from otel_ebpf.pipeline import Consumer, Context
 
 from otel_ebpf.receivers.nccl import events as ev_mod
@@ -74,6 +84,8 @@ class NcclProcessor:
         self.next = next_
         self.host = config.host or socket.gethostname()
         self.comms = CommTable(config.max_comms, ctx.telemetry, self.host)
+        self._gpus = ctx.gpus  # otel_ebpf.gpus.GpuResolver or None
+        self._steps = StepTracker(getattr(ctx, "host_stats", None))  # ml.step.* host figures
         self._sums: dict[tuple[int, str, tuple[tuple[str, AttrValue], ...]], float] = {}
         self._handlers: dict[type, Callable[[Any, Out], None]] = {
             ev_mod.NcclCollective: self._collective, ev_mod.NcclP2P: self._p2p,
@@ -98,6 +110,8 @@ class NcclProcessor:
                     # only after the NCCL receiver's own exit record, which its ring buffer
                     # orders after the process's last NCCL calls (another receiver's may not be)
                     self.comms.forget_process(ev.pid)
+                    if self._gpus is not None:
+                        self._gpus.forget(ev.pid)
                 out.append(ev)
                 continue
             try:
@@ -150,19 +164,28 @@ class NcclProcessor:
                                ("nccl.device", comm.device)):
                 if value is not None:
                     attrs[key] = value
+        self._add_hw_id(attrs, ev.pid, comm.device if comm is not None else None)
         return attrs
+
+    def _add_hw_id(self, attrs: dict[str, AttrValue], pid: int, device: int | None) -> None:
+        """``hw.id`` of the communicator's CUDA device (unknown device: only when the process can
+        be on one GPU alone), through otel_ebpf.gpus."""
+        uuid = self._gpus.hw_id(pid, -1 if device is None else device) if self._gpus is not None else None
+        if uuid:
+            attrs["hw.id"] = uuid
 
     def _op_metrics(self, ev: Any, attrs: dict[str, AttrValue]) -> None:
         dims: dict[str, AttrValue] = {"nccl.op": ev.op, "nccl.datatype": attrs["nccl.datatype"]}
-        if "nccl.comm.id" in attrs:
-            dims["nccl.comm.id"] = attrs["nccl.comm.id"]
+        for key in ("nccl.comm.id", "hw.id"):
+            if key in attrs:
+                dims[key] = attrs[key]
         self._count(ev.pid, "nccl.calls", 1, **dims)
         size = ev_mod.datatype_size(ev.datatype)
         if size is not None:
             self._count(ev.pid, "nccl.bytes", ev.count * size, **dims)
 
     def _duration(self, ev: Any, attrs: dict[str, AttrValue], out: Out) -> None:
-        dims: dict[str, AttrValue] = {k: attrs[k] for k in ("nccl.op", "nccl.comm.id") if k in attrs}
+        dims: dict[str, AttrValue] = {k: attrs[k] for k in ("nccl.op", "nccl.comm.id", "hw.id") if k in attrs}
         name, unit, text = _DURATION
         out.append(MetricRecord(ev.pid, name, "histogram", max(0, ev.end_ns - ev.start_ns) / 1e9, dims,
                                 unit, text, SCOPE))
@@ -190,6 +213,7 @@ class NcclProcessor:
             attrs["nccl.redop"] = ev_mod.redop_name(ev.redop)
         if ev.root is not None:
             attrs["nccl.root"] = ev.root
+        attrs.update(self._steps.attributes((ev.pid, ev.comm), ev.pid, ev.tid, ev.start_ns, ev.end_ns))
         error = self._error(ev.pid, "nccl" + ev.op, ev.rc)
         trace = parent = span = None
         joined = self._joinable(ev, comm, error)
@@ -251,6 +275,7 @@ class NcclProcessor:
             if rank is not None:
                 span = derive_id(comm_id, "init", rank, bits=64)
         attrs["thread.id"] = ev.tid
+        self._add_hw_id(attrs, ev.pid, None)
         out.append(SpanRecord(ev.pid, name, ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
                               span_id=span, error=error))
 
@@ -302,6 +327,7 @@ class NcclProcessor:
             attrs["nccl.comm.id"] = comm.comm_id
             if comm.rank is not None:
                 attrs["nccl.rank"] = comm.rank
+        self._add_hw_id(attrs, ev.pid, comm.device if comm is not None else None)
         if error is None:
             self._count(ev.pid, "nccl.comm.destroys", 1, **{"nccl.function": function})
         out.append(SpanRecord(ev.pid, function, ev.start_ns, ev.end_ns, attrs, SCOPE, error=error))

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Sequence
 from types import ModuleType
 
+from otel_ebpf import gpus
 from otel_ebpf.events import AttrValue, MetricRecord
 from otel_ebpf.pipeline import Consumer, Context
 
@@ -73,6 +74,8 @@ class NvmlReceiver:
         self._watcher: XidWatcher | None = None
         self._scope_pids: dict[int, bool] = {}
         self._xid_attrs: dict[str, dict[str, AttrValue]] = {}  # uuid -> GPU attributes, read by the XID thread
+        if config.library and ctx.gpus is not None:
+            gpus.attach(ctx, config.library)  # hw.id of CUDA/NCCL signals: the same NVML library
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
