@@ -48,7 +48,8 @@ __all__ = ["DEFAULT_RESOURCE_LABELS", "NoSpanExporter", "PrometheusMetricExporte
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RESOURCE_LABELS = ["process.pid", "service.name", "hw.id", "container.id", "k8s.pod.uid", "ml.rank"]
+DEFAULT_RESOURCE_LABELS = ["process.pid", "service.name", "hw.id", "container.id", "k8s.pod.uid", "k8s.pod.name",
+                           "k8s.namespace.name", "ml.rank"]  # per-pod GPU use: sum by (k8s_namespace_name, k8s_pod_name)
 
 
 class NoSpanExporter(SpanExporter):
