@@ -118,6 +118,9 @@ def _demo_parser(sub: Any) -> None:
                       help="rank that is late to every collective (default: the last rank; -1: none)")
     demo.add_argument("--straggler-delay-ms", type=float, metavar="MS", default=30.0,
                       help="how late, in ms (default 30)")
+    demo.add_argument("--straggler-cause", choices=("cpu", "sleep"), default="cpu",
+                      help="what makes it late: 'cpu' computes longer (shows as on-CPU time), 'sleep' "
+                           "blocks (off-CPU); the summary's 'why late' line names it (default cpu)")
     demo.add_argument("--kill-rank", type=int, metavar="RANK", help="rank that crashes (SIGKILL itself) ...")
     demo.add_argument("--kill-after-step", type=int, metavar="K", help="... after step K")
     demo.add_argument("--output", metavar="DIR", default="./otel-ebpf-demo-out",
@@ -298,6 +301,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     return run(DemoOptions(nodes=args.nodes, ranks_per_node=args.ranks_per_node, steps=args.steps,
                            straggler=args.straggler, straggler_delay_ms=args.straggler_delay_ms,
+                           straggler_cause=args.straggler_cause,
                            kill_rank=args.kill_rank, kill_after_step=args.kill_after_step, output=args.output,
                            otlp_endpoint=args.otlp_endpoint))
 

@@ -60,6 +60,7 @@ class DemoOptions:
     steps: int = 20
     straggler: int | None = None
     straggler_delay_ms: float = 30.0
+    straggler_cause: str = "cpu"  # cpu: a longer compute phase (busy); sleep: blocked
     kill_rank: int | None = None
     kill_after_step: int | None = None
     output: str = "./otel-ebpf-demo-out"
@@ -209,7 +210,11 @@ class _Demo:
     def start_agents(self, cudart: Path, nccl: Path) -> None:
         cfg = _write_yaml(self.run_dir / "agent.yaml", {
             "receivers": {"cuda": {"libraries": [str(cudart)]}, "nccl": {"libraries": [str(nccl)]}},
-            "exporters": {"otlp": {"batch": {"batch_delay": "200ms"}}}})
+            "exporters": {"otlp": {"batch": {"batch_delay": "200ms"}}},
+            # sched: each rank's off-CPU/run-queue time between collectives (ml.step.*), which the
+            # gateway copies onto the straggler's joined collective: why it was late.
+            "service": {"pipelines": {"default": {"receivers": ["cuda", "nccl", "sched"],
+                                                  "processors": ["cuda", "nccl", "sched"]}}}})
         o = self.o
         for n in self.nodes:
             # The agent is told exactly which libraries the ranks load (config above), and the
@@ -221,7 +226,8 @@ class _Demo:
                    "--node", str(n.index), "--nodes", str(o.nodes),
                    "--ranks", str(o.ranks_per_node), "--steps", str(o.steps), "--run-dir", str(self.run_dir),
                    "--nccl", str(nccl), "--straggler", str(_or(o.straggler_rank)),
-                   "--straggler-delay-ms", str(o.straggler_delay_ms), "--kill-rank", str(_or(o.kill_rank)),
+                   "--straggler-delay-ms", str(o.straggler_delay_ms), "--straggler-cause", o.straggler_cause,
+                   "--kill-rank", str(_or(o.kill_rank)),
                    "--kill-after-step", str(_or(o.kill_after_step)), "--master-addr", self.nodes[0].node_addr,
                    "--deadline-s", str(o.deadline_s())]
             agent = [sys.executable, "-m", "otel_ebpf", "--log-level", "warning", "run", "--config", str(cfg),
@@ -357,7 +363,7 @@ def _or(value: int | None) -> int:
 
 def _banner(o: DemoOptions) -> str:
     straggler = "none" if o.straggler_rank is None else f"rank {o.straggler_rank} (+{o.straggler_delay_ms:g} ms " \
-                                                       "before each collective)"
+                                                       f"of {o.straggler_cause} before each collective)"
     kill = f"; rank {o.kill_rank} crashes (SIGKILL) after step {o.kill_after_step}" if o.kill_rank is not None else ""
     return (f"otel-ebpf demo: {o.nodes} nodes x {o.ranks_per_node} ranks, {o.steps} steps; straggler {straggler}"
             f"{kill}")

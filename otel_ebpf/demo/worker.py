@@ -184,7 +184,12 @@ class Rank:
 
     def _collective(self, tag: str, call: Callable[[], int]) -> None:
         if self.rank == self.a.straggler:
-            time.sleep(self.a.straggler_delay_ms / 1000)
+            if self.a.straggler_cause == "sleep":
+                time.sleep(self.a.straggler_delay_ms / 1000)
+            else:  # a longer compute phase: on-CPU, which the sched receiver tells from the peers' waiting
+                end = time.monotonic() + self.a.straggler_delay_ms / 1000
+                while time.monotonic() < end:
+                    pass
         _check(tag, call())
         self._meet(tag, WATCHDOG_S)
 
@@ -260,6 +265,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nccl", required=True, help="path of the libnccl.so.2 to load")
     p.add_argument("--straggler", type=int, default=-1, help="global rank that is late to every collective")
     p.add_argument("--straggler-delay-ms", type=float, default=30.0)
+    p.add_argument("--straggler-cause", choices=("cpu", "sleep"), default="cpu")
     p.add_argument("--kill-rank", type=int, default=-1)
     p.add_argument("--kill-after-step", type=int, default=-1)
     p.add_argument("--master-addr", default="127.0.0.1")

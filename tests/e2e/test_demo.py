@@ -53,6 +53,8 @@ def test_demo_joins_every_collective_across_nodes_and_names_the_straggler(bpf_re
     run = demo(tmp_path / "out", "--steps", "6", "--straggler", "3")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "summary:" in run.stdout and "straggler: rank 3 on node-1" in run.stdout, run.stdout
+    # the sched receiver's step figures, joined by the gateway: rank 3 computes 30 ms longer
+    assert re.search(r"why late: in the step before, rank 3 spent on-CPU [1-9]\d\.\d ms", run.stdout), run.stdout
     traces = collectives(tmp_path / "out")
     assert len(traces) == 7, run.stdout  # 6 AllReduce + 1 Broadcast (every 4th step)
     page = (tmp_path / "out" / "report.html").read_text()  # the first run leaves a report to open

@@ -97,3 +97,29 @@ def test_a_missing_file_is_an_empty_summary(tmp_path: Path) -> None:
     s = summary.read(tmp_path / "nope.jsonl")
     assert s.collectives == [] and s.straggler() is None and s.skew_ms() is None
     assert "none found" in summary.render(s, straggler=None, killed=None, out_dir=tmp_path)
+
+
+def _why(tmp_path: Path, figures: dict[str, tuple[float, float]]) -> str:
+    roots = []
+    for seq in (0, 1):
+        root = _root(seq, 3, 30.0)
+        for name, (mine, peers) in figures.items():
+            root["attributes"] += [{"key": f"nccl.straggler.{name}", "value": {"doubleValue": mine}},
+                                   {"key": f"nccl.peers_median.{name}", "value": {"doubleValue": peers}}]
+        roots.append(root)
+    path = tmp_path / "why.jsonl"
+    path.write_text(_request("node-1", [*roots, _rank(3)]) + "\n")
+    return summary.render(summary.read(path), straggler=3, killed=None, out_dir=tmp_path)
+
+
+def test_why_late_names_the_figures_where_the_straggler_exceeds_its_peers(tmp_path: Path) -> None:
+    text = _why(tmp_path, {"on_cpu.duration": (0.0295, 0.0028), "off_cpu.duration": (0.001, 0.025),
+                           "runq.duration": (0.0004, 0.0003), "interval.duration": (0.035, 0.036)})
+    line = next(ln for ln in text.splitlines() if "why late" in ln)
+    assert "rank 3 spent on-CPU 29.5 ms (peers' median 2.8 ms)" in line
+    assert "off-CPU" not in line and "run queue" not in line  # less than, or within 1 ms of, the peers
+
+
+def test_why_late_says_so_when_the_host_figures_match_the_peers(tmp_path: Path) -> None:
+    text = _why(tmp_path, {"on_cpu.duration": (0.003, 0.003), "off_cpu.sleep.duration": (0.02, 0.0205)})
+    assert "match its peers': the delay is not on the host" in text
