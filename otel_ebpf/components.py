@@ -11,11 +11,25 @@ __all__ = ["processors", "receivers"]
 
 def receivers() -> dict[str, Factory]:
     from otel_ebpf.receivers import cuda, nccl, nvml
+    from otel_ebpf.receivers import blockio, memory, perf
+    from otel_ebpf.receivers import sched
+    from otel_ebpf.receivers import python as python_receiver, torch as torch_receiver
+    from otel_ebpf.receivers import apptrace, probes
 
-    return {f.type: f for f in (cuda.factory, nccl.factory, nvml.factory)}
+    return {f.type: f for f in (cuda.factory, nccl.factory, nvml.factory,
+                                blockio.factory, memory.factory, perf.factory,
+                                sched.factory, python_receiver.factory, torch_receiver.factory,
+                                probes.factory, apptrace.factory)}
 
 
 def processors() -> dict[str, Factory]:
     from otel_ebpf.processors import cuda, nccl
+    from otel_ebpf.processors import blockio, memory, perf
+    from otel_ebpf.processors import sched
+    from otel_ebpf.processors import python as python_processor, torch as torch_processor
+    from otel_ebpf.processors import apptrace as apptrace_processor, probes as probes_processor
 
-    return {f.type: f for f in (cuda.factory, nccl.factory)}
+    return {f.type: f for f in (cuda.factory, nccl.factory,
+                                blockio.factory, memory.factory, perf.factory,
+                                sched.factory, python_processor.factory, torch_processor.factory,
+                                probes_processor.factory, apptrace_processor.factory)}

@@ -1,0 +1,18 @@
+"""PyTorch processor: operator calls (receivers/torch) to nested spans and pytorch.op.duration."""
+from __future__ import annotations
+
+from otel_ebpf.pipeline import Consumer, Context, Factory
+
+from .config import Config
+from .processor import TorchProcessor
+
+__all__ = ["Config", "TorchProcessor", "create", "factory"]
+
+
+def create(config: Config, ctx: Context, next_: Consumer) -> TorchProcessor:
+    return TorchProcessor(config, ctx, next_)
+
+
+factory = Factory(type="torch", config_class=Config, create=create,
+                  description="PyTorch operator calls to nested spans and the pytorch.op.duration histogram",
+                  default_on=False)

@@ -1,0 +1,73 @@
+"""PyTorch operator calls (receivers/torch) -> spans and a duration histogram; everything else
+passes unchanged.
+
+Spans (scope ``otel_ebpf.torch``), named after the operator's at::_ops struct (``addmm``,
+``add__Tensor`` for ``add_.Tensor``), with ``pytorch.op.name`` (the same), ``pytorch.op.depth``
+(probed operators enclosing it) and ``thread.id``. Nested without buffering through derived
+ids, as in the Python processor: ``span_id = H(pid, tid, start)``, ``parent_span_id =
+H(pid, tid, parent_start)``, ``trace_id = H(pid, tid, root_start)`` (one trace per outermost
+probed operator call).
+
+Metric: ``pytorch.op.duration`` histogram (s) by ``pytorch.op.name``; its cardinality is
+bounded by the receiver's operator list.
+
+Threading: single-threaded (the pipeline worker); ``consume`` never raises.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from otel_ebpf.emit.ids import derive_id
+from otel_ebpf.events import MetricRecord, SpanRecord
+from otel_ebpf.pipeline import Consumer, Context
+
+from ...receivers.torch.events import TorchOp
+from .config import Config
+
+__all__ = ["SCOPE", "TorchProcessor"]
+
+log = logging.getLogger(__name__)
+SCOPE = "otel_ebpf.torch"
+
+
+class TorchProcessor:
+    """Processor ``torch``: TorchOp -> SpanRecord (derived ids) + pytorch.op.duration."""
+
+    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
+        self.config = config
+        self._telemetry = ctx.telemetry
+        self._next = next_
+
+    def start(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def consume(self, events: Sequence[object]) -> None:
+        out: list[object] = []
+        for ev in events:
+            if type(ev) is not TorchOp:
+                out.append(ev)
+                continue
+            try:
+                self._op(ev, out)
+            except Exception:  # hot path: count, never raise
+                log.debug("cannot process %r", ev, exc_info=True)
+                self._telemetry.dropped("torch", "bad_event")
+        if out:
+            self._next.consume(out)
+
+    def _op(self, ev: TorchOp, out: list[object]) -> None:
+        out.append(MetricRecord(ev.pid, "pytorch.op.duration", "histogram", (ev.end_ns - ev.start_ns) / 1e9,
+                                {"pytorch.op.name": ev.op}, unit="s", scope=SCOPE,
+                                description="Duration of probed ATen operator calls (at::_ops::<op>::call)."))
+        if not self.config.spans:
+            return
+        attrs = {"pytorch.op.name": ev.op, "pytorch.op.depth": ev.depth, "thread.id": ev.tid}
+        parent = derive_id("torch", ev.pid, ev.tid, ev.parent_start, bits=64) if ev.parent_start else None
+        out.append(SpanRecord(ev.pid, ev.op, ev.start_ns, ev.end_ns, attrs, scope=SCOPE,
+                              trace_id=derive_id("torch", ev.pid, ev.tid, ev.root_start or ev.start_ns, bits=128),
+                              span_id=derive_id("torch", ev.pid, ev.tid, ev.start_ns, bits=64),
+                              parent_span_id=parent))
