@@ -11,51 +11,25 @@ Threading: single-threaded (the pipeline worker); ``consume`` never raises.
 """
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
 from typing import Any
 
 from otel_ebpf.events import MetricRecord, SpanRecord
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.processing import EventProcessor, handles
 
 from ...receivers.apptrace.events import AppPoint, AppSpan
 from .config import Config
 
 __all__ = ["SCOPE", "AppTraceProcessor"]
 
-log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.apptrace"
 
 
-class AppTraceProcessor:
+class AppTraceProcessor(EventProcessor[Config]):
     """Processor ``apptrace``."""
 
-    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
-        self.config = config
-        self._telemetry = ctx.telemetry
-        self._next = next_
+    NAME = "apptrace"
 
-    def start(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def consume(self, events: Sequence[object]) -> None:
-        out: list[object] = []
-        for ev in events:
-            kind = type(ev)
-            if kind is not AppSpan and kind is not AppPoint:
-                out.append(ev)
-                continue
-            try:
-                self._app(ev, out)  # type: ignore[arg-type]
-            except Exception:  # hot path: count, never raise
-                log.debug("cannot process %r", ev, exc_info=True)
-                self._telemetry.dropped("apptrace", "bad_event")
-        if out:
-            self._next.consume(out)
-
+    @handles(AppSpan, AppPoint)
     def _app(self, ev: AppSpan | AppPoint, out: list[object]) -> None:
         attrs: dict[str, Any] = {"app.tracepoint.provider": ev.provider, "thread.id": ev.tid}
         attrs.update((f"app.arg.{k}", v) for k, v in ev.attributes)

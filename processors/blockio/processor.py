@@ -18,22 +18,18 @@ Threading: single-threaded (the pipeline worker calls ``consume``); ``consume`` 
 """
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
 from typing import Any
 
-from otel_ebpf.events import MetricKind, MetricRecord
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.processing import EventProcessor, MetricSpec, handles
 
 from ...receivers.blockio.events import DiskIoStats, ProcessDiskIo
 from .config import Config
 
 __all__ = ["METRICS", "SCOPE", "BlockIoProcessor", "bucket_seconds", "io_attributes"]
 
-log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.blockio"
 # name -> (kind, unit, description)
-METRICS: dict[str, tuple[MetricKind, str, str]] = {
+METRICS: dict[str, MetricSpec] = {
     "system.disk.io": ("counter", "By", "Bytes read from and written to the device."),
     "system.disk.operations": ("counter", "{operation}", "Completed block requests."),
     "system.disk.operation_time": ("counter", "s", "Sum of the time each request took, issue to completion."),
@@ -58,53 +54,26 @@ def bucket_seconds(slot: int) -> float:
     return 0.5e-6 if slot == 0 else 1.5 * (1 << (slot - 1)) * 1e-6
 
 
-class BlockIoProcessor:
+class BlockIoProcessor(EventProcessor[Config]):
     """Processor ``blockio``: stateless."""
 
-    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
-        self.config = config
-        self._telemetry = ctx.telemetry
-        self._next = next_
+    NAME = "blockio"
+    SCOPE = SCOPE
+    METRICS = METRICS
 
-    def start(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def consume(self, events: Sequence[object]) -> None:
-        out: list[object] = []
-        for ev in events:
-            try:
-                if isinstance(ev, DiskIoStats):
-                    self._device(ev, out)
-                elif isinstance(ev, ProcessDiskIo):
-                    self._process(ev, out)
-                else:
-                    out.append(ev)
-            except Exception:  # hot path: count, never raise
-                log.debug("cannot process %r", ev, exc_info=True)
-                self._telemetry.dropped("blockio", "bad_event")
-        if out:
-            self._next.consume(out)
-
-    def _metric(self, out: list[object], pid: int | None, name: str, value: float, attrs: dict[str, Any],
-                count: int = 1) -> None:
-        kind, unit, description = METRICS[name]
-        out.append(MetricRecord(pid, name, kind, value, attrs, unit=unit, description=description,
-                                scope=SCOPE, count=count))
-
+    @handles(DiskIoStats)
     def _device(self, ev: DiskIoStats, out: list[object]) -> None:
         attrs = io_attributes(ev.device, ev.op)
-        self._metric(out, None, "system.disk.io", ev.bytes, attrs)
-        self._metric(out, None, "system.disk.operations", ev.ops, attrs)
-        self._metric(out, None, "system.disk.operation_time", ev.ns / 1e9, attrs)
+        self.metric(out, None, "system.disk.io", ev.bytes, attrs)
+        self.metric(out, None, "system.disk.operations", ev.ops, attrs)
+        self.metric(out, None, "system.disk.operation_time", ev.ns / 1e9, attrs)
         if self.config.latency_histogram:
             for slot, count in ev.buckets:
-                self._metric(out, None, "system.disk.operation.duration", bucket_seconds(slot), attrs, count)
+                self.metric(out, None, "system.disk.operation.duration", bucket_seconds(slot), attrs, count)
 
+    @handles(ProcessDiskIo)
     def _process(self, ev: ProcessDiskIo, out: list[object]) -> None:
         attrs = io_attributes(ev.device, ev.op)
-        self._metric(out, ev.pid, "process.disk.io", ev.bytes, attrs)
-        self._metric(out, ev.pid, "process.disk.operations", ev.ops, attrs)
-        self._metric(out, ev.pid, "process.disk.operation_time", ev.ns / 1e9, attrs)
+        self.metric(out, ev.pid, "process.disk.io", ev.bytes, attrs)
+        self.metric(out, ev.pid, "process.disk.operations", ev.ops, attrs)
+        self.metric(out, ev.pid, "process.disk.operation_time", ev.ns / 1e9, attrs)

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
 
-from otel_ebpf.events import MetricKind, MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.events import ProcessExit, SpanRecord
 from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.processing import EventProcessor, MetricSpec, handles
 
 from ...receivers.memory.events import MemoryUsage, OomKill, PageFaults
 from .config import Config
@@ -33,7 +33,7 @@ __all__ = ["METRICS", "SCOPE", "MemoryProcessor"]
 
 log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.memory"
-METRICS: dict[str, tuple[MetricKind, str, str]] = {
+METRICS: dict[str, MetricSpec] = {
     "process.paging.faults": ("counter", "{fault}", "Number of page faults the process has made."),
     "process.memory.usage": ("updown", "By", "The amount of physical memory in use (RSS)."),
     "process.memory.virtual": ("updown", "By", "The amount of committed virtual memory."),
@@ -41,57 +41,45 @@ METRICS: dict[str, tuple[MetricKind, str, str]] = {
 }
 
 
-class MemoryProcessor:
+class MemoryProcessor(EventProcessor[Config]):
     """Processor ``memory``. Keeps the last RSS/virtual reading per process (bounded)."""
 
+    NAME = "memory"
+    SCOPE = SCOPE
+    METRICS = METRICS
+
     def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
-        self.config = config
-        self._telemetry = ctx.telemetry
-        self._next = next_
+        super().__init__(config, ctx, next_)
         self._last: OrderedDict[int, tuple[int, int]] = OrderedDict()
 
-    def start(self) -> None:
-        pass
+    @handles(PageFaults)
+    def _faults(self, ev: PageFaults, out: list[object]) -> None:
+        self.metric(out, ev.pid, "process.paging.faults", ev.count)
 
-    def shutdown(self) -> None:
-        pass
+    @handles(MemoryUsage)
+    def _reading(self, ev: MemoryUsage, out: list[object]) -> None:
+        self._usage(ev.pid, ev.rss, ev.virtual, out)
 
-    def consume(self, events: Sequence[object]) -> None:
-        out: list[object] = []
-        for ev in events:
-            try:
-                if isinstance(ev, PageFaults):
-                    self._metric(out, ev.pid, "process.paging.faults", ev.count)
-                elif isinstance(ev, MemoryUsage):
-                    self._usage(ev.pid, ev.rss, ev.virtual, out)
-                elif isinstance(ev, OomKill):
-                    self._oom(ev, out)
-                else:
-                    if isinstance(ev, ProcessExit) and ev.source == "memory" and ev.pid in self._last:
-                        self._usage(ev.pid, 0, 0, out)
-                        del self._last[ev.pid]
-                    out.append(ev)
-            except Exception:  # hot path: count, never raise
-                log.debug("cannot process %r", ev, exc_info=True)
-                self._telemetry.dropped("memory", "bad_event")
-        if out:
-            self._next.consume(out)
-
-    def _metric(self, out: list[object], pid: int, name: str, value: float) -> None:
-        kind, unit, description = METRICS[name]
-        out.append(MetricRecord(pid, name, kind, value, {}, unit=unit, description=description, scope=SCOPE))
+    @handles(ProcessExit)
+    def _exit(self, ev: ProcessExit, out: list[object]) -> None:
+        """At the process's exit (seen by this receiver) its usage returns to 0; the exit passes on."""
+        if ev.source == "memory" and ev.pid in self._last:
+            self._usage(ev.pid, 0, 0, out)
+            del self._last[ev.pid]
+        out.append(ev)
 
     def _usage(self, pid: int, rss: int, virtual: int, out: list[object]) -> None:
         old_rss, old_virtual = self._last.pop(pid, (0, 0))
         if rss != old_rss:
-            self._metric(out, pid, "process.memory.usage", rss - old_rss)
+            self.metric(out, pid, "process.memory.usage", rss - old_rss)
         if virtual != old_virtual:
-            self._metric(out, pid, "process.memory.virtual", virtual - old_virtual)
+            self.metric(out, pid, "process.memory.virtual", virtual - old_virtual)
         self._last[pid] = (rss, virtual)
         if len(self._last) > self.config.max_processes:
             self._last.popitem(last=False)
-            self._telemetry.dropped("memory", "usage_table_full")
+            self._telemetry.dropped(self.NAME, "usage_table_full")
 
+    @handles(OomKill)
     def _oom(self, ev: OomKill, out: list[object]) -> None:
         log.warning("OOM killer chose pid %d (%s): anon rss %d kB, file rss %d kB, shmem %d kB; "
                     "allocation by pid %d", ev.pid, ev.comm or "?", ev.anon_rss // 1024, ev.file_rss // 1024,
@@ -102,4 +90,4 @@ class MemoryProcessor:
                  "process.oom.trigger_pid": ev.trigger_pid, "user.id": ev.uid}
         out.append(SpanRecord(ev.pid, "process.oom_kill", ev.time_ns, ev.time_ns, attrs, scope=SCOPE,
                               error="oom_kill", comm=ev.comm or None))
-        self._metric(out, ev.pid, "process.oom_kills", 1)
+        self.metric(out, ev.pid, "process.oom_kills", 1)

@@ -1,17 +1,13 @@
 """Perf-counter processor: perf counts -> process.cpu.* and process.context_switches counters."""
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.pipeline import Factory
 
 from .config import Config
 from .processor import PerfProcessor
 
-__all__ = ["Config", "PerfProcessor", "create", "factory"]
+__all__ = ["Config", "PerfProcessor", "factory"]
 
 
-def create(config: Config, ctx: Context, next_: Consumer) -> PerfProcessor:
-    return PerfProcessor(config, ctx, next_)
-
-
-factory = Factory(type="perf", config_class=Config, create=create,
+factory = Factory(type="perf", config_class=Config, create=PerfProcessor,
                   description="Perf counts to process.cpu.* / process.context_switches counters")

@@ -16,19 +16,16 @@ Threading: single-threaded (the pipeline worker calls ``consume``); ``consume`` 
 """
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
 from typing import Any
 
 from otel_ebpf.events import MetricRecord
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.processing import EventProcessor, handles
 
 from ...receivers.perf.events import PerfCount
 from .config import Config
 
 __all__ = ["METRICS", "SCOPE", "PerfProcessor"]
 
-log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.perf"
 # event -> (metric name, unit, description, scale applied to the raw count)
 METRICS: dict[str, tuple[str, str, str, float]] = {
@@ -41,37 +38,18 @@ METRICS: dict[str, tuple[str, str, str, float]] = {
 }
 
 
-class PerfProcessor:
+class PerfProcessor(EventProcessor[Config]):
     """Processor ``perf``: stateless."""
 
-    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
-        self.config = config
-        self._telemetry = ctx.telemetry
-        self._next = next_
+    NAME = "perf"
 
-    def start(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def consume(self, events: Sequence[object]) -> None:
-        out: list[object] = []
-        for ev in events:
-            if not isinstance(ev, PerfCount):
-                out.append(ev)
-                continue
-            try:
-                name, unit, description, scale = METRICS[ev.event]
-                if ev.pid is None:
-                    name = "system." + name.removeprefix("process.")
-                attrs: dict[str, Any] = {}
-                if ev.multiplexed and self.config.multiplexed_attribute:
-                    attrs["perf.multiplexed"] = True
-                out.append(MetricRecord(ev.pid, name, "counter", ev.delta * scale, attrs, unit=unit,
-                                        description=description, scope=SCOPE))
-            except Exception:  # hot path: count, never raise
-                log.debug("cannot process %r", ev, exc_info=True)
-                self._telemetry.dropped("perf", "bad_event")
-        if out:
-            self._next.consume(out)
+    @handles(PerfCount)
+    def _count(self, ev: PerfCount, out: list[object]) -> None:
+        name, unit, description, scale = METRICS[ev.event]
+        if ev.pid is None:
+            name = "system." + name.removeprefix("process.")
+        attrs: dict[str, Any] = {}
+        if ev.multiplexed and self.config.multiplexed_attribute:
+            attrs["perf.multiplexed"] = True
+        out.append(MetricRecord(ev.pid, name, "counter", ev.delta * scale, attrs, unit=unit,
+                                description=description, scope=SCOPE))

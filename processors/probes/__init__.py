@@ -1,18 +1,14 @@
 """User-declared probes processor: ProbeHit -> spans and metrics (see :mod:`.processor`)."""
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.pipeline import Factory
 
 from .config import Config
 from .processor import UserProbesProcessor
 
-__all__ = ["Config", "UserProbesProcessor", "create", "factory"]
+__all__ = ["Config", "UserProbesProcessor", "factory"]
 
 
-def create(config: Config, ctx: Context, next_: Consumer) -> UserProbesProcessor:
-    return UserProbesProcessor(config, ctx, next_)
-
-
-factory = Factory(type="probes", config_class=Config, create=create,
+factory = Factory(type="probes", config_class=Config, create=UserProbesProcessor,
                   description="User-declared probe hits to spans (<name>) and counters/histograms",
                   default_on=False)

@@ -9,50 +9,25 @@ Threading: single-threaded (the pipeline worker); ``consume`` never raises.
 """
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
 from typing import Any
 
 from otel_ebpf.events import MetricRecord, SpanRecord
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.processing import EventProcessor, handles
 
 from ...receivers.probes.events import ProbeHit
 from .config import Config
 
 __all__ = ["SCOPE", "UserProbesProcessor"]
 
-log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.probes"
 
 
-class UserProbesProcessor:
+class UserProbesProcessor(EventProcessor[Config]):
     """Processor ``probes``."""
 
-    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
-        self.config = config
-        self._telemetry = ctx.telemetry
-        self._next = next_
+    NAME = "probes"
 
-    def start(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def consume(self, events: Sequence[object]) -> None:
-        out: list[object] = []
-        for ev in events:
-            if type(ev) is not ProbeHit:
-                out.append(ev)
-                continue
-            try:
-                self._hit(ev, out)
-            except Exception:  # hot path: count, never raise
-                log.debug("cannot process %r", ev, exc_info=True)
-                self._telemetry.dropped("probes", "bad_event")
-        if out:
-            self._next.consume(out)
-
+    @handles(ProbeHit)
     def _hit(self, ev: ProbeHit, out: list[object]) -> None:
         attrs: dict[str, Any] = {f"probe.arg.{k}": v for k, v in ev.args}
         if ev.span:
@@ -66,7 +41,7 @@ class UserProbesProcessor:
             if ev.value:
                 value = dict(ev.args).get(ev.value)
                 if isinstance(value, bool) or not isinstance(value, int):
-                    self._telemetry.dropped("probes", "bad_event")
+                    self._telemetry.dropped(self.NAME, "bad_event")
                     return
                 mattrs = {k: v for k, v in mattrs.items() if k != f"probe.arg.{ev.value}"}
                 out.append(MetricRecord(ev.pid, ev.probe, "histogram", value, mattrs, unit="1",

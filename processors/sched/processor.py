@@ -27,11 +27,9 @@ Threading: single-threaded (the pipeline worker); ``consume`` never raises.
 """
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +37,9 @@ from opentelemetry.semconv._incubating.attributes import cpu_attributes as cpu
 from opentelemetry.semconv._incubating.attributes import process_attributes as pa
 from opentelemetry.semconv._incubating.metrics import process_metrics as pm
 
-from otel_ebpf.events import Attributes, MetricKind, MetricRecord, ProcessExit, SpanEventRecord, SpanRecord
+from otel_ebpf.events import ProcessExit, SpanEventRecord, SpanRecord
 from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.processing import EventProcessor, MetricSpec, handles
 
 from ...receivers.sched.events import (
     OFF_CPU_REASONS,
@@ -54,12 +53,11 @@ from .config import Config
 
 __all__ = ["METRICS", "SCOPE", "SchedProcessor", "bucket_value"]
 
-log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.sched"
 TELEMETRY_NAME = "sched"
 REASON = "process.sched.off_cpu.reason"
 # name -> (kind, unit, description)
-METRICS: dict[str, tuple[MetricKind, str, str]] = {
+METRICS: dict[str, MetricSpec] = {
     pm.PROCESS_CPU_TIME: ("counter", "s", "On-CPU time of the process's threads."),
     "process.sched.cpu.time": ("counter", "s", "On-CPU time per logical CPU core."),
     "process.sched.off_cpu.time": ("counter", "s", "Time threads were blocked (switch-out to wakeup), by reason."),
@@ -87,21 +85,16 @@ class _Life:
     exit_code: int | None = None
 
 
-class SchedProcessor:
+class SchedProcessor(EventProcessor[Config]):
     """Processor ``sched``. Owns the table of live processes (bounded)."""
 
-    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
-        self.config = config
-        self._telemetry = ctx.telemetry
-        self._next = next_
-        self._procs: OrderedDict[int, _Life] = OrderedDict()
-        self._handlers: dict[type, Callable[[Any, list[object]], None]] = {
-            SchedProcStats: self._proc_stats, SchedCpuStats: self._cpu_stats, SchedFork: self._fork,
-            SchedExec: self._exec, SchedExitCode: self._exit_code, ProcessExit: self._exit,
-        }
+    NAME = TELEMETRY_NAME
+    SCOPE = SCOPE
+    METRICS = METRICS
 
-    def start(self) -> None:
-        pass
+    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
+        super().__init__(config, ctx, next_)
+        self._procs: OrderedDict[int, _Life] = OrderedDict()
 
     def shutdown(self) -> None:
         """Ends the spans of processes still running (safe twice: the table is emptied)."""
@@ -118,47 +111,27 @@ class SchedProcessor:
     def live_processes(self) -> int:
         return len(self._procs)
 
-    def consume(self, events: Sequence[object]) -> None:
-        out: list[object] = []
-        for ev in events:
-            handler = self._handlers.get(type(ev))
-            if handler is None:
-                out.append(ev)
-                continue
-            try:
-                handler(ev, out)
-            except Exception:  # hot path: count, never raise
-                log.debug("cannot process %r", ev, exc_info=True)
-                self._telemetry.dropped(TELEMETRY_NAME, "bad_event")
-        if out:
-            self._next.consume(out)
-
     # ---- metrics ---------------------------------------------------------------------
-    def _metric(self, out: list[object], pid: int, name: str, value: float, attrs: Attributes,
-                count: int = 1) -> None:
-        kind, unit, description = METRICS[name]
-        out.append(MetricRecord(pid, name, kind, value, attrs, unit=unit, description=description,
-                                scope=SCOPE, count=count))
-
+    @handles(SchedProcStats)
     def _proc_stats(self, ev: SchedProcStats, out: list[object]) -> None:
         pid = ev.pid
         if ev.on_cpu_ns:
-            self._metric(out, pid, pm.PROCESS_CPU_TIME, ev.on_cpu_ns / 1e9, {})
+            self.metric(out, pid, pm.PROCESS_CPU_TIME, ev.on_cpu_ns / 1e9, {})
         for reason, ns in zip(OFF_CPU_REASONS, ev.off_cpu_ns, strict=True):
             if ns:
-                self._metric(out, pid, "process.sched.off_cpu.time", ns / 1e9, {REASON: reason})
+                self.metric(out, pid, "process.sched.off_cpu.time", ns / 1e9, {REASON: reason})
         if ev.runq_ns:
-            self._metric(out, pid, "process.sched.runq.time", ev.runq_ns / 1e9, {})
+            self.metric(out, pid, "process.sched.runq.time", ev.runq_ns / 1e9, {})
         for kind, n in (("voluntary", ev.voluntary), ("involuntary", ev.involuntary)):
             if n:
-                self._metric(out, pid, pm.PROCESS_CONTEXT_SWITCHES, n, {pa.PROCESS_CONTEXT_SWITCH_TYPE: kind})
+                self.metric(out, pid, pm.PROCESS_CONTEXT_SWITCHES, n, {pa.PROCESS_CONTEXT_SWITCH_TYPE: kind})
         for slot, n in ev.runq_hist:
-            self._metric(out, pid, "process.sched.runq.latency", bucket_value(slot), {}, count=n)
+            self.metric(out, pid, "process.sched.runq.latency", bucket_value(slot), {}, count=n)
 
+    @handles(SchedCpuStats)
     def _cpu_stats(self, ev: SchedCpuStats, out: list[object]) -> None:
         if ev.on_cpu_ns:
-            self._metric(out, ev.pid, "process.sched.cpu.time", ev.on_cpu_ns / 1e9,
-                         {cpu.CPU_LOGICAL_NUMBER: ev.cpu})
+            self.metric(out, ev.pid, "process.sched.cpu.time", ev.on_cpu_ns / 1e9, {cpu.CPU_LOGICAL_NUMBER: ev.cpu})
 
     # ---- lifecycle -------------------------------------------------------------------
     def _life(self, pid: int, start_ns: int) -> _Life:
@@ -170,6 +143,7 @@ class SchedProcessor:
             life = self._procs[pid] = _Life(start_ns)
         return life
 
+    @handles(SchedFork)
     def _fork(self, ev: SchedFork, out: list[object]) -> None:
         self._procs.pop(ev.pid, None)  # a pid reused: the old process's exit was missed
         life = self._life(ev.pid, ev.time_ns)
@@ -178,6 +152,7 @@ class SchedProcessor:
         if parent is not None:  # until it execs, the child runs its parent's program
             life.filename, life.argv, life.truncated = parent.filename, parent.argv, parent.truncated
 
+    @handles(SchedExec)
     def _exec(self, ev: SchedExec, out: list[object]) -> None:
         life = self._life(ev.pid, ev.time_ns)
         life.filename, life.argv, life.truncated = ev.filename, ev.argv, ev.truncated
@@ -189,11 +164,13 @@ class SchedProcessor:
             pa.PROCESS_EXECUTABLE_PATH: ev.filename, pa.PROCESS_COMMAND_ARGS: ev.argv,
             "thread.id": ev.tid}))
 
+    @handles(SchedExitCode)
     def _exit_code(self, ev: SchedExitCode, out: list[object]) -> None:
         life = self._procs.get(ev.pid)
         if life is not None:
             life.exit_code = ev.exit_code
 
+    @handles(ProcessExit)
     def _exit(self, ev: ProcessExit, out: list[object]) -> None:
         try:
             if ev.source not in ("", "sched"):

@@ -29,5 +29,7 @@ def test_default_config_start_and_shutdown_twice(bpf_ready: None, kind: str, typ
 
 def test_defaults_in_the_registry() -> None:
     rec, proc = components.receivers(), components.processors()
-    assert rec["blockio"].default_on and not rec["memory"].default_on and not rec["perf"].default_on
+    # memory: on, with page faults read from /proc unless fault_source: tracepoint (a host-wide probe)
+    assert rec["blockio"].default_on and rec["memory"].default_on and not rec["perf"].default_on
+    assert rec["memory"].config_class().fault_source == "proc"
     assert all(proc[t].default_on for t in TYPES)  # pass-through until their receiver is enabled

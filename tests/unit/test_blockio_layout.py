@@ -2,9 +2,6 @@
 are read through BCC's own ctypes types, so these constants are the whole mirror)."""
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,30 +9,18 @@ import pytest
 from otel_ebpf.receivers.blockio import receiver as blockio_receiver
 from otel_ebpf.receivers.blockio.receiver import MISC_REASONS, OPS, SLOTS, device_name
 
+from tests.support.layout import measure
+
 HERE = Path(blockio_receiver.__file__).resolve().parent
-SHIM = "typedef unsigned char u8; typedef unsigned int u32; typedef int s32; typedef unsigned long long u64;\n"
 C_OPS = ("READ", "WRITE", "DISCARD", "FLUSH", "OTHER")
 C_MISC = ("NO_ISSUE", "DEV_FULL", "PROC_FULL", "REQ_FULL", "FLUSH")
 
 
 @pytest.fixture(scope="module")
 def c_values(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
-    if shutil.which("gcc") is None:
-        if os.environ.get("CI"):
-            pytest.fail("gcc is needed to check blockio.h against the receiver")
-        pytest.skip("gcc not found")
-    lines = ['printf("slots %d\\n", BLK_SLOTS);', 'printf("misc_slots %d\\n", BLK_MISC_SLOTS);',
-             'printf("dev_val %zu\\n", sizeof(struct blk_dev_val));']
-    lines += [f'printf("op {n} %d\\n", BLK_OP_{n});' for n in C_OPS]
-    lines += [f'printf("misc {n} %d\\n", BLK_MISC_{n});' for n in C_MISC]
-    src = (f'#include <stdio.h>\n{SHIM}#include "blockio.h"\nint main(void)\n{{\n' + "\n".join(lines)
-           + "\nreturn 0;\n}\n")
-    tmp = tmp_path_factory.mktemp("blockio_layout")
-    (tmp / "l.c").write_text(src)
-    subprocess.run(["gcc", "-Wall", "-Werror", f"-I{HERE}", "-o", str(tmp / "l"), str(tmp / "l.c")],
-                   check=True, capture_output=True, timeout=60)
-    out = subprocess.run([str(tmp / "l")], check=True, capture_output=True, text=True, timeout=10).stdout
-    return {" ".join(line.split()[:-1]): int(line.split()[-1]) for line in out.splitlines()}
+    exprs = {"slots": "BLK_SLOTS", "misc_slots": "BLK_MISC_SLOTS", "dev_val": "sizeof(struct blk_dev_val)"}
+    exprs |= {f"op {n}": f"BLK_OP_{n}" for n in C_OPS} | {f"misc {n}": f"BLK_MISC_{n}" for n in C_MISC}
+    return measure(HERE, "blockio.h", tmp_path_factory.mktemp("blockio_layout"), values=exprs).values
 
 
 def test_histogram_slots_match(c_values: dict[str, int]) -> None:

@@ -2,29 +2,16 @@
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
+import struct
 from pathlib import Path
 
 import pytest
 
 from otel_ebpf.receivers.nccl import receiver as rx
 
+from tests.support.layout import CLayout, assert_members, measure
+
 HEADER = Path(rx.__file__).with_name("nccl.h")
-
-
-def _c_program() -> str:
-    lines = ["#include <stdio.h>", "#include <stddef.h>", "#include <stdint.h>",
-             "typedef uint8_t u8; typedef uint32_t u32; typedef int32_t s32; typedef uint64_t u64;",
-             '#include "nccl.h"', "int main(void) {"]
-    for lay in rx.LAYOUTS:
-        lines.append(f'printf("{lay.c_name} sizeof %zu\\n", sizeof(struct {lay.c_name}));')
-        for name, _ in lay.fields:
-            lines.append(f'printf("{lay.c_name} {name} %zu\\n", offsetof(struct {lay.c_name}, {name}));')
-    for define in _defines():
-        lines.append(f'printf("define {define} %d\\n", (int)({define}));')
-    lines += ["return 0;", "}"]
-    return "\n".join(lines)
 
 
 def _defines() -> list[str]:
@@ -32,23 +19,15 @@ def _defines() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], int]:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.fail("gcc is needed to check the record layouts")
-    tmp = tmp_path_factory.mktemp("nccl_layout")
-    src, exe = tmp / "layout.c", tmp / "layout"
-    src.write_text(_c_program())
-    subprocess.run([gcc, "-Wall", "-Werror", f"-I{HEADER.parent}", "-o", str(exe), str(src)], check=True)
-    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
-    return {(a, b): int(c) for a, b, c in (line.split() for line in out.splitlines())}
+def measured(tmp_path_factory: pytest.TempPathFactory) -> CLayout:
+    return measure(HEADER.parent, HEADER.name, tmp_path_factory.mktemp("nccl_layout"),
+                   structs={lay.c_name: [name for name, _ in lay.fields] for lay in rx.LAYOUTS}, values=_defines())
 
 
 @pytest.mark.parametrize("layout", rx.LAYOUTS, ids=lambda lay: lay.c_name)
-def test_python_mirror_has_the_c_size_and_offsets(layout: rx.Layout, measured: dict) -> None:
-    assert layout.struct.size == measured[(layout.c_name, "sizeof")]
-    for name, _ in layout.fields:
-        assert layout.offsets[name] == measured[(layout.c_name, name)], f"{layout.c_name}.{name}"
+def test_python_mirror_has_the_c_size_and_offsets(layout: rx.Layout, measured: CLayout) -> None:
+    assert_members(measured, layout.c_name, layout.struct.size,
+                   [(name, layout.offsets[name], struct.calcsize("<" + code)) for name, code in layout.fields])
 
 
 @pytest.mark.parametrize("layout", rx.LAYOUTS, ids=lambda lay: lay.c_name)
@@ -60,17 +39,17 @@ def test_python_mirror_names_every_c_field_in_order(layout: rx.Layout) -> None:
     assert c_fields == [name for name, _ in layout.fields]
 
 
-def test_record_types_are_distinct_start_at_32_and_match_the_header(measured: dict) -> None:
+def test_record_types_are_distinct_start_at_32_and_match_the_header(measured: CLayout) -> None:
     types = [lay.etype for lay in rx.LAYOUTS]
     assert len(set(types)) == len(types) and min(types) >= 32
     for lay in rx.LAYOUTS:
         assert lay.fields[0] == ("type", "B")
-    by_value = {v: k for (kind, k), v in measured.items() if kind == "define" and k.startswith("NCCL_EV_")}
+    by_value = {v: k for k, v in measured.values.items() if k.startswith("NCCL_EV_")}
     assert sorted(by_value) == sorted(types)
 
 
-def test_op_and_kind_tables_follow_the_header_defines(measured: dict) -> None:
-    defines = {name: value for (kind, name), value in measured.items() if kind == "define"}
+def test_op_and_kind_tables_follow_the_header_defines(measured: CLayout) -> None:
+    defines = measured.values
     ops = sorted((v, k) for k, v in defines.items() if k.startswith("NCCL_OP_"))
     assert [v for v, _ in ops] == list(range(len(rx.OPS)))
     assert [k.removeprefix("NCCL_OP_").replace("_", "").lower() for _, k in ops] == \

@@ -3,9 +3,6 @@ reach the programs; processors turning events into nested spans (ids derived, no
 from __future__ import annotations
 
 import re
-import shutil
-import struct
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -29,47 +26,18 @@ from otel_ebpf.receivers.torch import Config as TorchConfig
 from otel_ebpf.receivers.torch.events import TorchOp
 from otel_ebpf.receivers.torch.receiver import OP, TorchReceiver, op_symbol_regex
 
-SHIM = "typedef unsigned char u8; typedef unsigned int u32; typedef int s32; typedef unsigned long long u64;\n"
+from tests.support.layout import assert_mirror, format_offsets, measure
+
 CASES = [(CALL, Path(py_pkg.__file__).parent, "python.h", "PY_EV_CALL"),
          (OP, Path(torch_pkg.__file__).parent, "torch.h", "TORCH_EV_OP")]
 
 
-def _offsets(fmt: struct.Struct) -> list[tuple[int, int]]:
-    out, pos = [], 0
-    for count, code in re.findall(r"(\d*)([a-zA-Z?])", fmt.format.lstrip("<")):
-        n = int(count or 1)
-        if code == "x":
-            pos += n
-        elif code == "s":
-            out.append((pos, n))
-            pos += n
-        else:
-            size = struct.calcsize("<" + code)
-            for _ in range(n):
-                out.append((pos, size))
-                pos += size
-    return out
-
-
 @pytest.mark.parametrize(("mirror", "folder", "header", "macro"), CASES, ids=["python", "torch"])
 def test_mirror_matches_c_layout(mirror: Any, folder: Path, header: str, macro: str, tmp_path: Path) -> None:
-    if shutil.which("gcc") is None:
-        pytest.fail("gcc is needed to check the record layouts")
-    lines = [f'printf("sizeof %zu\\n", sizeof(struct {mirror.c_struct}));', f'printf("etype %d\\n", {macro});']
-    for f in mirror.fields:
-        lines.append(f'printf("{f} %zu %zu\\n", __builtin_offsetof(struct {mirror.c_struct}, {f}), '
-                     f'sizeof(((struct {mirror.c_struct} *)0)->{f}));')
-    (tmp_path / "l.c").write_text(f'#include <stdio.h>\n{SHIM}#include "{header}"\nint main(void) {{\n'
-                                  + "\n".join(lines) + "\nreturn 0;\n}\n")
-    subprocess.run(["gcc", "-Wall", "-Werror", f"-I{folder}", "-o", str(tmp_path / "l"), str(tmp_path / "l.c")],
-                   check=True, capture_output=True, timeout=60)
-    out = subprocess.run([str(tmp_path / "l")], check=True, capture_output=True, text=True, timeout=10).stdout
-    values = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in out.splitlines()}
-    assert mirror.fmt.size == values["sizeof"][0]
-    assert mirror.etype == values["etype"][0]
-    assert mirror.fmt.format.startswith("<") and mirror.fields[0] == "type"
-    for (offset, size), field in zip(_offsets(mirror.fmt), mirror.fields, strict=True):
-        assert [offset, size] == values[field], field
+    c = measure(folder, header, tmp_path, structs={mirror.c_struct: mirror.fields}, values=[macro])
+    assert_mirror(c, mirror.c_struct, mirror.fmt, mirror.fields)
+    assert mirror.etype == c.values[macro]
+    assert mirror.fields[0] == "type" and format_offsets(mirror.fmt)[0] == (0, 1)
 
 
 def test_record_type_ranges() -> None:

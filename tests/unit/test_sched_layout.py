@@ -2,11 +2,6 @@
 through them; the receiver config as it reaches the program."""
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import struct
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,86 +14,35 @@ from otel_ebpf.receivers.sched import receiver as sched_receiver
 from otel_ebpf.receivers.sched.events import SchedExec, SchedExitCode, SchedFork, SchedProcStats
 from otel_ebpf.receivers.sched.receiver import EXEC, EXIT_CODE, FORK, MIRRORS, Mirror, SchedReceiver, _proc_delta
 
+from tests.support.layout import CLayout, assert_mirror, format_offsets, measure
+
 SCHED_DIR = Path(sched_receiver.__file__).resolve().parent
-SHIM = ("typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32; typedef int s32; "
-        "typedef unsigned long long u64;\n")
-
-
-def _offsets(fmt: struct.Struct) -> list[tuple[int, int]]:
-    out, pos = [], 0
-    for count, code in re.findall(r"(\d*)([a-zA-Z?])", fmt.format.lstrip("<")):
-        n = int(count or 1)
-        if code == "x":
-            pos += n
-            continue
-        if code == "s":
-            out.append((pos, n))
-            pos += n
-            continue
-        size = struct.calcsize("<" + code)
-        for _ in range(n):
-            out.append((pos, size))
-            pos += size
-    return out
+ETYPES = {"sched_fork_rec": "SCHED_EV_FORK", "sched_exec_rec": "SCHED_EV_EXEC",
+          "sched_exit_code_rec": "SCHED_EV_EXIT_CODE"}
 
 
 @pytest.fixture(scope="module")
-def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
-    if shutil.which("gcc") is None:
-        if os.environ.get("CI"):
-            pytest.fail("gcc is needed to check sched.h against its Python mirrors")
-        pytest.skip("gcc not found")
-    lines = []
-    for m in MIRRORS:
-        lines.append(f'printf("sizeof {m.c_struct} %zu\\n", sizeof(struct {m.c_struct}));')
-        for f in m.fields:
-            member = f"((struct {m.c_struct} *)0)->{f}"
-            lines.append(f'printf("offsetof {m.c_struct} {f} %zu %zu\\n", '
-                         f'__builtin_offsetof(struct {m.c_struct}, {f}), sizeof({member}));')
-    for name in ("FORK", "EXEC", "EXIT_CODE"):
-        lines.append(f'printf("etype {name} %d\\n", SCHED_EV_{name});')
-    for name in ("HIST_SLOTS", "ARGS_LEN", "R_RUNQ"):
-        lines.append(f'printf("const {name} %d\\n", SCHED_{name});')
-    src = (f'#include <stdio.h>\n{SHIM}#include "sched.h"\nint main(void)\n{{\n    '
-           + "\n    ".join(lines) + "\n    return 0;\n}\n")
-    tmp = tmp_path_factory.mktemp("sched_layout")
-    (tmp / "layout.c").write_text(src)
-    subprocess.run(["gcc", "-Wall", "-Werror", f"-I{SCHED_DIR}", "-o", str(tmp / "layout"), str(tmp / "layout.c")],
-                   check=True, capture_output=True, timeout=60)
-    out = subprocess.run([str(tmp / "layout")], check=True, capture_output=True, text=True, timeout=10).stdout
-    values: dict[str, int] = {}
-    for line in out.splitlines():
-        words = line.split()
-        if words[0] == "offsetof":
-            key = " ".join(words[:3])
-            values[key], values[key + " size"] = int(words[3]), int(words[4])
-        else:
-            values[" ".join(words[:-1])] = int(words[-1])
-    return values
+def c_layout(tmp_path_factory: pytest.TempPathFactory) -> CLayout:
+    return measure(SCHED_DIR, "sched.h", tmp_path_factory.mktemp("sched_layout"),
+                   structs={m.c_struct: m.fields for m in MIRRORS},
+                   values=[*ETYPES.values(), "SCHED_HIST_SLOTS", "SCHED_ARGS_LEN", "SCHED_R_RUNQ"])
 
 
 @pytest.mark.parametrize("mirror", MIRRORS, ids=lambda m: m.c_struct)
-def test_mirror_matches_c_layout(mirror: Mirror, c_layout: dict[str, int]) -> None:
-    assert mirror.fmt.format.startswith("<")
-    assert mirror.fmt.size == c_layout[f"sizeof {mirror.c_struct}"]
-    offsets = _offsets(mirror.fmt)
-    assert len(offsets) == len(mirror.fields)
-    for (offset, size), field in zip(offsets, mirror.fields, strict=True):
-        key = f"offsetof {mirror.c_struct} {field}"
-        assert (offset, size) == (c_layout[key], c_layout[key + " size"]), field
+def test_mirror_matches_c_layout(mirror: Mirror, c_layout: CLayout) -> None:
+    assert_mirror(c_layout, mirror.c_struct, mirror.fmt, mirror.fields)
 
 
 @pytest.mark.parametrize("mirror", MIRRORS, ids=lambda m: m.c_struct)
-def test_records_start_with_their_type_byte_in_the_sched_range(mirror: Mirror, c_layout: dict[str, int]) -> None:
-    name = {"sched_fork_rec": "FORK", "sched_exec_rec": "EXEC", "sched_exit_code_rec": "EXIT_CODE"}[mirror.c_struct]
-    assert mirror.fields[0] == "type" and _offsets(mirror.fmt)[0] == (0, 1)
-    assert 48 <= mirror.etype == c_layout[f"etype {name}"] <= 63
+def test_records_start_with_their_type_byte_in_the_sched_range(mirror: Mirror, c_layout: CLayout) -> None:
+    assert mirror.fields[0] == "type" and format_offsets(mirror.fmt)[0] == (0, 1)
+    assert 48 <= mirror.etype == c_layout.values[ETYPES[mirror.c_struct]] <= 63
 
 
-def test_python_constants_match_sched_h(c_layout: dict[str, int]) -> None:
-    assert c_layout["const HIST_SLOTS"] == sched_receiver._HIST_SLOTS
-    assert c_layout["const ARGS_LEN"] == sched_receiver._ARGS_LEN
-    assert c_layout["const R_RUNQ"] == sched_receiver._R_RUNQ
+def test_python_constants_match_sched_h(c_layout: CLayout) -> None:
+    assert c_layout.values["SCHED_HIST_SLOTS"] == sched_receiver._HIST_SLOTS
+    assert c_layout.values["SCHED_ARGS_LEN"] == sched_receiver._ARGS_LEN
+    assert c_layout.values["SCHED_R_RUNQ"] == sched_receiver._R_RUNQ
 
 
 def _receiver(**cfg) -> SchedReceiver:
