@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_ebpf import threadctx
 from otel_ebpf.clock import KernelClock
 from otel_ebpf.errors import AttachError, BccMissingError, BpfLoadError, KernelHeadersError, PrivilegeError
 from otel_ebpf.events import LibraryLoaded, ProcessExit
@@ -37,7 +38,8 @@ COMMON_SRC = INCLUDE_DIR / "common.bpf.c"
 _CHUNK = 4096  # records handed to the pipeline at a time
 _FIRST_RECEIVER_TYPE = 16  # record types below are common.bpf.c's (1 exit, 2 library open, 3 exec)
 _BACKPRESSURE_S = 1.0  # longest a receiver waits for the pipeline before dropping a chunk
-DROP_REASONS = ("ringbuf_full", "pid_map_full", "state_map_full", "stats_map_full", "lifecycle_ringbuf_full")
+DROP_REASONS = ("ringbuf_full", "pid_map_full", "state_map_full", "stats_map_full", "lifecycle_ringbuf_full",
+                "context_map_full")
 _EXIT = struct.Struct("<B3xIQ16s")
 _LIBOPEN = struct.Struct("<BB2xII4xQ256s")
 HEADERS_HINT = ("install the headers of the running kernel (Debian/Ubuntu: apt install "
@@ -45,6 +47,21 @@ HEADERS_HINT = ("install the headers of the running kernel (Debian/Ubuntu: apt i
                 "the generic ones (linux-headers-amd64) and link them: ln -s /usr/src/linux-headers-X-amd64 "
                 "/lib/modules/$(uname -r)/build; ln -s /usr/src/linux-headers-X-common "
                 "/lib/modules/$(uname -r)/source  (scripts/setup.sh does this)")
+
+
+_clock_offset: int | None = None
+
+
+def _agent_clock() -> KernelClock:
+    """A clock with the offset of the first one made in this process: every receiver converts
+    kernel time alike, so a start time one program shares with another (oe_thread_ctx: the
+    enclosing Python / PyTorch call of a CUDA call) gives the same epoch ns, hence the same ids."""
+    global _clock_offset
+    clock = KernelClock()
+    if _clock_offset is None:
+        _clock_offset = clock.offset_ns
+    clock.offset_ns = _clock_offset
+    return clock
 
 
 def import_bcc() -> Any:
@@ -152,12 +169,14 @@ class BpfReceiver:
     library_key: str | None = None
     lib_pattern: str | None = None
     probes: Sequence[Probe] = ()
+    thread_context = False  # uses oe_thread_ctx (common.bpf.c, otel_ebpf.threadctx): cuda, python, torch
 
     def __init__(self, ctx: Context, next_: Consumer, *, ringbuf_pages: int = 256,
                  pause_on_load: bool = False, extra_libraries: Sequence[str] = (),
                  poll_interval: float = 0.1) -> None:
         self.ctx, self.next = ctx, next_
-        self.clock = KernelClock()
+        self.clock = _agent_clock()
+        self._ctx_pin: str | None = None  # oe_thread_ctx's bpffs pin while loaded (thread_context)
         self._ringbuf_pages = ringbuf_pages
         self._pause = pause_on_load
         self._extra_libs = list(extra_libraries)
@@ -192,6 +211,10 @@ class BpfReceiver:
                  f"-DOE_PAUSE_ON_LOAD={1 if self._pause else 0}", "-Wno-unused-function"]
         if self.lib_pattern:
             flags.append(f'-DOE_LIB_PATTERN="{self.lib_pattern}"')
+        if self.thread_context:
+            flags.append("-DOE_THREAD_CTX=1")
+            if self._ctx_pin:
+                flags.append(f'-DOE_THREAD_CTX_PIN="{self._ctx_pin}"')
         return flags + self.cflags()
 
     def source(self) -> str:
@@ -206,10 +229,14 @@ class BpfReceiver:
 
     def _load(self) -> Any:
         bcc = require_bpf()
+        if self.thread_context and self._ctx_pin is None:
+            self._ctx_pin = threadctx.acquire(self.ctx)
         try:
             with _capture_stderr() as errors:
                 return bcc.BPF(text=self.source(), cflags=self.program_cflags())
         except Exception as exc:
+            threadctx.release(self._ctx_pin)
+            self._ctx_pin = None
             detail = "\n".join(line for line in errors.text().splitlines() if "error" in line)[-3000:]
             raise BpfLoadError(f"{self.name}: BPF program {self.src_file} failed to load: {exc}\n{detail}",
                                hint="run with --dump-bpf to see the program; see docs/troubleshooting.md"
@@ -411,6 +438,8 @@ class BpfReceiver:
             except Exception:
                 log.debug("%s: cleanup failed", self.name, exc_info=True)
             self._bpf = None
+        threadctx.release(self._ctx_pin)
+        self._ctx_pin = None
 
     def add_target(self, pid: int) -> None:
         """Trace one more process tree (used by ``run -- CMD`` after fork, before exec)."""

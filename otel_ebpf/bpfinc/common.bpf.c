@@ -18,6 +18,9 @@
  * and their struct layouts would be wrong.
  *
  * Every event struct starts with a u8 type; receivers use types >= 16.
+ *
+ * - with OE_THREAD_CTX=1 (cuda, python, torch): the per-thread "current call" map
+ *   oe_thread_ctx, see below.
  */
 #include <uapi/linux/ptrace.h>
 
@@ -48,7 +51,8 @@
 #define OE_DROP_STATEMAP 2
 #define OE_DROP_STATSMAP 3
 #define OE_DROP_LIFECYCLE 4
-#define OE_DROP_SLOTS 5
+#define OE_DROP_CTXMAP 5
+#define OE_DROP_SLOTS 6
 
 struct oe_proc_exit {
     u8 type;
@@ -239,3 +243,89 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
 }
 #endif /* OE_LIB_PATTERN */
 
+
+#ifdef OE_THREAD_CTX
+/* ---- per-thread current call, shared by the programs of one agent -------------------------
+ * The python and torch programs write the innermost open call of the thread (one slot each:
+ * they keep separate stacks) at entry and return; the cuda program reads it at each call's
+ * entry, so a CUDA span can name the Python function / PyTorch operator that issued it.
+ * Shared between separately compiled programs through a pinned map: OE_THREAD_CTX_PIN is its
+ * bpffs path (otel_ebpf/threadctx.py; the first program creates it, the others open it).
+ * Without it (bpffs unavailable) the map is private to each program: nothing is shared.
+ * Key: thread id. Only the thread itself writes or reads its entry (from its own probes);
+ * entries go at thread exit (oe_ctx_forget) or with the map. The size is fixed, not a
+ * parameter: every program opening the pinned map must declare it the same. */
+#define OE_CTX_PYTHON 1
+#define OE_CTX_TORCH 2
+#define OE_CTX_MAX_THREADS 65536
+
+struct oe_ctx_frame {
+    u64 start;   /* start_ns of the innermost open call of this kind; 0: none open */
+    u64 root;    /* start_ns of the outermost open call of this kind */
+    u64 id;      /* torch: the operator's entry address (its uprobe's ip); python: 0 */
+    u32 depth;
+    u32 _pad;
+};
+
+struct oe_thread_ctx {
+    struct oe_ctx_frame k[2]; /* [OE_CTX_PYTHON - 1], [OE_CTX_TORCH - 1] */
+};
+
+#ifdef OE_THREAD_CTX_PIN
+BPF_TABLE_PINNED("hash", u32, struct oe_thread_ctx, oe_thread_ctx, OE_CTX_MAX_THREADS, OE_THREAD_CTX_PIN);
+#else
+BPF_HASH(oe_thread_ctx, u32, struct oe_thread_ctx, OE_CTX_MAX_THREADS);
+#endif
+
+/* Set the `kind` slot of thread `tid` (start 0: no call of that kind open). A full map is
+ * counted in drops[OE_DROP_CTXMAP]; that thread's CUDA calls then name no enclosing call. */
+static __always_inline void oe_ctx_set(u32 tid, u32 kind, u64 start, u64 root, u64 id, u32 depth)
+{
+    struct oe_thread_ctx *c = oe_thread_ctx.lookup(&tid);
+    if (!c) {
+        if (!start)
+            return;
+        struct oe_thread_ctx zero = {};
+        if (oe_thread_ctx.insert(&tid, &zero) != 0) {
+            oe_drop(OE_DROP_CTXMAP);
+            return;
+        }
+        c = oe_thread_ctx.lookup(&tid);
+        if (!c)
+            return;
+    }
+    struct oe_ctx_frame *f = &c->k[(kind - 1) & 1];
+    f->start = start;
+    f->root = root;
+    f->id = id;
+    f->depth = depth;
+}
+
+/* The innermost open call of thread `tid` over both kinds (the later start): its kind
+ * (OE_CTX_*), or 0 when none is open. */
+static __always_inline u32 oe_ctx_get(u32 tid, u64 *start, u64 *root, u64 *id)
+{
+    struct oe_thread_ctx *c = oe_thread_ctx.lookup(&tid);
+    if (!c)
+        return 0;
+    u64 py = c->k[0].start, op = c->k[1].start;
+    if (op && op >= py) {
+        *start = op;
+        *root = c->k[1].root;
+        *id = c->k[1].id;
+        return OE_CTX_TORCH;
+    }
+    if (py) {
+        *start = py;
+        *root = c->k[0].root;
+        *id = c->k[0].id;
+        return OE_CTX_PYTHON;
+    }
+    return 0;
+}
+
+static __always_inline void oe_ctx_forget(u32 tid)
+{
+    oe_thread_ctx.delete(&tid);
+}
+#endif /* OE_THREAD_CTX */

@@ -41,6 +41,18 @@ Metrics (scope ``otel_ebpf.cuda``; OBI's ``gpu.cuda.*`` names where OBI has one)
   ``gpu.cuda.event.synchronize.calls`` counters {call} (OBI).
 * ``gpu.cuda.api.errors`` counter {call}, by cuda.api, error.type, cuda.device.index.
 
+Parents. A call made inside a traced Python function or PyTorch operator (the receivers
+``python`` / ``torch`` of the same agent write the thread's innermost open call into a map the
+cuda program reads at the call's entry: event field ``enclosing``) is a child of that call's
+span, in its trace: the ids come from ``processors.python.call_ids`` / ``processors.torch.op_ids``,
+the functions those processors derive their own span ids with. Otherwise, when the apptrace
+receiver runs, the app span current on the thread at the call's start is the parent. The
+enclosing function/operator wins over the app span: it is the exact, innermost nesting known
+in the kernel, while the app store answers by time and knows nothing of functions/operators
+(which are their own traces, not children of app spans). ``gpu.cuda.kernel.launch.calls``
+carries ``pytorch.op.name`` when the launches were made inside a probed operator (receiver
+``launch_context``, torch receiver running).
+
 Allocations are tracked per process up to ``max_tracked_allocations`` over all processes
 (beyond: ``otel_ebpf.events.dropped{receiver=cuda, reason=alloc_table_full}``). A free of a
 pointer never seen allocated (e.g. allocated before the probes attached) is counted in
@@ -60,6 +72,7 @@ from otel_ebpf.pipeline import Consumer, Context
 
 from ...receivers.cuda.events import (
     AllocCall,
+    EnclosingCall,
     FreeCall,
     KernelLaunch,
     KernelLaunchStats,
@@ -67,6 +80,8 @@ from ...receivers.cuda.events import (
     SetDeviceCall,
     SyncCall,
 )
+from ..python.processor import call_ids
+from ..torch.processor import op_ids
 from .config import Config
 from .errors import error_name
 
@@ -102,6 +117,12 @@ _SYNC_CALLS = {"cudaStreamSynchronize": "gpu.cuda.stream.synchronize.calls",
 def _base_api(api: str) -> str:
     """cudaMemcpyAsync_ptsz -> cudaMemcpyAsync."""
     return api.removesuffix("_ptsz").removesuffix("_ptds")
+
+
+def _enclosing_ids(pid: int, tid: int, enc: EnclosingCall) -> tuple[int, int]:
+    """(trace id, span id) of the span the python/torch processor makes for ``enc``."""
+    ids = op_ids if enc.kind == "torch" else call_ids
+    return ids(pid, tid, enc.start_ns, enc.root_ns)
 
 
 def _dev(device: int) -> dict[str, Any]:
@@ -191,10 +212,17 @@ class CudaProcessor:
             self._metric(out, ev.pid, "gpu.cuda.api.errors", 1, {"cuda.api": ev.api, "error.type": error, **where})
         if self.config.spans:
             attrs.update(extra)
-            store = self._ctx.app_context
-            app = store.lookup(ev.pid, ev.tid, ev.start_ns) if store is not None else None
+            parent = self._parent(ev.pid, ev.tid, ev.start_ns, ev.enclosing)
             out.append(SpanRecord(ev.pid, ev.api, ev.start_ns, ev.end_ns, attrs, scope=SCOPE, error=error,
-                                  trace_id=app[0] if app else None, parent_span_id=app[1] if app else None))
+                                  trace_id=parent[0] if parent else None,
+                                  parent_span_id=parent[1] if parent else None))
+
+    def _parent(self, pid: int, tid: int, time_ns: int, enc: EnclosingCall | None) -> tuple[int, int] | None:
+        """(trace id, parent span id): the enclosing Python/PyTorch call, else the app span."""
+        if enc is not None:
+            return _enclosing_ids(pid, tid, enc)
+        store = self._ctx.app_context
+        return store.lookup(pid, tid, time_ns) if store is not None else None
 
     # ---- handlers --------------------------------------------------------------------
     def _memcpy(self, ev: MemcpyCall, out: list[object]) -> None:
@@ -286,13 +314,16 @@ class CudaProcessor:
             "cuda.kernel.grid": ev.grid, "cuda.kernel.block": ev.block,
             "cuda.kernel.shared_mem": ev.shared_mem, "cuda.kernel.launch_seq": ev.seq,
             "cuda.stream": hex(ev.stream), **self._where(ev.pid, ev.device)}
-        out.append(SpanRecord(ev.pid, ev.api, ev.time_ns, ev.time_ns, attrs, scope=SCOPE))
+        parent = self._parent(ev.pid, ev.tid, ev.time_ns, ev.enclosing)
+        out.append(SpanRecord(ev.pid, ev.api, ev.time_ns, ev.time_ns, attrs, scope=SCOPE,
+                              trace_id=parent[0] if parent else None, parent_span_id=parent[1] if parent else None))
 
     def _launch_stats(self, ev: KernelLaunchStats, out: list[object]) -> None:
         if ev.count <= 0:
             return
         dev = self._where(ev.pid, ev.device)
-        self._metric(out, ev.pid, "gpu.cuda.kernel.launch.calls", ev.count, dev)
+        calls = {**dev, "pytorch.op.name": ev.op} if ev.op else dev
+        self._metric(out, ev.pid, "gpu.cuda.kernel.launch.calls", ev.count, calls)
         self._metric(out, ev.pid, "gpu.cuda.kernel.grid.size", ev.grid_size, dev, count=ev.count)
         self._metric(out, ev.pid, "gpu.cuda.kernel.block.size", ev.block_size, dev, count=ev.count)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 from otel_ebpf.pipeline import Consumer, Context, Factory
 
 from .config import Config
-from .processor import PythonProcessor, qualified_name
+from .processor import PythonProcessor, call_ids, qualified_name
 
-__all__ = ["Config", "PythonProcessor", "create", "factory", "qualified_name"]
+__all__ = ["Config", "PythonProcessor", "call_ids", "create", "factory", "qualified_name"]
 
 
 def create(config: Config, ctx: Context, next_: Consumer) -> PythonProcessor:

@@ -30,10 +30,18 @@ from otel_ebpf.pipeline import Consumer, Context
 from ...receivers.python.events import PythonCall
 from .config import Config
 
-__all__ = ["SCOPE", "PythonProcessor", "qualified_name"]
+__all__ = ["SCOPE", "PythonProcessor", "call_ids", "qualified_name"]
 
 log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.python"
+
+
+def call_ids(pid: int, tid: int, start_ns: int, root_ns: int) -> tuple[int, int]:
+    """(trace id, span id) of the span of thread ``tid``'s call that started at ``start_ns``
+    inside the outermost call that started at ``root_ns`` (epoch ns, as in PythonCall). The one
+    source of these ids: processors/cuda uses it to parent CUDA calls on that span."""
+    return (derive_id("py", pid, tid, root_ns or start_ns, bits=128),
+            derive_id("py", pid, tid, start_ns, bits=64))
 
 
 def qualified_name(file: str, function: str) -> str:
@@ -79,9 +87,7 @@ class PythonProcessor:
         name = qualified_name(ev.file, ev.function) if self.config.qualify else ev.function
         attrs = {CODE_FUNCTION_NAME: name, CODE_FILE_PATH: ev.file, CODE_LINE_NUMBER: ev.line,
                  "thread.id": ev.tid, "python.call.depth": ev.depth}
-        parent = derive_id("py", ev.pid, ev.tid, ev.parent_start, bits=64) if ev.parent_start else None
-        root = ev.root_start or ev.start_ns
+        trace_id, span_id = call_ids(ev.pid, ev.tid, ev.start_ns, ev.root_start)
+        parent = call_ids(ev.pid, ev.tid, ev.parent_start, ev.root_start)[1] if ev.parent_start else None
         return SpanRecord(ev.pid, name, ev.start_ns, ev.end_ns, attrs, scope=SCOPE,
-                          trace_id=derive_id("py", ev.pid, ev.tid, root, bits=128),
-                          span_id=derive_id("py", ev.pid, ev.tid, ev.start_ns, bits=64),
-                          parent_span_id=parent)
+                          trace_id=trace_id, span_id=span_id, parent_span_id=parent)

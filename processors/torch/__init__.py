@@ -4,9 +4,9 @@ from __future__ import annotations
 from otel_ebpf.pipeline import Consumer, Context, Factory
 
 from .config import Config
-from .processor import TorchProcessor
+from .processor import TorchProcessor, op_ids
 
-__all__ = ["Config", "TorchProcessor", "create", "factory"]
+__all__ = ["Config", "TorchProcessor", "create", "factory", "op_ids"]
 
 
 def create(config: Config, ctx: Context, next_: Consumer) -> TorchProcessor:

@@ -25,10 +25,18 @@ from otel_ebpf.pipeline import Consumer, Context
 from ...receivers.torch.events import TorchOp
 from .config import Config
 
-__all__ = ["SCOPE", "TorchProcessor"]
+__all__ = ["SCOPE", "TorchProcessor", "op_ids"]
 
 log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.torch"
+
+
+def op_ids(pid: int, tid: int, start_ns: int, root_ns: int) -> tuple[int, int]:
+    """(trace id, span id) of the span of thread ``tid``'s operator call that started at
+    ``start_ns`` under the outermost one that started at ``root_ns`` (epoch ns, as in TorchOp).
+    The one source of these ids: processors/cuda uses it to parent CUDA calls on that span."""
+    return (derive_id("torch", pid, tid, root_ns or start_ns, bits=128),
+            derive_id("torch", pid, tid, start_ns, bits=64))
 
 
 class TorchProcessor:
@@ -66,8 +74,7 @@ class TorchProcessor:
         if not self.config.spans:
             return
         attrs = {"pytorch.op.name": ev.op, "pytorch.op.depth": ev.depth, "thread.id": ev.tid}
-        parent = derive_id("torch", ev.pid, ev.tid, ev.parent_start, bits=64) if ev.parent_start else None
+        trace_id, span_id = op_ids(ev.pid, ev.tid, ev.start_ns, ev.root_start)
+        parent = op_ids(ev.pid, ev.tid, ev.parent_start, ev.root_start)[1] if ev.parent_start else None
         out.append(SpanRecord(ev.pid, ev.op, ev.start_ns, ev.end_ns, attrs, scope=SCOPE,
-                              trace_id=derive_id("torch", ev.pid, ev.tid, ev.root_start or ev.start_ns, bits=128),
-                              span_id=derive_id("torch", ev.pid, ev.tid, ev.start_ns, bits=64),
-                              parent_span_id=parent))
+                              trace_id=trace_id, span_id=span_id, parent_span_id=parent))

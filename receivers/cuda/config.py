@@ -42,8 +42,16 @@ class Config:
         65536, "Threads whose cudaSetDevice binding is remembered. Beyond it new bindings are "
                "lost (reason=state_map_full) and those threads' events carry no device.")
     max_launch_keys: int = doc(
-        4096, "Distinct (process, device, grid size, block size) launch counters in the kernel. "
-              "Beyond it launches of new shapes are not counted (reason=stats_map_full).")
+        4096, "Distinct (process, device, grid size, block size, PyTorch operator) launch counters in "
+              "the kernel. Beyond it launches of new shapes are not counted (reason=stats_map_full).")
+    nesting: bool = doc(
+        True, "Read, at each call's entry, the Python function / PyTorch operator the thread is in "
+              "(written by the python and torch receivers of this agent into a map they share on "
+              "bpffs), so CUDA spans become children of its span. Off: no shared map, no lookup.")
+    launch_context: bool = doc(
+        True, "With nesting: kernel launches read it too (one more hash lookup per launch), so "
+              "gpu.cuda.kernel.launch.calls is counted per pytorch.op.name and sampled launch "
+              "spans nest. Off: launches stay on the cheapest path.")
 
     def validate(self, path: str) -> None:
         def where(key: str) -> str:

@@ -12,9 +12,14 @@
  *   process also emits a cuda_launch_rec.
  * - The thread's device (cuda.device) comes from `thread_device`, written when cudaSetDevice
  *   returns 0 (CUDA's current device is per host thread).
+ * - Nesting (OE_THREAD_CTX, common.bpf.c): each call's entry reads the thread's innermost open
+ *   Python function / PyTorch operator from oe_thread_ctx (written by the python and torch
+ *   programs of the same agent) and its record carries it (ctx_kind, ctx_start, ctx_root).
+ *   With CUDA_LAUNCH_CONTEXT=1 launches read it too: the operator's entry address joins the
+ *   launch counter key (so the counts are per operator) and sampled launches carry it.
  *
  * Parameters (-D): CUDA_MAX_INFLIGHT, CUDA_MAX_THREADS, CUDA_MAX_LAUNCH_KEYS,
- * CUDA_LAUNCH_SAMPLE_EVERY.
+ * CUDA_LAUNCH_SAMPLE_EVERY, CUDA_LAUNCH_CONTEXT.
  */
 #include "cuda.h"
 
@@ -30,6 +35,13 @@
 #ifndef CUDA_LAUNCH_SAMPLE_EVERY
 #define CUDA_LAUNCH_SAMPLE_EVERY 0
 #endif
+#ifndef OE_THREAD_CTX
+#undef CUDA_LAUNCH_CONTEXT
+#define CUDA_LAUNCH_CONTEXT 0
+#endif
+#ifndef CUDA_LAUNCH_CONTEXT
+#define CUDA_LAUNCH_CONTEXT 1
+#endif
 
 struct cuda_call_key {
     u32 tid;
@@ -39,6 +51,10 @@ struct cuda_call_key {
 struct cuda_call_state {
     u64 start_ns;
     u64 arg[5];
+    u64 ctx_start;   /* the enclosing call (oe_thread_ctx) at entry; 0: none */
+    u64 ctx_root;
+    u32 ctx_kind;
+    u32 _pad;
 };
 
 struct cuda_launch_key {
@@ -46,6 +62,7 @@ struct cuda_launch_key {
     s32 device;
     u64 grid_size;   /* blocks: grid.x * grid.y * grid.z */
     u64 block_size;  /* threads per block: block.x * block.y * block.z */
+    u64 op;          /* entry address of the enclosing PyTorch operator; 0: none (or not read) */
 };
 
 /* What a launch entry probe decoded. */
@@ -116,6 +133,10 @@ static __always_inline int cuda_enter(struct pt_regs *ctx, u32 api)
     st.arg[2] = PT_REGS_PARM3(ctx);
     st.arg[3] = PT_REGS_PARM4(ctx);
     st.arg[4] = PT_REGS_PARM5(ctx);
+#ifdef OE_THREAD_CTX
+    u64 op = 0;
+    st.ctx_kind = oe_ctx_get(key.tid, &st.ctx_start, &st.ctx_root, &op);
+#endif
     if (inflight.update(&key, &st) != 0)
         oe_drop(OE_DROP_STATEMAP);
     return 0;
@@ -133,6 +154,9 @@ static __always_inline void cuda_fill(struct cuda_call *c, u8 type, u32 api,
     c->start_ns = st->start_ns;
     c->end_ns = bpf_ktime_get_ns();
     c->rc = (s32)PT_REGS_RC(ctx);
+    c->ctx_kind = (u8)st->ctx_kind;
+    c->ctx_start = st->ctx_start;
+    c->ctx_root = st->ctx_root;
 }
 
 static __always_inline int memcpy_return(struct pt_regs *ctx, u32 api)
@@ -266,11 +290,30 @@ static __always_inline int set_device_return(struct pt_regs *ctx, u32 api)
 
 /* ---- kernel launches (entry only) ------------------------------------------------- */
 
-static __always_inline void launch_count(u32 pid, s32 device, struct cuda_launch_args *a)
+/* The enclosing call of a launch (CUDA_LAUNCH_CONTEXT): one more hash lookup on the hot path. */
+struct cuda_launch_ctx {
+    u64 start;
+    u64 root;
+    u64 op;     /* PyTorch operator entry address (0 for a Python function) */
+    u32 kind;
+    u32 _pad;
+};
+
+static __always_inline void launch_context(u32 tid, struct cuda_launch_ctx *lc)
+{
+#if CUDA_LAUNCH_CONTEXT
+    lc->kind = oe_ctx_get(tid, &lc->start, &lc->root, &lc->op);
+    if (lc->kind != OE_CTX_TORCH)
+        lc->op = 0;
+#endif
+}
+
+static __always_inline void launch_count(u32 pid, s32 device, struct cuda_launch_args *a, u64 op)
 {
     struct cuda_launch_key key = {};
     key.pid = pid;
     key.device = device;
+    key.op = op;
     key.grid_size = (u64)a->grid[0] * a->grid[1] * a->grid[2];
     key.block_size = (u64)a->block[0] * a->block[1] * a->block[2];
     u64 *n = launch_stats.lookup(&key);
@@ -313,7 +356,9 @@ static __always_inline u64 launch_next_seq(u32 pid)
 static __always_inline int launch_entry(u32 api, u64 id, s32 device, struct cuda_launch_args *a, u64 sp)
 {
     u32 pid = id >> 32;
-    launch_count(pid, device, a);
+    struct cuda_launch_ctx lc = {};
+    launch_context((u32)id, &lc);
+    launch_count(pid, device, a, lc.op);
 #if CUDA_LAUNCH_SAMPLE_EVERY > 0
     u64 seq = launch_next_seq(pid);
     if (seq == 0 || seq % CUDA_LAUNCH_SAMPLE_EVERY != 0)
@@ -345,6 +390,9 @@ static __always_inline int launch_entry(u32 api, u64 id, s32 device, struct cuda
         bpf_probe_read_user(&e->stream, sizeof(e->stream), (void *)(sp + 16));
     }
     e->seq = seq;
+    e->ctx_kind = (u8)lc.kind;
+    e->ctx_start = lc.start;
+    e->ctx_root = lc.root;
     events.ringbuf_submit(e, oe_wakeup_flags());
 #endif
     return 0;
@@ -405,6 +453,9 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
     thread_device.delete(&tid);
+#ifdef OE_THREAD_CTX
+    oe_ctx_forget(tid);
+#endif
     struct cuda_call_key key = {};
     key.tid = tid;
 #pragma unroll

@@ -41,11 +41,17 @@
 #define CUDA_API_cudaSetDevice 19
 #define CUDA_API_COUNT 20
 
-/* Head of every completed-call record. 40 bytes. */
+/* The call's enclosing Python function / PyTorch operator (ctx_kind) */
+#define CUDA_CTX_NONE 0
+#define CUDA_CTX_PYTHON 1  /* == OE_CTX_PYTHON (common.bpf.c) */
+#define CUDA_CTX_TORCH 2   /* == OE_CTX_TORCH */
+
+/* Head of every completed-call record. 56 bytes. */
 struct cuda_call {
     u8 type;
     u8 api;            /* CUDA_API_* */
-    u8 _pad[2];
+    u8 ctx_kind;       /* CUDA_CTX_*: the innermost traced call open on the thread at entry */
+    u8 _pad;
     s32 device;        /* thread's device from cudaSetDevice; -1: none seen */
     u32 pid;
     u32 tid;
@@ -53,6 +59,8 @@ struct cuda_call {
     u64 end_ns;        /* uretprobe */
     s32 rc;            /* cudaError_t returned */
     u32 _pad2;
+    u64 ctx_start;     /* that call's start_ns (its id in the thread); 0: none */
+    u64 ctx_root;      /* start_ns of the outermost open call of that kind (its trace) */
 };
 
 /* cudaMemcpy(dst, src, count, kind) / cudaMemcpyAsync(dst, src, count, kind, stream) */
@@ -96,11 +104,12 @@ struct cuda_set_device_rec {
     u32 _pad;
 };
 
-/* A sampled kernel launch (entry only: launches are otherwise counted in-kernel). 80 bytes. */
+/* A sampled kernel launch (entry only: launches are otherwise counted in-kernel). 96 bytes. */
 struct cuda_launch_rec {
     u8 type;
     u8 api;
-    u8 _pad[2];
+    u8 ctx_kind;       /* as in cuda_call */
+    u8 _pad;
     s32 device;
     u32 pid;
     u32 tid;
@@ -111,6 +120,8 @@ struct cuda_launch_rec {
     u64 shared_mem;    /* dynamic shared memory bytes */
     u64 stream;
     u64 seq;           /* this launch's number in its process (1-based) */
+    u64 ctx_start;     /* as in cuda_call */
+    u64 ctx_root;
 };
 
 #endif /* OE_CUDA_H */

@@ -4,7 +4,9 @@ Times are Unix epoch nanoseconds (already converted from kernel monotonic time).
 the exact symbol that was called (``cudaMemcpyAsync`` or its per-thread-default-stream twin
 ``cudaMemcpyAsync_ptsz``). ``device`` is the calling thread's device as bound by the last
 successful ``cudaSetDevice`` seen on that thread, or -1 when none was seen. ``rc`` is the
-``cudaError_t`` the call returned. Pointers and handles are plain ints.
+``cudaError_t`` the call returned. Pointers and handles are plain ints. ``enclosing`` is the
+traced Python function or PyTorch operator the thread was in when the call began (None: none,
+or the python/torch receivers are not running).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ __all__ = [
     "NO_DEVICE",
     "AllocCall",
     "CudaCall",
+    "EnclosingCall",
     "FreeCall",
     "KernelLaunch",
     "KernelLaunchStats",
@@ -23,6 +26,18 @@ __all__ = [
 ]
 
 NO_DEVICE = -1
+
+
+@dataclass(frozen=True, slots=True)
+class EnclosingCall:
+    """The innermost traced call open on the thread: ``kind`` ``"python"`` (a PythonCall of the
+    python receiver) or ``"torch"`` (a TorchOp); ``start_ns`` is that call's start (its id in
+    the thread, epoch ns as in its own event) and ``root_ns`` the start of the outermost open
+    call of that kind (its trace)."""
+
+    kind: str
+    start_ns: int
+    root_ns: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +57,7 @@ class MemcpyCall:
     bytes: int
     stream: int
     kind: int
+    enclosing: EnclosingCall | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +75,7 @@ class AllocCall:
     size: int
     stream: int
     flags: int
+    enclosing: EnclosingCall | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +92,7 @@ class FreeCall:
     rc: int
     ptr: int
     stream: int
+    enclosing: EnclosingCall | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +108,7 @@ class SyncCall:
     end_ns: int
     rc: int
     handle: int
+    enclosing: EnclosingCall | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +124,7 @@ class SetDeviceCall:
     end_ns: int
     rc: int
     requested: int
+    enclosing: EnclosingCall | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +143,15 @@ class KernelLaunch:
     shared_mem: int
     stream: int
     seq: int
+    enclosing: EnclosingCall | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class KernelLaunchStats:
     """``count`` more launches since the previous read, of kernels with ``grid_size`` blocks
     of ``block_size`` threads, by process ``pid`` on ``device``. ``time_ns`` is when the
-    in-kernel counters were read."""
+    in-kernel counters were read. ``op`` names the PyTorch operator the launches were made in
+(receiver ``launch_context`` with the torch receiver running)."""
 
     pid: int
     device: int
@@ -137,6 +159,7 @@ class KernelLaunchStats:
     block_size: int
     count: int
     time_ns: int
+    op: str = ""  # the PyTorch operator the launches were made in ("": none or unknown)
 
 
 CudaCall = MemcpyCall | AllocCall | FreeCall | SyncCall | SetDeviceCall

@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from otel_ebpf import threadctx
 from otel_ebpf.bpf import BpfReceiver, Probe
 from otel_ebpf.pipeline import Consumer, Context
 
 from .config import Config
 from .events import (
     AllocCall,
+    EnclosingCall,
     FreeCall,
     KernelLaunch,
     KernelLaunchStats,
@@ -91,8 +93,9 @@ class Mirror:
     fields: tuple[str, ...]
 
 
-_CALL_FMT = "BB2xiIIQQi4x"
-_CALL_FIELDS = tuple(f"call.{f}" for f in ("type", "api", "device", "pid", "tid", "start_ns", "end_ns", "rc"))
+_CALL_FMT = "BBBxiIIQQi4xQQ"
+_CALL_FIELDS = tuple(f"call.{f}" for f in ("type", "api", "ctx_kind", "device", "pid", "tid", "start_ns", "end_ns",
+                                          "rc", "ctx_start", "ctx_root"))
 MEMCPY = Mirror("cuda_memcpy_rec", 16, struct.Struct("<" + _CALL_FMT + "QQQQI4x"),
                 (*_CALL_FIELDS, "dst", "src", "bytes", "stream", "kind"))
 ALLOC = Mirror("cuda_alloc_rec", 17, struct.Struct("<" + _CALL_FMT + "QQQI4x"),
@@ -102,9 +105,10 @@ FREE = Mirror("cuda_free_rec", 18, struct.Struct("<" + _CALL_FMT + "QQ"),
 SYNC = Mirror("cuda_sync_rec", 19, struct.Struct("<" + _CALL_FMT + "Q"), (*_CALL_FIELDS, "handle"))
 SET_DEVICE = Mirror("cuda_set_device_rec", 20, struct.Struct("<" + _CALL_FMT + "i4x"),
                     (*_CALL_FIELDS, "requested"))
-LAUNCH = Mirror("cuda_launch_rec", 21, struct.Struct("<BB2xiIIQQ3I3IQQQ"),
-                ("type", "api", "device", "pid", "tid", "ts", "func", "grid[0]", "grid[1]", "grid[2]",
-                 "block[0]", "block[1]", "block[2]", "shared_mem", "stream", "seq"))
+LAUNCH = Mirror("cuda_launch_rec", 21, struct.Struct("<BBBxiIIQQ3I3IQQQQQ"),
+                ("type", "api", "ctx_kind", "device", "pid", "tid", "ts", "func", "grid[0]", "grid[1]", "grid[2]",
+                 "block[0]", "block[1]", "block[2]", "shared_mem", "stream", "seq", "ctx_start", "ctx_root"))
+CTX_KINDS = {1: "python", 2: "torch"}  # cuda.h CUDA_CTX_*
 MIRRORS: tuple[Mirror, ...] = (MEMCPY, ALLOC, FREE, SYNC, SET_DEVICE, LAUNCH)
 _CALL_EVENTS: dict[int, tuple[struct.Struct, type]] = {
     MEMCPY.etype: (MEMCPY.fmt, MemcpyCall),
@@ -114,7 +118,7 @@ _CALL_EVENTS: dict[int, tuple[struct.Struct, type]] = {
     SET_DEVICE.etype: (SET_DEVICE.fmt, SetDeviceCall),
 }
 
-LaunchKey = tuple[int, int, int, int]  # pid, device, grid size, block size
+LaunchKey = tuple[int, int, int, int, int]  # pid, device, grid size, block size, operator address
 
 
 def _process_gone(pid: int) -> bool:
@@ -137,12 +141,14 @@ class CudaReceiver(BpfReceiver):
     library_key = "cudart"
     lib_pattern = "libcudart.so"
     probes = PROBES
+    thread_context = True
 
     def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
         super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages,
                          pause_on_load=config.pause_on_load, extra_libraries=config.libraries,
                          poll_interval=config.poll_interval)
         self.config = config
+        self.thread_context = config.nesting
         self._launch_totals: dict[LaunchKey, int] = {}
         self._next_stats = 0.0
         self._final_read = False
@@ -151,7 +157,14 @@ class CudaReceiver(BpfReceiver):
         c = self.config
         return [f"-DCUDA_MAX_INFLIGHT={c.max_inflight}", f"-DCUDA_MAX_THREADS={c.max_threads}",
                 f"-DCUDA_MAX_LAUNCH_KEYS={c.max_launch_keys}",
-                f"-DCUDA_LAUNCH_SAMPLE_EVERY={c.launch_sample_every}"]
+                f"-DCUDA_LAUNCH_SAMPLE_EVERY={c.launch_sample_every}",
+                f"-DCUDA_LAUNCH_CONTEXT={1 if c.nesting and c.launch_context else 0}"]
+
+    def _enclosing(self, kind: int, start: int, root: int) -> EnclosingCall | None:
+        if not kind:
+            return None
+        to_epoch = self.clock.to_epoch_ns  # the same offset as the python/torch receivers' (otel_ebpf.bpf)
+        return EnclosingCall(CTX_KINDS[kind], to_epoch(start), to_epoch(root))
 
     # ---- ring-buffer records ----------------------------------------------------------
     def decode(self, etype: int, raw: bytes) -> object | None:
@@ -159,14 +172,16 @@ class CudaReceiver(BpfReceiver):
         call = _CALL_EVENTS.get(etype)
         if call is not None:
             fmt, cls = call
-            _, api, device, pid, tid, start, end, rc, *rest = fmt.unpack_from(raw)
+            _, api, kind, device, pid, tid, start, end, rc, cstart, croot, *rest = fmt.unpack_from(raw)
             to_epoch = self.clock.to_epoch_ns
-            return cls(pid, tid, _SYMBOLS[api], device, to_epoch(start), to_epoch(end), rc, *rest)
+            return cls(pid, tid, _SYMBOLS[api], device, to_epoch(start), to_epoch(end), rc, *rest,
+                       enclosing=self._enclosing(kind, cstart, croot))
         if etype == LAUNCH.etype:
-            (_, api, device, pid, tid, ts, func, gx, gy, gz, bx, by, bz, smem, stream,
-             seq) = LAUNCH.fmt.unpack_from(raw)
+            (_, api, kind, device, pid, tid, ts, func, gx, gy, gz, bx, by, bz, smem, stream,
+             seq, cstart, croot) = LAUNCH.fmt.unpack_from(raw)
             return KernelLaunch(pid, tid, _SYMBOLS[api], device, self.clock.to_epoch_ns(ts), func,
-                                (gx, gy, gz), (bx, by, bz), smem, stream, seq)
+                                (gx, gy, gz), (bx, by, bz), smem, stream, seq,
+                                enclosing=self._enclosing(kind, cstart, croot))
         raise ValueError(f"unknown CUDA record type {etype}")
 
     # ---- in-kernel launch counters ----------------------------------------------------
@@ -184,7 +199,8 @@ class CudaReceiver(BpfReceiver):
 
     def read_launch_stats(self) -> list[KernelLaunchStats]:
         """Deltas of every launch counter since the last read; counters of processes that are
-        gone are deleted after this (final) read."""
+        gone are deleted after this (final) read. A counter's operator address is named by the
+        torch receiver of the same agent (otel_ebpf.threadctx), while the process lives."""
         if self.bpf is None:
             return []
         table = self.bpf["launch_stats"]
@@ -192,11 +208,12 @@ class CudaReceiver(BpfReceiver):
         out: list[KernelLaunchStats] = []
         gone: dict[int, bool] = {}
         for key, per_cpu in table.items():
-            k: LaunchKey = (key.pid, key.device, key.grid_size, key.block_size)
+            k: LaunchKey = (key.pid, key.device, key.grid_size, key.block_size, key.op)
             total = sum(per_cpu)
             delta = total - self._launch_totals.get(k, 0)
             if delta > 0:
-                out.append(KernelLaunchStats(k[0], k[1], k[2], k[3], delta, now_ns))
+                op = (threadctx.op_name(self.ctx, k[0], k[4]) or "") if k[4] else ""
+                out.append(KernelLaunchStats(k[0], k[1], k[2], k[3], delta, now_ns, op))
             self._launch_totals[k] = total
             if k[0] not in gone:
                 gone[k[0]] = _process_gone(k[0])

@@ -15,6 +15,12 @@
  *   from the binary's stapsdt notes (via BCC) and passes them as the PY_{ENTRY,RETURN}_
  *   {FILE,FUNC,LINE}(ctx) macros.
  *
+ * - Nesting (OE_THREAD_CTX, common.bpf.c): the innermost open call that passes the path filter
+ *   is written to the thread's python slot of oe_thread_ctx at its entry and replaced by its
+ *   enclosing one at its return, so the cuda program can name it as the parent of a CUDA call.
+ *   Its duration is not known then: a CUDA call inside a call shorter than PY_MIN_DURATION_NS
+ *   names a parent that is never recorded.
+ *
  * Parameters (-D): PY_MAX_DEPTH, PY_MAX_THREADS, PY_MIN_DURATION_NS, PY_NUM_PREFIXES and the
  * argument macros.
  */
@@ -155,6 +161,9 @@ int py_entry(struct pt_regs *ctx)
     if (matched) {
         f->anc = now;
         f->root = up_anc ? up_root : now;
+#ifdef OE_THREAD_CTX
+        oe_ctx_set(tid, OE_CTX_PYTHON, now, f->root, 0, d);
+#endif
     } else {
         f->anc = up_anc;
         f->root = up_root;
@@ -178,6 +187,10 @@ int py_return(struct pt_regs *ctx)
     struct py_frame *f = &s->f[d & (PY_MAX_DEPTH - 1)];
     if (!f->matched)
         return 0;
+#ifdef OE_THREAD_CTX
+    /* back to the enclosing matched call (same root), or none; its depth is not kept here */
+    oe_ctx_set(tid, OE_CTX_PYTHON, f->parent, f->parent ? f->root : 0, 0, 0);
+#endif
     u64 now = bpf_ktime_get_ns();
     if (now - f->start < PY_MIN_DURATION_NS)
         return 0;
@@ -208,5 +221,8 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 {
     u32 tid = (u32)bpf_get_current_pid_tgid();
     py_stacks.delete(&tid);
+#ifdef OE_THREAD_CTX
+    oe_ctx_forget(tid);
+#endif
     return 0;
 }

@@ -130,6 +130,7 @@ class PythonReceiver(BpfReceiver):
 
     name = "python"
     src_file = Path(__file__).with_name("python.bpf.c")
+    thread_context = True  # writes the thread's innermost open call for the cuda program (common.bpf.c)
 
     def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
         super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages, poll_interval=config.poll_interval)

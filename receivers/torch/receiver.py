@@ -19,10 +19,12 @@ import logging
 import os
 import re
 import struct
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from otel_ebpf import threadctx
 from otel_ebpf.bpf import BpfReceiver
 from otel_ebpf.errors import AttachError
 from otel_ebpf.libraries import mapped_libraries
@@ -79,6 +81,7 @@ class TorchReceiver(BpfReceiver):
     name = "torch"
     src_file = Path(__file__).with_name("torch.bpf.c")
     lib_pattern = LIB_PATTERN
+    thread_context = True  # writes the thread's innermost open operator for the cuda program (common.bpf.c)
 
     def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
         super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages, pause_on_load=config.pause_on_load,
@@ -87,6 +90,16 @@ class TorchReceiver(BpfReceiver):
         self._ops: dict[tuple[int, int], dict[int, str]] = {}  # (st_dev, st_ino) -> file offset -> op
         self._maps: OrderedDict[int, list[tuple[int, int, int, tuple[int, int]]]] = OrderedDict()
         self._counts_seen = [0] * len(_COUNTS)
+        self._maps_lock = threading.Lock()  # op_at: this poll thread and the cuda receiver's (threadctx)
+
+    def start(self) -> None:
+        if self.bpf is None:
+            threadctx.register_ops(self.ctx, self.op_at)  # the cuda receiver names launch counters with it
+        super().start()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        threadctx.unregister_ops(self.ctx)
 
     def cflags(self) -> list[str]:
         c = self.config
@@ -190,10 +203,12 @@ class TorchReceiver(BpfReceiver):
         return out
 
     def op_at(self, pid: int, ip: int) -> str | None:
-        for refresh in (False, True):
-            for start, end, off, ident in self._mappings(pid, refresh):
-                if start <= ip < end:
-                    return self._ops.get(ident, {}).get(ip - start + off)
+        """The operator whose entry address in ``pid`` is ``ip``, or None. Thread-safe."""
+        with self._maps_lock:
+            for refresh in (False, True):
+                for start, end, off, ident in self._mappings(pid, refresh):
+                    if start <= ip < end:
+                        return self._ops.get(ident, {}).get(ip - start + off)
         return None
 
     def decode(self, etype: int, raw: bytes) -> object | None:

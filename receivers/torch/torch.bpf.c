@@ -10,6 +10,11 @@
  *   recorded. Each record names its enclosing operator (parent_start) and the outermost one
  *   (root_start), so spans nest without buffering.
  *
+ * - Nesting (OE_THREAD_CTX, common.bpf.c): the innermost open operator call (start, root,
+ *   entry address, depth) is written to the thread's torch slot of oe_thread_ctx at entry and
+ *   replaced by the enclosing one at return, for the cuda program (CUDA calls and launch
+ *   counters name the operator that issued them). Calls beyond TORCH_MAX_DEPTH are not written.
+ *
  * Parameters (-D): TORCH_MAX_DEPTH, TORCH_MAX_THREADS, TORCH_MIN_DURATION_NS.
  */
 #include "torch.h"
@@ -79,6 +84,9 @@ int torch_op_enter(struct pt_regs *ctx)
     struct torch_frame *f = &s->f[d & (TORCH_MAX_DEPTH - 1)];
     f->start = bpf_ktime_get_ns();
     f->ip = PT_REGS_IP(ctx);
+#ifdef OE_THREAD_CTX
+    oe_ctx_set(tid, OE_CTX_TORCH, f->start, d ? s->f[0].start : f->start, f->ip, d);
+#endif
     return 0;
 }
 
@@ -97,6 +105,19 @@ int torch_op_return(struct pt_regs *ctx)
     if (d >= TORCH_MAX_DEPTH)
         return 0;
     struct torch_frame *f = &s->f[d & (TORCH_MAX_DEPTH - 1)];
+#ifdef OE_THREAD_CTX
+    if (d > 0) {
+        u32 ui = d - 1;
+        /* mask after the barrier: clang would otherwise fold it into the index arithmetic
+         * shared with the record below, and the verifier sees an unbounded access */
+        asm volatile("" : "+r"(ui));
+        ui &= TORCH_MAX_DEPTH - 1;
+        struct torch_frame *up = &s->f[ui];
+        oe_ctx_set(tid, OE_CTX_TORCH, up->start, s->f[0].start, up->ip, d - 1);
+    } else {
+        oe_ctx_set(tid, OE_CTX_TORCH, 0, 0, 0, 0);
+    }
+#endif
     u64 now = bpf_ktime_get_ns();
     if (now - f->start < TORCH_MIN_DURATION_NS)
         return 0;
@@ -128,5 +149,8 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 {
     u32 tid = (u32)bpf_get_current_pid_tgid();
     torch_stacks.delete(&tid);
+#ifdef OE_THREAD_CTX
+    oe_ctx_forget(tid);
+#endif
     return 0;
 }

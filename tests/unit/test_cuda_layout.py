@@ -22,7 +22,7 @@ from otel_ebpf.errors import ConfigError
 from otel_ebpf.pipeline import Context, ListConsumer
 from otel_ebpf.receivers.cuda import Config, factory
 from otel_ebpf.receivers.cuda import receiver as cuda_receiver
-from otel_ebpf.receivers.cuda.events import AllocCall, KernelLaunch, MemcpyCall, SetDeviceCall
+from otel_ebpf.receivers.cuda.events import AllocCall, EnclosingCall, KernelLaunch, MemcpyCall, SetDeviceCall
 from otel_ebpf.receivers.cuda.receiver import (
     ALLOC,
     APIS,
@@ -73,6 +73,8 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
     lines.append('printf("api_count %d\\n", CUDA_API_COUNT);')
     for name in ("MEMCPY", "ALLOC", "FREE", "SYNC", "SET_DEVICE", "LAUNCH"):
         lines.append(f'printf("etype {name} %d\\n", CUDA_EV_{name});')
+    for kind in ("PYTHON", "TORCH"):
+        lines.append(f'printf("ctx {kind} %d\\n", CUDA_CTX_{kind});')
     src = (f'#include <stdio.h>\n{SHIM}#include "cuda.h"\nint main(void)\n{{\n    '
            + "\n    ".join(lines) + "\n    return 0;\n}\n")
     tmp = tmp_path_factory.mktemp("cuda_layout")
@@ -142,20 +144,43 @@ def test_decode_call_records_into_typed_events_with_epoch_times() -> None:
     r = _receiver()
     off = r.clock.offset_ns
     memcpy_id = [a.symbol for a in APIS].index("cudaMemcpyAsync_ptsz")
-    raw = MEMCPY.fmt.pack(16, memcpy_id, 1, 10, 11, 1000, 2000, 0, 0xD, 0x5, 4096, 0x77, 2)
+    raw = MEMCPY.fmt.pack(16, memcpy_id, 0, 1, 10, 11, 1000, 2000, 0, 0, 0, 0xD, 0x5, 4096, 0x77, 2)
     assert r.decode(16, raw) == MemcpyCall(10, 11, "cudaMemcpyAsync_ptsz", 1, 1000 + off, 2000 + off, 0,
                                            0xD, 0x5, 4096, 0x77, 2)
-    raw = ALLOC.fmt.pack(17, 8, -1, 10, 11, 5, 6, 35, 0, 1 << 20, 0, 0)
+    raw = ALLOC.fmt.pack(17, 8, 0, -1, 10, 11, 5, 6, 35, 0, 0, 0, 1 << 20, 0, 0)
     assert r.decode(17, raw) == AllocCall(10, 11, "cudaMalloc", -1, 5 + off, 6 + off, 35, 0, 1 << 20, 0, 0)
-    raw = SET_DEVICE.fmt.pack(20, 19, 3, 10, 11, 5, 6, 0, 3)
+    raw = SET_DEVICE.fmt.pack(20, 19, 0, 3, 10, 11, 5, 6, 0, 0, 0, 3)
     assert r.decode(20, raw) == SetDeviceCall(10, 11, "cudaSetDevice", 3, 5 + off, 6 + off, 0, 3)
-    raw = LAUNCH.fmt.pack(21, 2, 0, 10, 11, 7, 0x4010, 5, 1, 1, 64, 1, 1, 512, 0, 9)
+    raw = LAUNCH.fmt.pack(21, 2, 0, 0, 10, 11, 7, 0x4010, 5, 1, 1, 64, 1, 1, 512, 0, 9, 0, 0)
     assert r.decode(21, raw) == KernelLaunch(10, 11, "cudaLaunchKernelExC", 0, 7 + off, 0x4010, (5, 1, 1),
                                              (64, 1, 1), 512, 0, 9)
 
 
-@pytest.mark.parametrize("raw", [b"\x10" + bytes(10), MEMCPY.fmt.pack(16, 200, *([0] * 11))],
-                         ids=["short", "bad_api"])
+def test_decode_carries_the_enclosing_python_or_torch_call_in_epoch_time(c_layout: dict[str, int]) -> None:
+    r = _receiver()
+    off = r.clock.offset_ns
+    memcpy_id = [a.symbol for a in APIS].index("cudaMemcpy")
+    python, torch = c_layout["ctx PYTHON"], c_layout["ctx TORCH"]
+    raw = MEMCPY.fmt.pack(16, memcpy_id, python, 0, 10, 11, 1000, 2000, 0, 900, 500, 0xD, 0x5, 64, 0, 1)
+    ev = r.decode(16, raw)
+    assert isinstance(ev, MemcpyCall) and ev.enclosing == EnclosingCall("python", 900 + off, 500 + off)
+    raw = LAUNCH.fmt.pack(21, 0, torch, 0, 10, 11, 7, 0x4010, 5, 1, 1, 64, 1, 1, 512, 0, 9, 6, 3)
+    ev = r.decode(21, raw)
+    assert isinstance(ev, KernelLaunch) and ev.enclosing == EnclosingCall("torch", 6 + off, 3 + off)
+
+
+def test_receivers_of_one_process_convert_kernel_time_alike() -> None:
+    """The enclosing call's start is converted by the cuda receiver, its own event by the
+    python/torch receiver: the same epoch ns, or their derived span ids would differ."""
+    from otel_ebpf.receivers.python import Config as PyConfig
+    from otel_ebpf.receivers.python.receiver import PythonReceiver
+
+    assert _receiver().clock.offset_ns == PythonReceiver(PyConfig(), Context(), ListConsumer()).clock.offset_ns
+
+
+@pytest.mark.parametrize("raw", [b"\x10" + bytes(10), MEMCPY.fmt.pack(16, 200, *([0] * 14)),
+                                 MEMCPY.fmt.pack(16, 4, 7, *([0] * 13))],
+                         ids=["short", "bad_api", "bad_context_kind"])
 def test_malformed_records_are_counted_not_raised(raw: bytes) -> None:
     r = _receiver()
     buf = ctypes.create_string_buffer(raw, len(raw))
@@ -169,8 +194,12 @@ def test_receiver_config_defaults_reach_the_program_as_macros() -> None:
     flags = r.program_cflags()
     for flag in ("-DCUDA_LAUNCH_SAMPLE_EVERY=7", "-DCUDA_MAX_INFLIGHT=99", "-DCUDA_MAX_THREADS=65536",
                  "-DCUDA_MAX_LAUNCH_KEYS=4096", "-DOE_PAUSE_ON_LOAD=1", "-DOE_FILTER_PIDS=1",
-                 '-DOE_LIB_PATTERN="libcudart.so"'):
+                 '-DOE_LIB_PATTERN="libcudart.so"', "-DOE_THREAD_CTX=1", "-DCUDA_LAUNCH_CONTEXT=1"):
         assert flag in flags
+    off = CudaReceiver(build(Config, {"nesting": False}), Context(), ListConsumer()).program_cflags()
+    assert "-DOE_THREAD_CTX=1" not in off and "-DCUDA_LAUNCH_CONTEXT=0" in off
+    fast = CudaReceiver(build(Config, {"launch_context": False}), Context(), ListConsumer()).program_cflags()
+    assert "-DOE_THREAD_CTX=1" in fast and "-DCUDA_LAUNCH_CONTEXT=0" in fast
     assert r.library_key == "cudart" and factory.type == "cuda" and factory.config_class is Config
 
 

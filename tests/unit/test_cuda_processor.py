@@ -344,3 +344,71 @@ def test_leak_report_waits_for_the_cuda_receivers_own_exit_record() -> None:
     rig.run(free(PTR))  # a late free of the same process
     out = rig.run(ProcessExit(PID, T0 + 20, "train", 0, source="cuda"))
     assert metrics(out, "gpu.cuda.memory.leaked") == []  # nothing leaked after all
+
+
+# ---- nesting under the Python function / PyTorch operator that issued the call ----------------
+
+def test_call_inside_a_torch_op_is_a_child_of_that_op_span_in_its_trace() -> None:
+    from otel_ebpf.processors.torch import Config as TorchConfig
+    from otel_ebpf.processors.torch import TorchProcessor
+    from otel_ebpf.receivers.cuda.events import EnclosingCall
+    from otel_ebpf.receivers.torch.events import TorchOp
+
+    linear = TorchOp(PID, TID, "linear", 0, T0 - 900, T0 + 9000, 0, T0 - 900)
+    addmm = TorchOp(PID, TID, "addmm", 1, T0 - 500, T0 + 8000, T0 - 900, T0 - 900)
+    call = MemcpyCall(PID, TID, "cudaMemcpyAsync", 1, T0, T0 + 5000, 0, 0x1000, 0x2000, 64, 0xABC, 1,
+                      enclosing=EnclosingCall("torch", addmm.start_ns, linear.start_ns))
+    out = ListConsumer()
+    chain = TorchProcessor(TorchConfig(), Context(), CudaProcessor(Config(), Context(), out))
+    chain.consume([call, addmm, linear])  # children come first: the parent returns later
+    by_name = {s.name: s for s in spans(out.events)}
+    assert by_name["addmm"].parent_span_id == by_name["linear"].span_id
+    copy = by_name["cudaMemcpyAsync"]
+    assert copy.parent_span_id == by_name["addmm"].span_id
+    assert copy.trace_id == by_name["addmm"].trace_id == by_name["linear"].trace_id
+
+
+def test_enclosing_call_wins_over_the_app_span_and_the_app_span_stays_for_the_rest() -> None:
+    from otel_ebpf.processors.python import call_ids
+    from otel_ebpf.receivers.apptrace.store import AppContextStore
+    from otel_ebpf.receivers.cuda.events import EnclosingCall
+
+    rig = Rig()
+    rig.ctx.app_context = store = AppContextStore(Telemetry())
+    store.begin(PID, TID, T0 - 10_000, 0xAAA, 0xBBB)
+    inside = MemcpyCall(PID, TID, "cudaMemcpy", 1, T0, T0 + 5, 0, 1, 2, 3, 0, 1,
+                        enclosing=EnclosingCall("python", T0 - 100, T0 - 200))
+    plain = MemcpyCall(PID, TID, "cudaMemcpy", 1, T0 + 10, T0 + 15, 0, 1, 2, 3, 0, 1)
+    first, second = spans(rig.run(inside, plain))
+    trace_id, span_id = call_ids(PID, TID, T0 - 100, T0 - 200)
+    assert (first.trace_id, first.parent_span_id) == (trace_id, span_id)
+    assert (second.trace_id, second.parent_span_id) == (0xAAA, 0xBBB)
+
+
+def test_sampled_launch_nests_and_launch_counts_carry_the_operator() -> None:
+    from otel_ebpf.processors.torch import op_ids
+    from otel_ebpf.receivers.cuda.events import EnclosingCall
+
+    launch = KernelLaunch(PID, TID, "cudaLaunchKernel", 0, T0, 0x4010, (5, 1, 1), (64, 1, 1), 0, 0, 1,
+                          enclosing=EnclosingCall("torch", T0 - 50, T0 - 80))
+    records = Rig().run(launch, KernelLaunchStats(PID, 0, 5, 64, 3, T0, "addmm"),
+                        KernelLaunchStats(PID, 0, 5, 64, 2, T0))
+    (span,) = spans(records)
+    assert (span.trace_id, span.parent_span_id) == op_ids(PID, TID, T0 - 50, T0 - 80)
+    calls = metrics(records, "gpu.cuda.kernel.launch.calls")
+    assert [(m.value, m.attributes.get("pytorch.op.name")) for m in calls] == [(3, "addmm"), (2, None)]
+    assert all("pytorch.op.name" not in m.attributes for m in metrics(records, "gpu.cuda.kernel.grid.size"))
+
+
+def test_operator_names_of_launch_counters_come_from_the_torch_receiver_of_the_same_context() -> None:
+    from otel_ebpf import threadctx
+
+    ctx, other = Context(), Context()
+    threadctx.register_ops(ctx, lambda pid, ip: "addmm" if (pid, ip) == (PID, 0x4000) else None)
+    try:
+        assert threadctx.op_name(ctx, PID, 0x4000) == "addmm"
+        assert threadctx.op_name(ctx, PID, 0x4001) is None
+        assert threadctx.op_name(other, PID, 0x4000) is None  # another agent's torch receiver
+    finally:
+        threadctx.unregister_ops(ctx)
+    assert threadctx.op_name(ctx, PID, 0x4000) is None
