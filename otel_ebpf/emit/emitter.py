@@ -41,7 +41,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
@@ -105,6 +105,33 @@ def _wait_for_room(sp: BatchSpanProcessor, wait_s: float) -> bool:
     return True
 
 
+class _CountingSpanExporter(SpanExporter):
+    """Counts the spans of every batch its exporter could not send: the SDK's BatchSpanProcessor
+    ignores export results (opentelemetry-sdk 1.45), so without this a batch given up after the
+    OTLP exporter's retries (collector down longer than ``timeout``) would vanish uncounted.
+    Counted as ``otel_ebpf.events.dropped{receiver=<exporter>, reason=export_failed}``."""
+
+    def __init__(self, inner: SpanExporter, telemetry: Telemetry, name: str) -> None:
+        self._inner, self._telemetry, self._name = inner, telemetry, name
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self._inner.export(spans)
+        except Exception:
+            log.warning("span export to %s failed", self._name, exc_info=True)
+            result = SpanExportResult.FAILURE
+        if result != SpanExportResult.SUCCESS:
+            self._telemetry.dropped(self._name, "export_failed", len(spans))
+            self._telemetry.add("otel_ebpf.export.failed", 1, signal="spans", exporter=self._name)
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
 def export_metrics_to(exporters: Sequence[ExporterSpec], data: MetricsData, telemetry: Telemetry) -> None:
     """Hand ``data`` to every exporter's SDK metric exporter; a failure (result or exception)
     is logged and counted in ``otel_ebpf.export.failed{signal=metrics}``, never raised."""
@@ -145,8 +172,9 @@ class Emitter:
         self._shut = False
         self._agent = self._make_proc(Resource.create(dict(agent_attributes)))
         self.span_processors = [
-            BatchSpanProcessor(e.spans, max_queue_size=e.queue_size, max_export_batch_size=e.batch_size,
-                               schedule_delay_millis=e.batch_delay * 1000, meter_provider=self._agent.meters)
+            BatchSpanProcessor(_CountingSpanExporter(e.spans, telemetry, e.name), max_queue_size=e.queue_size,
+                               max_export_batch_size=e.batch_size, schedule_delay_millis=e.batch_delay * 1000,
+                               meter_provider=self._agent.meters)
             for e in self._exporters]
         self._observed: set[str] = set()
         self.spans_emitted = 0
