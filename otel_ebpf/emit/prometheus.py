@@ -48,8 +48,9 @@ __all__ = ["DEFAULT_RESOURCE_LABELS", "NoSpanExporter", "PrometheusMetricExporte
 
 log = logging.getLogger(__name__)
 
+# k8s pod/namespace: per-pod GPU use is sum by (k8s_namespace_name, k8s_pod_name) (docs/nvml.md)
 DEFAULT_RESOURCE_LABELS = ["process.pid", "service.name", "hw.id", "container.id", "k8s.pod.uid", "k8s.pod.name",
-                           "k8s.namespace.name", "ml.rank"]  # per-pod GPU use: sum by (k8s_namespace_name, k8s_pod_name)
+                           "k8s.namespace.name", "ml.rank"]
 
 
 class NoSpanExporter(SpanExporter):

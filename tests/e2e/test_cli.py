@@ -102,7 +102,7 @@ def test_run_writes_otlp_json_lines_by_default(bpf_ready, tmp_path):
     out = tmp_path / "otel-ebpf-out"
     spans = spans_from_jsonl(out / "traces.jsonl")
     assert "cudaMemcpy" in span_names(spans)
-    err = [s for _, _, s in spans if s.name == "cudaMalloc"][0]
+    err = next(s for _, _, s in spans if s.name == "cudaMalloc")
     assert err.status.code == 2 and "cudaErrorInsufficientDriver" in err.status.message
     assert any(m.name == "gpu.cuda.kernel.launch.calls" for _, m in metrics_from_jsonl(out / "metrics.jsonl"))
     assert "spans" in r.stderr  # the closing summary
