@@ -184,6 +184,24 @@ def _top_slow(spans: list[SpanRow], t0: int, top: int) -> list[dict[str, Any]]:
              "status": s.status} for s in rows]
 
 
+def _why_late(roots: list[dict[str, Any]]) -> list[list[Any]]:
+    """[figure, straggler ms, peers' median ms] (medians over ``roots``) where the straggler spent at
+    least 1 ms more than its peers: the sched receiver's ``nccl.straggler.X`` / ``nccl.peers_median.X``."""
+    mine: dict[str, list[float]] = {}
+    peers: dict[str, list[float]] = {}
+    for c in roots:
+        for key, value in c["attrs"].items():
+            if not (key.startswith("nccl.straggler.") and key.endswith(".duration")):
+                continue
+            figure = key[len("nccl.straggler."):-len(".duration")]
+            other = c["attrs"].get(f"nccl.peers_median.{figure}.duration")
+            if figure != "interval" and isinstance(value, (int, float)) and isinstance(other, (int, float)):
+                mine.setdefault(figure, []).append(value * 1e3)
+                peers.setdefault(figure, []).append(other * 1e3)
+    rows = [(f, statistics.median(v), statistics.median(peers[f])) for f, v in mine.items()]
+    return [list(r) for r in sorted((r for r in rows if r[1] - r[2] >= 1.0), key=lambda r: r[2] - r[1])[:3]]
+
+
 def _header(data: OtlpData, spans: list[SpanRow], roots: list[dict[str, Any]], t0: int, t1: int) -> dict[str, Any]:
     ranks = sorted({r for s in spans if (r := _rank(s)) is not None})
     hosts = sorted({str(h) for s in spans if (h := s.resource.get("host.name"))})
@@ -192,7 +210,8 @@ def _header(data: OtlpData, spans: list[SpanRow], roots: list[dict[str, Any]], t
     straggler = None
     if counts:
         (rank, host), n = counts.most_common(1)[0]
-        straggler = {"rank": rank, "host": host, "count": n, "of": len(complete)}
+        straggler = {"rank": rank, "host": host, "count": n, "of": len(complete),
+                     "why": _why_late([c for c in complete if c["straggler_rank"] == rank])}
     skews = [c["skew_ms"] for c in complete if c["skew_ms"] is not None]
     dropped, dropped_rows = _dropped(data.metrics)
     return {"t0_ns": t0, "span_us": (t1 - t0) / 1e3, "ranks": ranks, "hosts": hosts,

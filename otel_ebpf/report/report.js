@@ -65,6 +65,10 @@
          m.partial ? "bad" : "");
     if (m.straggler) card("straggler", "rank " + m.straggler.rank + " on " + (m.straggler.host || "?") +
                           ": last in " + m.straggler.count + "/" + m.straggler.of, "bad");
+    (m.straggler && m.straggler.why || []).forEach(function (w) {  // sched figures: why it was late
+      card("why late: " + w[0].replace(/_/g, "-").replace(".", " ") + " before the collective",
+           w[1].toFixed(1) + " ms vs " + w[2].toFixed(1) + " ms (peers' median)", "bad");
+    });
     if (m.skew_p50_ms !== null) card("skew p50 / max", m.skew_p50_ms.toFixed(1) + " / " +
                                      m.skew_max_ms.toFixed(1) + " ms");
     if (m.desyncs) card("desync events", String(m.desyncs), "bad");
@@ -187,9 +191,15 @@
   function timeline() {
     TL.svg = document.getElementById("timeline");
     document.getElementById("span-note").textContent = D.span_note + ". Scroll to zoom, drag to pan, " +
-      "double-click to reset.";
+      "double-click to show the whole run (it opens on the collectives).";
     TL.full = { a: 0, b: (D.meta.span_us || 1) * 1.01 };
     TL.view = { a: TL.full.a, b: TL.full.b };
+    if (D.collectives.length) {  // open on the collectives (process-lifetime spans would squeeze them)
+      var a = Infinity, b = -Infinity;
+      D.collectives.forEach(function (c) { a = Math.min(a, c.start); b = Math.max(b, c.start + c.dur); });
+      var pad = Math.max((b - a) * 0.05, 1000);
+      TL.view = { a: Math.max(TL.full.a, a - pad), b: Math.min(TL.full.b, b + pad) };
+    }
     TL.lanes = [{ label: "collectives (joined)", rows: 1 }].concat(D.lanes.map(function (l) {
       return { label: l.label, rows: 2, straggler: l.straggler };
     }));

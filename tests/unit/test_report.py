@@ -68,7 +68,7 @@ def test_model_marks_the_straggler_lane_and_its_span_in_every_complete_collectiv
     assert colls[-1]["missing"] == [otlp_job.MISSING_RANK] and len(colls[-1]["desyncs"]) == 1
     meta = built["meta"]
     assert meta["straggler"] == {"rank": otlp_job.STRAGGLER, "host": otlp_job.STRAGGLER_HOST,
-                                 "count": job.collectives - 1, "of": job.collectives - 1}
+                                 "count": job.collectives - 1, "of": job.collectives - 1, "why": []}
     assert (meta["collectives"], meta["complete"], meta["partial"], meta["desyncs"]) == (job.collectives,
                                                                                       job.collectives - 1, 1, 1)
     assert meta["dropped"] == otlp_job.DROPPED and meta["dropped_by"][0]["reason"] == "ringbuf_full"
@@ -122,7 +122,8 @@ def test_recorded_demo_crash_shows_the_partial_collective_and_the_straggler(tmp_
     assert (built["meta"]["collectives"], built["meta"]["partial"]) == (len(truth.collectives), len(truth.partial))
     assert len(truth.partial) == 1 and built["meta"]["desyncs"] == len(truth.desyncs) == 1
     rank, host, n = truth.straggler() or (None, None, 0)
-    assert built["meta"]["straggler"] == {"rank": rank, "host": host, "count": n, "of": len(truth.complete)}
+    assert built["meta"]["straggler"] == {"rank": rank, "host": host, "count": n, "of": len(truth.complete),
+                                          "why": []}  # the recorded demo ran without the sched receiver
     assert [lane["rank"] for lane in built["lanes"] if lane["straggler"]] == [rank]
     assert sum(1 for s in built["spans"] if s[5] & 1) == len(truth.complete)
     partial = [c for c in built["collectives"] if c["partial"]]
@@ -142,8 +143,15 @@ def test_page_script_draws_lanes_bars_charts_and_tables(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     drawn = json.loads(run.stdout)
     built = _embedded(out.read_text())
-    assert drawn["bars"] == len(built["spans"]) + len(built["collectives"])
-    assert drawn["straggler_bars"] == sum(1 for s in built["spans"] if s[5] & 1) > 0
+    # the page opens on the collectives (5 % margin): bars outside that window are not drawn
+    starts = [c["start"] for c in built["collectives"]]
+    ends = [c["start"] + c["dur"] for c in built["collectives"]]
+    pad = max((max(ends) - min(starts)) * 0.05, 1000)
+    lo, hi = max(0, min(starts) - pad), min(built["meta"]["span_us"] * 1.01, max(ends) + pad)
+    visible = [s for s in built["spans"] if s[2] + s[3] >= lo and s[2] <= hi]
+    assert 0 < len(visible) <= len(built["spans"])
+    assert drawn["bars"] == len(visible) + len(built["collectives"])
+    assert drawn["straggler_bars"] == sum(1 for s in visible if s[5] & 1) > 0
     assert drawn["coll_bars"] == len(built["collectives"]) and drawn["desyncs"] == 1
     assert drawn["straggler_lane_labels"] == 1 and drawn["lane_labels"] == len(built["lanes"]) + 1
     assert drawn["charts"] == len(built["charts"]) and drawn["slow_rows"] == len(built["top_slow"])
@@ -172,3 +180,13 @@ def test_demo_closing_summary_writes_the_report_and_names_it(tmp_path: Path) -> 
     assert f"report: {out / 'report.html'} (open it in a browser; it needs no network)" in text
     (tmp_path / "file").write_text("")
     assert summary.html_report(tmp_path / "file" / "sub").startswith("none: the HTML report could not be written:")
+
+
+def test_why_late_keeps_the_figures_where_the_straggler_spent_more_than_its_peers() -> None:
+    from otel_ebpf.report.model import _why_late
+
+    roots = [{"attrs": {"nccl.straggler.on_cpu.duration": 0.030 + i * 0.001, "nccl.peers_median.on_cpu.duration": 0.003,
+                        "nccl.straggler.off_cpu.duration": 0.001, "nccl.peers_median.off_cpu.duration": 0.025,
+                        "nccl.straggler.interval.duration": 0.04, "nccl.peers_median.interval.duration": 0.035}}
+             for i in range(3)]
+    assert _why_late(roots) == [["on_cpu", 31.0, 3.0]]  # medians; off-CPU (less) and the interval left out
