@@ -75,4 +75,7 @@ if [ -n "$extras" ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
          --extra-index-url https://pypi.org/simple
 fi
 .venv/bin/python -m pip install -q -e ".${extras}"
+# tests/unit/test_deploy.py: the compose-spec schema, from Docker's docker-compose wheel (downloaded, not installed)
+[ -z "$extras" ] || .venv/bin/python -m tests.support.compose_schema --fetch >/dev/null \
+  || echo "setup: WARNING compose schema not fetched; test_deploy's compose schema test fails in CI" >&2
 echo "setup: ok ($(.venv/bin/otel-ebpf --version))" >&2

@@ -4,8 +4,11 @@
 * Prometheus: ``promtool check rules`` / ``check config`` and ``promtool test rules`` firing every
   alert from synthetic series (Debian's prometheus package; in CI a missing promtool FAILS);
 * the agent and gateway configs (files and the k8s ConfigMaps) load with otel-ebpf's own loaders;
-* compose and Kubernetes: structure and cross-references (see the note at ``test_compose_*``: the
-  upstream JSON schemas are not vendored);
+* compose: against the compose-spec JSON schema shipped in Docker's docker-compose 1.29.2 wheel
+  (downloaded at set-up by tests/support/compose_schema.py, never vendored; in CI a missing one FAILS);
+* Kubernetes: every manifest in deploy/ against the models of the official ``kubernetes`` client
+  (generated from the Kubernetes OpenAPI spec; tests/support/k8s_schema.py), the kustomization's
+  resources, and the cross-references between objects;
 * the Grafana dashboard and the alerts use only metric names otel-ebpf exports: names scraped
   from a REAL agent's Prometheus endpoint (nvml receiver on the stand-in libnvidia-ml.so.1,
   tests/support/stand_in_nvml.c) plus the metric catalogs of every receiver and processor,
@@ -164,10 +167,9 @@ def test_agent_and_gateway_configs_load_with_otel_ebpfs_own_loaders(tmp_path: Pa
 
 
 # ---- compose -----------------------------------------------------------------------------------------
-# Not validated against compose-spec's JSON schema: that schema (compose-spec/compose-spec
-# schema/compose-spec.json, 74 kB) is not vendored here, and this machine has no compose plugin.
-# What is checked: every service key is one of these, all of which are properties of the
-# schema's `service` definition (read at compose-spec commit 00655e2), and every reference resolves.
+# Validated against the compose-spec JSON schema (test_compose_file_matches_the_compose_spec_schema);
+# on top of it: every service key is one of these (what this deployment is meant to use), and every
+# reference resolves.
 _COMPOSE_SERVICE_KEYS = {"image", "build", "command", "entrypoint", "pid", "cap_add", "cap_drop", "security_opt",
                          "volumes", "environment", "restart", "depends_on", "healthcheck", "ports", "privileged",
                          "network_mode", "devices", "deploy"}
@@ -229,10 +231,45 @@ def test_compose_endpoints_match_the_configs_that_serve_them() -> None:
     assert {u.split("//")[1].split(":")[0] for u in urls.values()} <= set(services)
 
 
+@pytest.fixture
+def compose_spec() -> dict[str, Any]:
+    from tests.support import compose_schema
+
+    schema = compose_schema.load()
+    if schema is None:
+        why = f"the compose-spec schema ({compose_schema.REQUIREMENT}) is not in {compose_schema.CACHE}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}: scripts/setup.sh must fetch it in CI")
+        pytest.skip(f"{why}: run .venv/bin/python -m tests.support.compose_schema --fetch")
+    return schema
+
+
+def test_compose_file_matches_the_compose_spec_schema(compose_spec: dict[str, Any]) -> None:
+    from tests.support.compose_schema import validate
+
+    assert validate(compose(), compose_spec) == []
+
+
+def test_compose_schema_check_names_each_fault(compose_spec: dict[str, Any]) -> None:
+    from tests.support.compose_schema import validate
+
+    doc = compose()
+    doc["name"] = "OTel eBPF"
+    doc["services"]["agent"]["cap_addd"] = doc["services"]["agent"].pop("cap_add")
+    doc["services"]["gateway"]["healthcheck"]["interval"] = 15
+    doc["services"]["prometheus"]["ports"] = "9090:9090"
+    found = validate(doc, compose_spec)
+    assert found[0].startswith("name: 'OTel eBPF' is not a valid project name")
+    assert any(f.startswith("services.agent: ") and "'cap_addd'" in f for f in found), found
+    assert "services.gateway.healthcheck.interval: 15 is not of type 'string'" in found
+    assert any(f.startswith("services.prometheus.ports: ") for f in found), found
+    assert len(found) == 4, found
+
+
 # ---- kubernetes --------------------------------------------------------------------------------------
-# Not validated against kubernetes-json-schema: the standalone-strict schemas of the kinds used
-# are not vendored (too large to carry here). Checked: apiVersion per kind, names, and that every
-# reference (ConfigMaps, ServiceAccount, probe ports, Services, the resolver's DNS name) resolves.
+# Every field and type is checked against the kubernetes client's models (test_k8s_manifests_match_*);
+# here: the apiVersion each kind is meant to use, names, and that every reference (ConfigMaps,
+# ServiceAccount, probe ports, Services, the resolver's DNS name) resolves.
 _API = {"Namespace": "v1", "ServiceAccount": "v1", "ConfigMap": "v1", "Service": "v1", "DaemonSet": "apps/v1",
         "Deployment": "apps/v1", "ClusterRole": "rbac.authorization.k8s.io/v1",
         "ClusterRoleBinding": "rbac.authorization.k8s.io/v1"}
@@ -246,6 +283,124 @@ def test_kustomization_lists_every_manifest_with_valid_kinds() -> None:
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", d["metadata"]["name"])
         if d["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
             assert d["metadata"]["namespace"] == "otel-ebpf"
+
+
+def k8s_manifest_files() -> list[Path]:
+    """Files in deploy/ with at least one Kubernetes document (string apiVersion and a kind)."""
+    def is_k8s(path: Path) -> bool:
+        return any(isinstance(d, dict) and isinstance(d.get("apiVersion"), str) and "kind" in d
+                   for d in yaml.safe_load_all(path.read_text()))
+    return [p for p in yaml_files() if is_k8s(p)]
+
+
+def test_k8s_manifests_are_found_everywhere_in_deploy() -> None:
+    found = {p.relative_to(DEPLOY).as_posix() for p in k8s_manifest_files()}
+    assert found >= {f"k8s/{p.name}" for p in K8S.glob("*.yaml")}, found
+
+
+@pytest.mark.parametrize("path", k8s_manifest_files(), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_k8s_manifests_match_the_kubernetes_client_models(path: Path) -> None:
+    from tests.support.k8s_schema import validate_file
+
+    assert validate_file(path, ROOT) == []
+
+
+_GOOD_DAEMONSET = """\
+apiVersion: v1
+kind: Namespace
+metadata: {name: demo}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: demo, namespace: demo, labels: {app.kubernetes.io/name: demo}}
+spec:
+  selector: {matchLabels: {app: demo}}
+  updateStrategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: 1}}
+  template:
+    metadata: {labels: {app: demo}}
+    spec:
+      hostPID: true
+      containers:
+        - name: demo
+          image: demo:1
+          ports: [{name: health, containerPort: 8080}]
+          securityContext: {capabilities: {add: [BPF]}}
+          livenessProbe: {httpGet: {path: /healthz, port: health}}
+          readinessProbe: {httpGet: {path: /readyz, port: 8080}}
+          resources: {requests: {cpu: 100m}}
+"""
+
+
+def _validate_text(text: str, tmp_path: Path) -> list[str]:
+    from tests.support.k8s_schema import validate_file
+
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    return validate_file(path, tmp_path)
+
+
+def test_k8s_validator_passes_a_good_manifest(tmp_path: Path) -> None:
+    assert _validate_text(_GOOD_DAEMONSET, tmp_path) == []
+
+
+_FIELD_FAULTS = [
+    ("capabilities: {add", "capabilites: {add",
+     "agent.yaml[1].spec.template.spec.containers[0].securityContext.capabilites: unknown field of "
+     "V1SecurityContext (did you mean 'capabilities'?)"),
+    ("containerPort: 8080", "containerPort: '8080'",
+     "agent.yaml[1].spec.template.spec.containers[0].ports[0].containerPort: expected int, got str '8080'"),
+    ("hostPID: true", "hostPID: 1",
+     "agent.yaml[1].spec.template.spec.hostPID: expected bool, got int 1"),
+    ("port: health}", "port: [health]}",
+     "agent.yaml[1].spec.template.spec.containers[0].livenessProbe.httpGet.port: expected an int or a string, "
+     "got list"),
+    ("- name: demo\n          image", "- image",
+     "agent.yaml[1].spec.template.spec.containers[0].name: missing required field of V1Container"),
+    ("  selector: {matchLabels: {app: demo}}\n", "",
+     "agent.yaml[1].spec.selector: missing required field of V1DaemonSetSpec"),
+    ("labels: {app.kubernetes.io/name: demo}", "labels: {app.kubernetes.io/name: 3}",
+     "agent.yaml[1].metadata.labels['app.kubernetes.io/name']: expected str, got int 3"),
+]
+_DOC_FAULTS = [
+    ("apiVersion: apps/v1", "apiVersion: batch/v1",
+     "agent.yaml[1]: the kubernetes client "),
+    ("metadata: {name: demo}", "metadata: {name: demo, namespace: demo}",
+     "agent.yaml[0].metadata.namespace: Namespace is cluster-scoped and takes no namespace"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "finding"), _FIELD_FAULTS + _DOC_FAULTS)
+def test_k8s_validator_names_the_file_document_and_key_path(old: str, new: str, finding: str,
+                                                             tmp_path: Path) -> None:
+    assert _GOOD_DAEMONSET.count(old) == 1, old
+    found = _validate_text(_GOOD_DAEMONSET.replace(old, new), tmp_path)
+    assert len(found) == 1 and found[0].startswith(finding), found
+
+
+@pytest.mark.parametrize(("old", "new", "finding"), _FIELD_FAULTS)
+def test_k8s_validator_faults_are_faults_for_the_clients_own_model(old: str, new: str, finding: str) -> None:
+    """The walk invents no rule: the client's model rejects each field fault it reports."""
+    from kubernetes.client import V1DaemonSet
+
+    [_, good] = yaml.safe_load_all(_GOOD_DAEMONSET)
+    [_, bad] = yaml.safe_load_all(_GOOD_DAEMONSET.replace(old, new))
+    V1DaemonSet.model_validate(good)
+    with pytest.raises(ValueError, match="validation error"):
+        V1DaemonSet.model_validate(bad)
+
+
+def test_k8s_validator_checks_kustomization_resources(tmp_path: Path) -> None:
+    (tmp_path / "agent.yaml").write_text(_GOOD_DAEMONSET.replace("hostPID: true", "hostPID: yes please"))
+    kust = tmp_path / "kustomization.yaml"
+    kust.write_text("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+                    "resources: [agent.yaml, missing.yaml]\npatches: []\n")
+    from tests.support.k8s_schema import validate_file
+
+    assert validate_file(kust, tmp_path) == [
+        "kustomization.yaml[0].patches: kustomization key not validated by tests/support/k8s_schema.py",
+        "agent.yaml[1].spec.template.spec.hostPID: expected bool, got str 'yes please'",
+        "kustomization.yaml[0].resources[1]: 'missing.yaml' is not a file next to the kustomization",
+    ]
 
 
 def _workloads() -> list[dict[str, Any]]:
