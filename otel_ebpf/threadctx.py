@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["BPFFS", "acquire", "op_name", "pin_path", "register_ops", "release", "unregister_ops"]
+__all__ = ["BPFFS", "acquire", "op_name", "pin_path", "register_ops", "release", "unpin", "unregister_ops"]
 
 log = logging.getLogger(__name__)
 BPFFS = Path("/sys/fs/bpf")
@@ -125,6 +125,18 @@ def release(path: str | None) -> None:
             os.unlink(path)
         with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(path))
+
+
+def unpin(ctx: object) -> None:
+    """Remove ``ctx``'s pin once every program that shares the map is loaded: the programs keep
+    the map alive, and an agent SIGKILLed later leaves nothing behind on bpffs. Programs
+    compiled after this get a private map (no nesting); the agent compiles only at start."""
+    path = pin_path(ctx)
+    with _lock:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.rmdir(path.parent)
 
 
 def register_ops(ctx: object, lookup: Callable[[int, int], str | None]) -> None:
