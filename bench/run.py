@@ -208,7 +208,7 @@ def zero_loss(run, loop: Path, api: str, rates: list[float], seconds: float) -> 
 def compare(loop: Path, seconds: float) -> list[tuple[str, str]]:
     rows = []
     plans = {"memcpy": [2000.0, 5000, 7500, 10000, 15000, 20000, 25000, 30000, 40000],
-             "launch": [5000.0, 10000, 20000, 50000, 100000, 200000, 400000, 800000]}
+             "launch": [1000.0, 2500, 5000, 10000, 20000, 50000, 100000, 200000, 400000, 800000]}
     for api, rates in plans.items():
         ours, ours_runs = zero_loss(ours_at, loop, api, rates, seconds)
         theirs, their_runs = zero_loss(eacgm_at, loop, api, rates, seconds)
