@@ -87,13 +87,16 @@ def bare_uprobe(loop: Path, n: int) -> float:
         b.cleanup()
 
 
+CUDA_CONFIG: dict = {}  # --no-launch-context: {"launch_context": False}
+
+
 def agent_for(pid: int, out_dir: str, receivers: list[str]):
     from otel_ebpf import settings
     from otel_ebpf.agent import Agent
 
     procs = [r for r in receivers]
-    cfg = settings.load(None, output=out_dir, extra={"service": {"pipelines": {"default": {
-        "receivers": receivers, "processors": procs}}, "metrics_interval": 1.0}})
+    cfg = settings.load(None, output=out_dir, extra={"receivers": {"cuda": CUDA_CONFIG}, "service": {"pipelines": {
+        "default": {"receivers": receivers, "processors": procs}}, "metrics_interval": 1.0}})
     return Agent(cfg, target_pids=[pid])
 
 
@@ -250,7 +253,11 @@ def main() -> int:
     ap.add_argument("--probe-only", action="store_true", help="only the probe-cost rows")
     ap.add_argument("--compare", action="store_true", help="also the eACGM-style pipeline comparison")
     ap.add_argument("--compare-only", action="store_true", help="only the eACGM-style comparison")
+    ap.add_argument("--no-launch-context", action="store_true",
+                    help="CUDA receiver with launch_context: false (no per-thread op lookup on launches)")
     a = ap.parse_args()
+    if a.no_launch_context:
+        CUDA_CONFIG["launch_context"] = False
     if os.geteuid() != 0:
         sys.exit("bench: needs root (BPF)")
     loop = build_loop()
