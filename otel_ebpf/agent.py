@@ -168,11 +168,9 @@ class Agent:
                 t0 = time.monotonic()
                 r.start()
                 log.info("receiver %s started in %.2fs", rid, time.monotonic() - t0)
-            from otel_ebpf import threadctx
-            from otel_ebpf.memory import release_compiler_memory
+            from otel_ebpf.bpf import programs_loaded
 
-            threadctx.unpin(self.ctx)  # every program is loaded: nothing left on bpffs if we are SIGKILLed
-            release_compiler_memory()  # clang/LLVM are done: ~110 MiB of RSS back (docs/benchmarks.md)
+            programs_loaded(self.ctx)
         except BaseException:
             self.shutdown()
             raise

@@ -138,6 +138,9 @@ class Session:
                 stage.start()
             for r in self.receivers.values():
                 r.start()
+            from otel_ebpf.bpf import programs_loaded
+
+            programs_loaded(self.ctx)
             if self._child is not None:
                 self._child.release()
         except BaseException:

@@ -29,8 +29,8 @@ from otel_ebpf.errors import AttachError, BccMissingError, BpfLoadError, KernelH
 from otel_ebpf.events import LibraryLoaded, ProcessExit
 from otel_ebpf.pipeline import Consumer, Context
 
-__all__ = ["INCLUDE_DIR", "BpfReceiver", "Probe", "headers_dir", "import_bcc", "release_uprobes_in_background",
-           "require_bpf"]
+__all__ = ["INCLUDE_DIR", "BpfReceiver", "Probe", "headers_dir", "import_bcc", "programs_loaded",
+           "release_uprobes_in_background", "require_bpf"]
 
 log = logging.getLogger(__name__)
 INCLUDE_DIR = Path(__file__).parent / "bpfinc"
@@ -450,6 +450,16 @@ class BpfReceiver:
     def bpf(self) -> Any:
         return self._bpf
 
+
+
+def programs_loaded(ctx: Context) -> None:
+    """Every BPF program of ``ctx`` is loaded (receivers compile only at start): unpin the map
+    they share, so a SIGKILLed agent leaves nothing on bpffs, and give back the compiler's
+    memory (~110 MiB of RSS, otel_ebpf.memory). Called by whoever started the receivers."""
+    from otel_ebpf.memory import release_compiler_memory
+
+    threadctx.unpin(ctx)
+    release_compiler_memory()
 
 
 def release_uprobes_in_background(bpf: Any) -> int:

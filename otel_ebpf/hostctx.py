@@ -25,12 +25,14 @@ without the lock held, from the thread calling :meth:`HostStats.delta`.
 from __future__ import annotations
 
 import bisect
+import statistics
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["HostStats", "StepTracker", "step_attribute_name", "straggler_attributes"]
+__all__ = ["HostStats", "StepTracker", "step_attribute_name", "straggler_attributes", "straggler_figures",
+           "why_late"]
 
 Key = tuple[int, int]  # (pid, tid); tid 0: the whole process
 Sampler = Callable[[int, int], None]
@@ -254,3 +256,37 @@ def straggler_attributes(rank_attrs: Mapping[int, Mapping[str, Any]], straggler:
             mid = len(peers) // 2
             out[f"nccl.peers_median.{rest}"] = peers[mid] if len(peers) % 2 else (peers[mid - 1] + peers[mid]) / 2
     return out
+
+
+def straggler_figures(root_attrs: Mapping[str, Any]) -> list[tuple[str, float, float]]:
+    """Read back what :func:`straggler_attributes` wrote on a joined collective's root:
+    ``(figure, straggler's seconds, peers' median seconds)`` for each ``.duration`` figure but
+    the interval (``on_cpu``, ``off_cpu.sleep``, ...)."""
+    out = []
+    for key, mine in root_attrs.items():
+        if not (key.startswith("nccl.straggler.") and key.endswith(".duration")):
+            continue
+        figure = key[len("nccl.straggler."):-len(".duration")]
+        peers = root_attrs.get(f"nccl.peers_median.{figure}.duration")
+        if figure != "interval" and _number(mine) and isinstance(peers, (int, float)) and _number(peers):
+            out.append((figure, float(mine), float(peers)))
+    return out
+
+
+def why_late(per_collective: Iterable[Sequence[tuple[str, float, float]]],
+             min_gap_ms: float = 1.0) -> list[tuple[str, float, float]]:
+    """Over the collectives one rank was late to (each as :func:`straggler_figures` gives it):
+    ``(figure, its median ms, the peers' median ms)`` where it spent at least ``min_gap_ms``
+    more than its peers, the largest gap first."""
+    mine: dict[str, list[float]] = {}
+    peers: dict[str, list[float]] = {}
+    for figures in per_collective:
+        for figure, value, median in figures:
+            mine.setdefault(figure, []).append(value * 1e3)
+            peers.setdefault(figure, []).append(median * 1e3)
+    rows = [(f, statistics.median(v), statistics.median(peers[f])) for f, v in mine.items()]
+    return sorted((r for r in rows if r[1] - r[2] >= min_gap_ms), key=lambda r: r[2] - r[1])
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

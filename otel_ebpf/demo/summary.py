@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from otel_ebpf.hostctx import straggler_figures, why_late
+from otel_ebpf.report.otlpfiles import decode_attributes
+
 __all__ = ["Collective", "Desync", "Summary", "decode_attributes", "html_report", "read", "render"]
 
 
@@ -43,8 +46,8 @@ class Collective:
     straggler_rank: int | None
     straggler_host: str | None
     desyncs: tuple[Desync, ...] = ()
-    # the straggler's step figures and the other ranks' median (nccl.straggler.X / nccl.peers_median.X)
-    why_late: tuple[tuple[str, float, float], ...] = ()
+    # the straggler's step figures and the other ranks' median (otel_ebpf.hostctx.straggler_figures)
+    figures: tuple[tuple[str, float, float], ...] = ()
 
 
 @dataclass
@@ -76,45 +79,14 @@ class Summary:
         assert rank is not None
         return rank, host, n
 
-    def why_late(self, rank: int) -> list[tuple[str, float, float]]:
-        """For collectives where ``rank`` was the straggler: each step figure (ms) of that rank
-        and of its peers (median over those collectives), largest gap first."""
-        mine: dict[str, list[float]] = {}
-        peers: dict[str, list[float]] = {}
-        for c in self.complete:
-            if c.straggler_rank != rank:
-                continue
-            for figure, value, median in c.why_late:
-                mine.setdefault(figure, []).append(value * 1e3)
-                peers.setdefault(figure, []).append(median * 1e3)
-        rows = [(f, statistics.median(v), statistics.median(peers[f])) for f, v in mine.items()]
-        return sorted(rows, key=lambda r: r[2] - r[1])
+    def late_figures(self, rank: int) -> list[tuple[tuple[str, float, float], ...]]:
+        """The step figures of each complete collective ``rank`` was the straggler of."""
+        return [c.figures for c in self.complete if c.straggler_rank == rank and c.figures]
 
     def skew_ms(self) -> tuple[float, float] | None:
         """(p50, max) of the complete collectives' skew, in ms."""
         skews = [c.skew_ns / 1e6 for c in self.complete if c.skew_ns is not None]
         return (statistics.median(skews), max(skews)) if skews else None
-
-
-def _value(v: dict[str, Any]) -> Any:
-    if "stringValue" in v:
-        return v["stringValue"]
-    if "intValue" in v:
-        return int(v["intValue"])
-    if "boolValue" in v:
-        return bool(v["boolValue"])
-    if "doubleValue" in v:
-        return float(v["doubleValue"])
-    if "arrayValue" in v:
-        return tuple(_value(x) for x in v["arrayValue"].get("values", []))
-    if "kvlistValue" in v:
-        return decode_attributes(v["kvlistValue"].get("values", []))
-    return None
-
-
-def decode_attributes(kvs: list[dict[str, Any]]) -> dict[str, Any]:
-    """OTLP/JSON ``[{"key": k, "value": {...}}]`` -> ``{k: python value}`` (arrays as tuples)."""
-    return {kv["key"]: _value(kv.get("value", {})) for kv in kvs}
 
 
 def _spans(line: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
@@ -137,23 +109,12 @@ def _desyncs(span: dict[str, Any], op: str, seq: int) -> tuple[Desync, ...]:
     return tuple(out)
 
 
-def _why_late(a: dict[str, Any]) -> tuple[tuple[str, float, float], ...]:
-    out = []
-    for key, mine in a.items():
-        if key.startswith("nccl.straggler.") and key.endswith(".duration") and isinstance(mine, (int, float)):
-            figure = key[len("nccl.straggler."):]
-            peers = a.get(f"nccl.peers_median.{figure}")
-            if isinstance(peers, (int, float)):
-                out.append((figure, float(mine), float(peers)))
-    return tuple(sorted(out))
-
-
 def _collective(span: dict[str, Any], a: dict[str, Any]) -> Collective:
     op, seq = str(a.get("nccl.op", "collective")), int(a["nccl.seq"])
     return Collective(op=op, seq=seq, arrived=int(a["nccl.ranks.arrived"]), partial=bool(a.get("nccl.partial")),
                       missing_ranks=tuple(a.get("nccl.missing_ranks", ())), skew_ns=a.get("nccl.skew_ns"),
                       straggler_rank=a.get("nccl.straggler.rank"), straggler_host=a.get("nccl.straggler.host"),
-                      desyncs=_desyncs(span, op, seq), why_late=_why_late(a))
+                      desyncs=_desyncs(span, op, seq), figures=tuple(straggler_figures(a)))
 
 
 def read(traces: str | Path) -> Summary:
@@ -197,8 +158,8 @@ def html_report(out: str | Path) -> str:
 
 
 def _figure(name: str) -> str:
-    """``off_cpu.sleep.duration`` -> ``off-CPU (sleep)``."""
-    parts = name.removesuffix(".duration").split(".")
+    """``off_cpu.sleep`` -> ``off-CPU (sleep)``."""
+    parts = name.split(".")
     base = {"off_cpu": "off-CPU", "on_cpu": "on-CPU", "runq": "run queue", "io": "IO"}.get(parts[0], parts[0])
     return base + (f" ({parts[1]})" if len(parts) > 1 else "")
 
@@ -228,8 +189,8 @@ def render(s: Summary, *, straggler: int | None, killed: int | None, out_dir: st
         rank, host, n = top
         lines.append(f"straggler: rank {rank} on {host or '?'}, last to arrive in {n}/{len(s.complete)} complete "
                      f"collectives {_verdict(rank, straggler)}")
-        figures = [r for r in s.why_late(rank) if r[0] != "interval.duration"]
-        why = [r for r in figures if r[1] - r[2] >= 1.0]  # at least 1 ms more than its peers
+        figures = s.late_figures(rank)
+        why = why_late(figures)  # at least 1 ms more than its peers, medians over those collectives
         if why:  # the sched receiver's step figures, copied by the gateway (median over those collectives)
             lines.append("why late: in the step before, rank " + str(rank) + " spent " + "; ".join(
                 f"{_figure(f)} {m:.1f} ms (peers' median {p:.1f} ms)" for f, m, p in why[:3]))

@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from otel_ebpf.hostctx import straggler_figures, why_late
 from otel_ebpf.report.otlpfiles import MetricPoint, OtlpData, SpanRow
 
 __all__ = ["DEFAULT_MAX_SPANS", "MAX_CHARTS", "MAX_POINTS", "MAX_SERIES", "build", "is_collective_root",
@@ -185,21 +186,8 @@ def _top_slow(spans: list[SpanRow], t0: int, top: int) -> list[dict[str, Any]]:
 
 
 def _why_late(roots: list[dict[str, Any]]) -> list[list[Any]]:
-    """[figure, straggler ms, peers' median ms] (medians over ``roots``) where the straggler spent at
-    least 1 ms more than its peers: the sched receiver's ``nccl.straggler.X`` / ``nccl.peers_median.X``."""
-    mine: dict[str, list[float]] = {}
-    peers: dict[str, list[float]] = {}
-    for c in roots:
-        for key, value in c["attrs"].items():
-            if not (key.startswith("nccl.straggler.") and key.endswith(".duration")):
-                continue
-            figure = key[len("nccl.straggler."):-len(".duration")]
-            other = c["attrs"].get(f"nccl.peers_median.{figure}.duration")
-            if figure != "interval" and isinstance(value, (int, float)) and isinstance(other, (int, float)):
-                mine.setdefault(figure, []).append(value * 1e3)
-                peers.setdefault(figure, []).append(other * 1e3)
-    rows = [(f, statistics.median(v), statistics.median(peers[f])) for f, v in mine.items()]
-    return [list(r) for r in sorted((r for r in rows if r[1] - r[2] >= 1.0), key=lambda r: r[2] - r[1])[:3]]
+    """[figure, straggler ms, peers' median ms], the top 3 (otel_ebpf.hostctx.why_late)."""
+    return [list(r) for r in why_late(straggler_figures(c["attrs"]) for c in roots)[:3]]
 
 
 def _header(data: OtlpData, spans: list[SpanRow], roots: list[dict[str, Any]], t0: int, t1: int) -> dict[str, Any]:

@@ -17,22 +17,19 @@ Threading: single-threaded (the pipeline worker); ``consume`` never raises.
 """
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Sequence
 
 from opentelemetry.semconv.attributes.code_attributes import CODE_FILE_PATH, CODE_FUNCTION_NAME, CODE_LINE_NUMBER
 
 from otel_ebpf.emit.ids import derive_id
 from otel_ebpf.events import SpanRecord
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.processing import EventProcessor, handles
 
 from ...receivers.python.events import PythonCall
 from .config import Config
 
 __all__ = ["SCOPE", "PythonProcessor", "call_ids", "qualified_name"]
 
-log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.python"
 
 
@@ -55,33 +52,15 @@ def qualified_name(file: str, function: str) -> str:
     return f"{stem}.{function}" if stem else function
 
 
-class PythonProcessor:
+class PythonProcessor(EventProcessor[Config]):
     """Processor ``python``: PythonCall -> SpanRecord with derived ids."""
 
-    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
-        self.config = config
-        self._telemetry = ctx.telemetry
-        self._next = next_
+    NAME = "python"
+    SCOPE = SCOPE
 
-    def start(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def consume(self, events: Sequence[object]) -> None:
-        out: list[object] = []
-        for ev in events:
-            if type(ev) is not PythonCall:
-                out.append(ev)
-                continue
-            try:
-                out.append(self.span(ev))
-            except Exception:  # hot path: count, never raise
-                log.debug("cannot process %r", ev, exc_info=True)
-                self._telemetry.dropped("python", "bad_event")
-        if out:
-            self._next.consume(out)
+    @handles(PythonCall)
+    def _call(self, ev: PythonCall, out: list[object]) -> None:
+        out.append(self.span(ev))
 
     def span(self, ev: PythonCall) -> SpanRecord:
         name = qualified_name(ev.file, ev.function) if self.config.qualify else ev.function

@@ -15,19 +15,16 @@ Threading: single-threaded (the pipeline worker); ``consume`` never raises.
 """
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
 
 from otel_ebpf.emit.ids import derive_id
 from otel_ebpf.events import MetricRecord, SpanRecord
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.processing import EventProcessor, handles
 
 from ...receivers.torch.events import TorchOp
 from .config import Config
 
 __all__ = ["SCOPE", "TorchProcessor", "op_ids"]
 
-log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.torch"
 
 
@@ -39,34 +36,13 @@ def op_ids(pid: int, tid: int, start_ns: int, root_ns: int) -> tuple[int, int]:
             derive_id("torch", pid, tid, start_ns, bits=64))
 
 
-class TorchProcessor:
+class TorchProcessor(EventProcessor[Config]):
     """Processor ``torch``: TorchOp -> SpanRecord (derived ids) + pytorch.op.duration."""
 
-    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
-        self.config = config
-        self._telemetry = ctx.telemetry
-        self._next = next_
+    NAME = "torch"
+    SCOPE = SCOPE
 
-    def start(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def consume(self, events: Sequence[object]) -> None:
-        out: list[object] = []
-        for ev in events:
-            if type(ev) is not TorchOp:
-                out.append(ev)
-                continue
-            try:
-                self._op(ev, out)
-            except Exception:  # hot path: count, never raise
-                log.debug("cannot process %r", ev, exc_info=True)
-                self._telemetry.dropped("torch", "bad_event")
-        if out:
-            self._next.consume(out)
-
+    @handles(TorchOp)
     def _op(self, ev: TorchOp, out: list[object]) -> None:
         out.append(MetricRecord(ev.pid, "pytorch.op.duration", "histogram", (ev.end_ns - ev.start_ns) / 1e9,
                                 {"pytorch.op.name": ev.op}, unit="s", scope=SCOPE,
