@@ -83,7 +83,10 @@ class MetricRecord:
     """One measurement for process ``pid`` (None: the agent's own resource).
 
     counter/updown: ``value`` is a delta. gauge: the current value. histogram: ``value`` was
-    observed ``count`` times. ``unit`` uses UCUM as in OTel semantic conventions.
+    observed ``count`` times, or, with ``buckets``, ``count`` observations summing to ``value``
+    fell into these buckets of the emitter's bounds for ``unit``
+    (``otel_ebpf.emit.histograms.bounds_for_unit``; ``len(bounds) + 1`` counts: in-kernel
+    histograms). ``unit`` uses UCUM as in OTel semantic conventions.
     """
 
     pid: int | None
@@ -96,6 +99,7 @@ class MetricRecord:
     scope: str = "otel_ebpf"
     count: int = 1
     comm: str | None = None
+    buckets: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

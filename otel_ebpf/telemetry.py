@@ -27,6 +27,8 @@ _DESCRIPTIONS = {
     "otel_ebpf.probes.attached": "Probes attached, by receiver and library.",
     "otel_ebpf.probes.failed": "Probes that failed to attach, by receiver and library.",
     "otel_ebpf.export.failed": "Spans or metric batches the exporters failed to send.",
+    "otel_ebpf.spans.rate_limited": "Calls left without a span by a receiver's span budget (span_rate_limit); "
+                                    "they are still counted in that receiver's metrics, so nothing is lost.",
     "otel_ebpf.nvml.scrape.errors": "NVML calls that failed during a scrape, by function and error; "
                                     "the scrape kept what it could read.",
 }

@@ -263,7 +263,7 @@ class Emitter:
         proc = self._proc(rec.pid, rec.comm)
         if rec.kind == "histogram":
             if not proc.histograms.record(rec.scope, rec.name, rec.unit, rec.description,
-                                          rec.attributes, rec.value, rec.count, time.time_ns()):
+                                          rec.attributes, rec.value, rec.count, time.time_ns(), rec.buckets):
                 self._telemetry.dropped("emit", "histogram_series_limit")
             return
         key = (rec.scope, rec.name, rec.kind)

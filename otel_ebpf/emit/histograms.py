@@ -1,15 +1,17 @@
 """Cumulative explicit-bucket histograms that accept weighted observations.
 
-In-kernel aggregation hands us "value v seen n times" (kernel launches by grid size); the SDK
-instrument API would need n ``record`` calls. This store adds n in O(log buckets) and yields
-SDK ``Metric`` objects that the SDK's OTLP encoders export like any other histogram.
-Bounded: at most ``max_series`` series; beyond it new series are dropped and counted by the
+In-kernel aggregation hands us "value v seen n times" (kernel launches by grid size) or whole
+bucket counts over these same bounds (CUDA call durations and sizes); the SDK instrument API
+would need one ``record`` call per observation. A series fed bucket counts has no min/max (the
+kernel does not keep them): they are left out of its points, as OTLP allows. This store adds
+n in O(log buckets) and yields SDK ``Metric`` objects that the SDK's OTLP encoders export like
+any other histogram. Bounded: at most ``max_series`` series; beyond it new series are dropped and counted by the
 caller via the return value of :meth:`record`. Not thread-safe: the emitter holds its lock.
 """
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry.sdk.metrics.export import (
@@ -40,6 +42,7 @@ class _Series:
     total: float = 0.0
     lo: float = float("inf")
     hi: float = float("-inf")
+    extremes: bool = True  # min/max known (no bucket counts merged)
 
 
 class HistogramStore:
@@ -50,8 +53,11 @@ class HistogramStore:
         self._n = 0
 
     def record(self, scope: str, name: str, unit: str, description: str,
-               attributes: Mapping[str, object], value: float, count: int, now_ns: int) -> bool:
-        """Add ``value`` ``count`` times. False when the series limit dropped it."""
+               attributes: Mapping[str, object], value: float, count: int, now_ns: int,
+               buckets: Sequence[int] | None = None) -> bool:
+        """Add ``value`` ``count`` times; or, with ``buckets`` (``len(bounds_for_unit(unit)) + 1``
+        counts), add those bucket counts, ``count`` observations summing to ``value``. False when
+        the series limit dropped it, or the buckets do not match the bounds."""
         entry = self._metrics.get((scope, name))
         if entry is None:
             entry = self._metrics[(scope, name)] = (unit, description, {})
@@ -63,6 +69,15 @@ class HistogramStore:
             bounds = bounds_for_unit(unit)
             series = entry[2][key] = _Series(bounds, now_ns, [0] * (len(bounds) + 1))
             self._n += 1
+        if buckets is not None:
+            if len(buckets) != len(series.counts):
+                return False
+            for i, n in enumerate(buckets):
+                series.counts[i] += n
+            series.count += count
+            series.total += value
+            series.extremes = False
+            return True
         series.counts[bisect.bisect_left(series.bounds, value)] += count
         series.count += count
         series.total += value * count
@@ -77,7 +92,8 @@ class HistogramStore:
             points = [HistogramDataPoint(attributes=dict(k), start_time_unix_nano=s.start_ns,
                                          time_unix_nano=now_ns, count=s.count, sum=s.total,
                                          bucket_counts=list(s.counts), explicit_bounds=list(s.bounds),
-                                         min=s.lo, max=s.hi)
+                                         min=s.lo if s.extremes else None,  # type: ignore[arg-type]
+                                         max=s.hi if s.extremes else None)  # type: ignore[arg-type]
                       for k, s in series_map.items()]
             if points:
                 out.setdefault(scope, []).append(Metric(

@@ -31,6 +31,8 @@ Metrics (scope ``otel_ebpf.cuda``; OBI's ``gpu.cuda.*`` names where OBI has one)
   ``gpu.cuda.kernel.block.size`` (threads per block) histograms; by cuda.device.index.
 * ``gpu.cuda.memory.copies`` histogram By, by cuda.memcpy.kind, cuda.device.index (its count
   is the number of copies, its sum the bytes). Successful calls only.
+* ``gpu.cuda.memory.copy.duration`` histogram s, by cuda.api, cuda.memcpy.kind,
+  cuda.device.index and, for failed calls, error.type: host time in cudaMemcpy*.
 * ``gpu.cuda.memory.allocations`` counter By, by cuda.api, cuda.device.index.
 * ``gpu.cuda.memory.free.bytes`` counter By (frees of allocations that were seen).
 * ``gpu.cuda.memory.outstanding`` updown By: allocated and not yet freed, by device.
@@ -40,6 +42,12 @@ Metrics (scope ``otel_ebpf.cuda``; OBI's ``gpu.cuda.*`` names where OBI has one)
 * ``gpu.cuda.stream.synchronize.calls``, ``gpu.cuda.device.synchronize.calls``,
   ``gpu.cuda.event.synchronize.calls`` counters {call} (OBI).
 * ``gpu.cuda.api.errors`` counter {call}, by cuda.api, error.type, cuda.device.index.
+
+Every memcpy and synchronize call is counted in the kernel (receiver ``CallStats``), and the
+metrics of those calls (copies, copy and synchronize durations, synchronize calls, their
+api.errors) come from those counts, exact even when the receiver's span rate limit gives a call
+no span; the spans come from the records. Calls left without a span are counted in
+``otel_ebpf.spans.rate_limited{receiver=cuda}``.
 
 Parents. A call made inside a traced Python function or PyTorch operator (the receivers
 ``python`` / ``torch`` of the same agent write the thread's innermost open call into a map the
@@ -72,6 +80,7 @@ from otel_ebpf.pipeline import Consumer, Context
 
 from ...receivers.cuda.events import (
     AllocCall,
+    CallStats,
     EnclosingCall,
     FreeCall,
     KernelLaunch,
@@ -97,6 +106,7 @@ METRICS: dict[str, tuple[MetricKind, str, str]] = {
     "gpu.cuda.kernel.grid.size": ("histogram", "1", "Blocks per launched grid."),
     "gpu.cuda.kernel.block.size": ("histogram", "1", "Threads per block of launched kernels."),
     "gpu.cuda.memory.copies": ("histogram", "By", "Bytes per successful cudaMemcpy* call."),
+    "gpu.cuda.memory.copy.duration": ("histogram", "s", "Time the host spent in cudaMemcpy* calls."),
     "gpu.cuda.memory.allocations": ("counter", "By", "Bytes allocated by successful cudaMalloc* calls."),
     "gpu.cuda.memory.free.bytes": ("counter", "By", "Bytes released by cudaFree* of seen allocations."),
     "gpu.cuda.memory.outstanding": ("updown", "By", "Device memory allocated and not yet freed."),
@@ -157,7 +167,7 @@ class CudaProcessor:
         self._handlers: dict[type, Callable[[Any, list[object]], None]] = {
             MemcpyCall: self._memcpy, AllocCall: self._alloc, FreeCall: self._free,
             SyncCall: self._sync, SetDeviceCall: self._set_device, KernelLaunch: self._launch,
-            KernelLaunchStats: self._launch_stats, ProcessExit: self._exit,
+            KernelLaunchStats: self._launch_stats, CallStats: self._call_stats, ProcessExit: self._exit,
         }
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -196,20 +206,21 @@ class CudaProcessor:
             self._next.consume(out)
 
     def _metric(self, out: list[object], pid: int, name: str, value: float, attrs: Attributes,
-                count: int = 1) -> None:
+                count: int = 1, buckets: tuple[int, ...] | None = None) -> None:
         kind, unit, description = METRICS[name]
         out.append(MetricRecord(pid, name, kind, value, attrs, unit=unit, description=description,
-                                scope=SCOPE, count=count))
+                                scope=SCOPE, count=count, buckets=buckets))
 
-    def _call_span(self, ev: Any, extra: dict[str, Any], out: list[object]) -> None:
-        """The span of a completed call, and the error counter when it failed."""
+    def _call_span(self, ev: Any, extra: dict[str, Any], out: list[object], count_error: bool = True) -> None:
+        """The span of a completed call, and (``count_error``) the error counter when it failed."""
         attrs: dict[str, Any] = {"cuda.api": ev.api, "cuda.return_code": ev.rc, "thread.id": ev.tid}
         where = self._where(ev.pid, ev.device)
         attrs.update(where)
         error = None
         if ev.rc != 0:
             error = attrs["error.type"] = error_name(ev.rc)
-            self._metric(out, ev.pid, "gpu.cuda.api.errors", 1, {"cuda.api": ev.api, "error.type": error, **where})
+            if count_error:
+                self._metric(out, ev.pid, "gpu.cuda.api.errors", 1, {"cuda.api": ev.api, "error.type": error, **where})
         if self.config.spans:
             attrs.update(extra)
             parent = self._parent(ev.pid, ev.tid, ev.start_ns, ev.enclosing)
@@ -230,10 +241,7 @@ class CudaProcessor:
         extra: dict[str, Any] = {"cuda.bytes": ev.bytes, "cuda.memcpy.kind": kind}
         if _base_api(ev.api) == "cudaMemcpyAsync":
             extra["cuda.stream"] = hex(ev.stream)
-        self._call_span(ev, extra, out)
-        if ev.rc == 0:
-            self._metric(out, ev.pid, "gpu.cuda.memory.copies", ev.bytes,
-                         {"cuda.memcpy.kind": kind, **self._where(ev.pid, ev.device)})
+        self._call_span(ev, extra, out, count_error=False)  # metrics: _call_stats
 
     def _alloc(self, ev: AllocCall, out: list[object]) -> None:
         extra: dict[str, Any] = {"cuda.bytes": ev.size}
@@ -295,13 +303,36 @@ class CudaProcessor:
             extra["cuda.stream"] = hex(ev.handle)
         elif base == "cudaEventSynchronize":
             extra["cuda.event"] = hex(ev.handle)
-        self._call_span(ev, extra, out)
-        dev = self._where(ev.pid, ev.device)
-        self._metric(out, ev.pid, "gpu.cuda.synchronize.duration", max(0, ev.end_ns - ev.start_ns) / 1e9,
-                     {"cuda.api": ev.api, **dev})
+        self._call_span(ev, extra, out, count_error=False)  # metrics: _call_stats
+
+    def _call_stats(self, ev: CallStats, out: list[object]) -> None:
+        """Metrics of memcpy/synchronize calls, from the kernel's exact counts."""
+        if ev.calls <= 0:
+            return
+        where = self._where(ev.pid, ev.device)
+        error = error_name(ev.rc) if ev.rc != 0 else None
+        if error is not None:
+            self._metric(out, ev.pid, "gpu.cuda.api.errors", ev.calls,
+                         {"cuda.api": ev.api, "error.type": error, **where})
+        if ev.limited > 0:
+            self._telemetry.add("otel_ebpf.spans.rate_limited", ev.limited, receiver=TELEMETRY_NAME)
+        base = _base_api(ev.api)
+        if base in ("cudaMemcpy", "cudaMemcpyAsync"):
+            kind = MEMCPY_KINDS.get(ev.kind, f"cudaMemcpyKind({ev.kind})")
+            if error is None:
+                self._metric(out, ev.pid, "gpu.cuda.memory.copies", ev.bytes, {"cuda.memcpy.kind": kind, **where},
+                             count=ev.calls, buckets=ev.bytes_hist)
+            attrs = {"cuda.api": ev.api, "cuda.memcpy.kind": kind, **where}
+            if error is not None:
+                attrs["error.type"] = error
+            self._metric(out, ev.pid, "gpu.cuda.memory.copy.duration", ev.dur_ns / 1e9, attrs,
+                         count=ev.calls, buckets=ev.dur_hist)
+            return
+        self._metric(out, ev.pid, "gpu.cuda.synchronize.duration", ev.dur_ns / 1e9, {"cuda.api": ev.api, **where},
+                     count=ev.calls, buckets=ev.dur_hist)
         counter = _SYNC_CALLS.get(base)
         if counter is not None:
-            self._metric(out, ev.pid, counter, 1, dev)
+            self._metric(out, ev.pid, counter, ev.calls, where)
 
     def _set_device(self, ev: SetDeviceCall, out: list[object]) -> None:
         self._call_span(ev, {"cuda.device.requested": ev.requested}, out)

@@ -34,6 +34,24 @@ class Config:
               "ms); a shell or debugger watching it sees a stop; if the agent dies in that "
               "window the process stays stopped until it gets SIGCONT. Set false to never stop "
               "processes and accept missing the calls made while probes attach.")
+    span_rate_limit: int = doc(
+        2000, "Most spans per second per process for cudaMemcpy* and cuda*Synchronize calls (a "
+              "token bucket in the kernel, burst one second's worth). Every call is still counted "
+              "in the kernel: their metrics (gpu.cuda.memory.copies, gpu.cuda.memory.copy.duration, "
+              "gpu.cuda.synchronize.duration, gpu.cuda.*.synchronize.calls, gpu.cuda.api.errors) stay "
+              "exact, and calls left without a span are counted in "
+              "otel_ebpf.spans.rate_limited{receiver=cuda}. 0: a span for every call (each costs the "
+              "agent ~40-100 us of CPU: beyond ~10-20k calls/s per agent the ring buffer overflows "
+              "and records are dropped, counted). Allocation, free and cudaSetDevice calls always "
+              "get a span (the allocation table needs every one).")
+    always_span_slower_than: float = doc(
+        0.001, "Calls (cudaMemcpy*, cuda*Synchronize) at least this long always get a span, over the "
+               "rate limit: the slow ones are the ones worth a trace. A thread cannot make more "
+               "than 1/this such calls per second. 0: no exception.", duration=True)
+    max_call_keys: int = doc(
+        4096, "Distinct (process, API, device, return code, copy kind) call counters in the kernel. "
+              "Beyond it calls of new keys are not counted (reason=stats_map_full); their records, "
+              "when they get one, still become spans.")
     poll_interval: float = doc(0.1, "Longest wait for ring-buffer records per poll round.", duration=True)
     max_inflight: int = doc(
         16384, "Calls in progress tracked at once (entry seen, return not yet), over all threads "
@@ -62,7 +80,12 @@ class Config:
         pages = self.ringbuf_pages
         if pages < 1 or pages & (pages - 1):
             raise ConfigError(where("ringbuf_pages"), f"must be a power of two, got {pages}")
-        for key in ("max_inflight", "max_threads", "max_launch_keys"):
+        if self.span_rate_limit < 0 or self.span_rate_limit > 1_000_000_000:
+            raise ConfigError(where("span_rate_limit"), f"must be 0 (no limit) or 1..1e9 spans/s, got "
+                                                        f"{self.span_rate_limit}")
+        if self.always_span_slower_than < 0:
+            raise ConfigError(where("always_span_slower_than"), "must be >= 0")
+        for key in ("max_inflight", "max_threads", "max_launch_keys", "max_call_keys"):
             if getattr(self, key) < 1:
                 raise ConfigError(where(key), f"must be >= 1, got {getattr(self, key)}")
         if self.stats_interval < 0.01:

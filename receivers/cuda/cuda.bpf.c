@@ -5,6 +5,15 @@
  *   thread keeps both; the uretprobe pairs it, emits ONE record with start/end/rc, and deletes
  *   the entry. A full `inflight` is counted in drops[OE_DROP_STATEMAP]. Entries of threads that
  *   die inside a call are removed at thread exit.
+ * - Call accounting (memcpy, synchronize): at return every call is added to `call_stats`, keyed
+ *   by {pid, api, device, rc, memcpy kind}: calls, summed duration and bytes, and duration and
+ *   byte histograms whose bucket bounds come from Python (-DCUDA_DUR_BOUNDS_NS, the emitter's
+ *   latency bounds; -DCUDA_BYTES_BOUNDS, its powers of four). The metrics of these calls are
+ *   read from this map, so they stay exact whatever happens to the records. With
+ *   CUDA_SPAN_RATE = R > 0 a per-process token bucket (R per second, burst R) decides which of
+ *   these calls also get a record (a span); calls of at least CUDA_SPAN_SLOW_NS always do. The
+ *   others are counted in `limited`. The bucket is not atomic across threads of one process:
+ *   under contention it may admit slightly more or fewer than R per second; the counts are exact.
  * - Kernel launches (cudaLaunchKernel, cudaLaunchKernelExC): entry only, so the cost lands on
  *   the caller and no uretprobe trampoline runs. Counted per {pid, device, grid size, block
  *   size} in a per-CPU hash that Python reads every stats interval (a full map is counted in
@@ -19,7 +28,8 @@
  *   launch counter key (so the counts are per operator) and sampled launches carry it.
  *
  * Parameters (-D): CUDA_MAX_INFLIGHT, CUDA_MAX_THREADS, CUDA_MAX_LAUNCH_KEYS,
- * CUDA_LAUNCH_SAMPLE_EVERY, CUDA_LAUNCH_CONTEXT.
+ * CUDA_LAUNCH_SAMPLE_EVERY, CUDA_LAUNCH_CONTEXT, CUDA_MAX_CALL_KEYS, CUDA_SPAN_RATE,
+ * CUDA_SPAN_SLOW_NS, CUDA_DUR_BOUNDS_NS + CUDA_DUR_NBOUNDS, CUDA_BYTES_BOUNDS + CUDA_BYTES_NBOUNDS.
  */
 #include "cuda.h"
 
@@ -34,6 +44,18 @@
 #endif
 #ifndef CUDA_LAUNCH_SAMPLE_EVERY
 #define CUDA_LAUNCH_SAMPLE_EVERY 0
+#endif
+#ifndef CUDA_MAX_CALL_KEYS
+#define CUDA_MAX_CALL_KEYS 4096
+#endif
+#ifndef CUDA_SPAN_RATE
+#define CUDA_SPAN_RATE 0
+#endif
+#ifndef CUDA_SPAN_SLOW_NS
+#define CUDA_SPAN_SLOW_NS 0
+#endif
+#if !defined(CUDA_DUR_BOUNDS_NS) || !defined(CUDA_BYTES_BOUNDS)
+#error "CUDA_DUR_BOUNDS_NS and CUDA_BYTES_BOUNDS come from receivers/cuda/receiver.py"
 #endif
 #ifndef OE_THREAD_CTX
 #undef CUDA_LAUNCH_CONTEXT
@@ -83,7 +105,37 @@ struct cuda_launch_config {
     u64 stream;
 };
 
+/* Call accounting of memcpy and synchronize calls (see the top of this file). */
+struct cuda_call_stats_key {
+    u32 pid;
+    s32 device;
+    s32 rc;
+    u8 api;
+    u8 kind;         /* cudaMemcpyKind; 0 for synchronize */
+    u16 _pad;
+};
+
+struct cuda_call_stats {
+    u64 calls;
+    u64 limited;     /* calls the span rate limit gave no record */
+    u64 dur_ns;      /* summed durations */
+    u64 bytes;       /* summed bytes (memcpy) */
+    u64 dur_hist[CUDA_DUR_NBOUNDS + 1];
+    u64 bytes_hist[CUDA_BYTES_NBOUNDS + 1];
+};
+
+/* Per-process span budget, in nanoseconds of credit: a span costs 1e9 / CUDA_SPAN_RATE. */
+struct cuda_span_budget {
+    u64 credit_ns;
+    u64 last_ns;
+};
+
 BPF_HASH(inflight, struct cuda_call_key, struct cuda_call_state, CUDA_MAX_INFLIGHT);
+BPF_HASH(call_stats, struct cuda_call_stats_key, struct cuda_call_stats, CUDA_MAX_CALL_KEYS);
+BPF_PERCPU_ARRAY(call_stats_zero, struct cuda_call_stats, 1); /* never written: the insert value */
+#if CUDA_SPAN_RATE > 0
+BPF_HASH(span_budget, u32, struct cuda_span_budget, OE_MAX_PIDS);
+#endif
 BPF_HASH(thread_device, u32, s32, CUDA_MAX_THREADS);
 BPF_PERCPU_HASH(launch_stats, struct cuda_launch_key, u64, CUDA_MAX_LAUNCH_KEYS);
 #if CUDA_LAUNCH_SAMPLE_EVERY > 0
@@ -143,7 +195,7 @@ static __always_inline int cuda_enter(struct pt_regs *ctx, u32 api)
 }
 
 static __always_inline void cuda_fill(struct cuda_call *c, u8 type, u32 api,
-                                      struct cuda_call_state *st, struct pt_regs *ctx)
+                                      struct cuda_call_state *st, struct pt_regs *ctx, u64 end_ns)
 {
     u64 id = bpf_get_current_pid_tgid();
     c->type = type;
@@ -152,11 +204,116 @@ static __always_inline void cuda_fill(struct cuda_call *c, u8 type, u32 api,
     c->tid = (u32)id;
     c->device = cuda_device((u32)id);
     c->start_ns = st->start_ns;
-    c->end_ns = bpf_ktime_get_ns();
+    c->end_ns = end_ns;
     c->rc = (s32)PT_REGS_RC(ctx);
     c->ctx_kind = (u8)st->ctx_kind;
     c->ctx_start = st->ctx_start;
     c->ctx_root = st->ctx_root;
+}
+
+/* ---- call accounting and the span budget (memcpy, synchronize) --------------------- */
+
+/* The bucket of `v` for bounds b[0] < b[1] < ...: the number of bounds below v, i.e. the
+ * first i with v <= b[i] (OTel explicit-bucket semantics; Python's bisect_left). */
+static __always_inline u32 dur_bucket(u64 v)
+{
+    u64 b[] = {CUDA_DUR_BOUNDS_NS};
+    u32 i = 0;
+#pragma unroll
+    for (u32 j = 0; j < CUDA_DUR_NBOUNDS; j++)
+        if (v > b[j])
+            i = j + 1;
+    return i;
+}
+
+static __always_inline u32 bytes_bucket(u64 v)
+{
+    u64 b[] = {CUDA_BYTES_BOUNDS};
+    u32 i = 0;
+#pragma unroll
+    for (u32 j = 0; j < CUDA_BYTES_NBOUNDS; j++)
+        if (v > b[j])
+            i = j + 1;
+    return i;
+}
+
+/* 1: this call gets a record (span); 0: the process is over its span rate. */
+static __always_inline int span_allowed(u32 pid, u64 now, u64 dur)
+{
+#if CUDA_SPAN_RATE > 0
+    const u64 cost = 1000000000ULL / CUDA_SPAN_RATE, burst = 1000000000ULL;
+    if (CUDA_SPAN_SLOW_NS > 0 && dur >= CUDA_SPAN_SLOW_NS)
+        return 1;
+    struct cuda_span_budget *b = span_budget.lookup(&pid);
+    if (!b) {
+        struct cuda_span_budget fresh = {};
+        fresh.credit_ns = burst - cost;
+        fresh.last_ns = now;
+        if (span_budget.update(&pid, &fresh) != 0)
+            oe_drop(OE_DROP_STATEMAP); /* no budget kept: this process is not limited */
+        return 1;
+    }
+    u64 credit = b->credit_ns + (now > b->last_ns ? now - b->last_ns : 0);
+    if (credit > burst)
+        credit = burst;
+    b->last_ns = now;
+    if (credit < cost) {
+        b->credit_ns = credit;
+        return 0;
+    }
+    b->credit_ns = credit - cost;
+#endif
+    return 1;
+}
+
+static __always_inline void call_account(struct cuda_call_stats_key *key, u64 dur, u64 bytes, int has_bytes,
+                                         int limited)
+{
+    struct cuda_call_stats *s = call_stats.lookup(key);
+    if (!s) {
+        u32 zero = 0;
+        struct cuda_call_stats *init = call_stats_zero.lookup(&zero);
+        if (!init)
+            return;
+        call_stats.insert(key, init); /* fails when another CPU inserted it meanwhile: fine */
+        s = call_stats.lookup(key);
+        if (!s) {
+            oe_drop(OE_DROP_STATSMAP);
+            return;
+        }
+    }
+    __sync_fetch_and_add(&s->calls, 1);
+    __sync_fetch_and_add(&s->dur_ns, dur);
+    if (limited)
+        __sync_fetch_and_add(&s->limited, 1);
+    u32 d = dur_bucket(dur);
+    if (d > CUDA_DUR_NBOUNDS)
+        d = CUDA_DUR_NBOUNDS;
+    __sync_fetch_and_add(&s->dur_hist[d], 1);
+    if (has_bytes) {
+        __sync_fetch_and_add(&s->bytes, bytes);
+        u32 k = bytes_bucket(bytes);
+        if (k > CUDA_BYTES_NBOUNDS)
+            k = CUDA_BYTES_NBOUNDS;
+        __sync_fetch_and_add(&s->bytes_hist[k], 1);
+    }
+}
+
+/* Accounts the returning call; 1 when it also gets a record. */
+static __always_inline int call_return(struct pt_regs *ctx, u32 api, struct cuda_call_state *st, u64 now,
+                                       u32 kind, u64 bytes, int has_bytes)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u64 dur = now > st->start_ns ? now - st->start_ns : 0;
+    int keep = span_allowed(id >> 32, now, dur);
+    struct cuda_call_stats_key key = {};
+    key.pid = id >> 32;
+    key.device = cuda_device((u32)id);
+    key.rc = (s32)PT_REGS_RC(ctx);
+    key.api = (u8)api;
+    key.kind = (u8)kind;
+    call_account(&key, dur, bytes, has_bytes, !keep);
+    return keep;
 }
 
 static __always_inline int memcpy_return(struct pt_regs *ctx, u32 api)
@@ -167,6 +324,11 @@ static __always_inline int memcpy_return(struct pt_regs *ctx, u32 api)
     struct cuda_call_state *st = inflight.lookup(&key);
     if (!st)
         return 0;
+    u64 now = bpf_ktime_get_ns();
+    if (!call_return(ctx, api, st, now, (u32)st->arg[3], st->arg[2], 1)) {
+        inflight.delete(&key);
+        return 0;
+    }
     struct cuda_memcpy_rec *e = events.ringbuf_reserve(sizeof(struct cuda_memcpy_rec));
     if (!e) {
         oe_drop(OE_DROP_RINGBUF);
@@ -174,7 +336,7 @@ static __always_inline int memcpy_return(struct pt_regs *ctx, u32 api)
         return 0;
     }
     __builtin_memset(e, 0, sizeof(*e));
-    cuda_fill(&e->call, CUDA_EV_MEMCPY, api, st, ctx);
+    cuda_fill(&e->call, CUDA_EV_MEMCPY, api, st, ctx, now);
     e->dst = st->arg[0];
     e->src = st->arg[1];
     e->bytes = st->arg[2];
@@ -201,7 +363,7 @@ static __always_inline int alloc_return(struct pt_regs *ctx, u32 api)
         return 0;
     }
     __builtin_memset(e, 0, sizeof(*e));
-    cuda_fill(&e->call, CUDA_EV_ALLOC, api, st, ctx);
+    cuda_fill(&e->call, CUDA_EV_ALLOC, api, st, ctx, bpf_ktime_get_ns());
     e->size = st->arg[1];
     if (api == CUDA_API_cudaMallocManaged)
         e->flags = (u32)st->arg[2];
@@ -229,7 +391,7 @@ static __always_inline int free_return(struct pt_regs *ctx, u32 api)
         return 0;
     }
     __builtin_memset(e, 0, sizeof(*e));
-    cuda_fill(&e->call, CUDA_EV_FREE, api, st, ctx);
+    cuda_fill(&e->call, CUDA_EV_FREE, api, st, ctx, bpf_ktime_get_ns());
     e->ptr = st->arg[0];
     if (api != CUDA_API_cudaFree)
         e->stream = st->arg[1];
@@ -246,6 +408,11 @@ static __always_inline int sync_return(struct pt_regs *ctx, u32 api)
     struct cuda_call_state *st = inflight.lookup(&key);
     if (!st)
         return 0;
+    u64 now = bpf_ktime_get_ns();
+    if (!call_return(ctx, api, st, now, 0, 0, 0)) {
+        inflight.delete(&key);
+        return 0;
+    }
     struct cuda_sync_rec *e = events.ringbuf_reserve(sizeof(struct cuda_sync_rec));
     if (!e) {
         oe_drop(OE_DROP_RINGBUF);
@@ -253,7 +420,7 @@ static __always_inline int sync_return(struct pt_regs *ctx, u32 api)
         return 0;
     }
     __builtin_memset(e, 0, sizeof(*e));
-    cuda_fill(&e->call, CUDA_EV_SYNC, api, st, ctx);
+    cuda_fill(&e->call, CUDA_EV_SYNC, api, st, ctx, now);
     if (api != CUDA_API_cudaDeviceSynchronize)
         e->handle = st->arg[0];
     events.ringbuf_submit(e, oe_wakeup_flags());
@@ -281,7 +448,7 @@ static __always_inline int set_device_return(struct pt_regs *ctx, u32 api)
         return 0;
     }
     __builtin_memset(e, 0, sizeof(*e));
-    cuda_fill(&e->call, CUDA_EV_SET_DEVICE, api, st, ctx);
+    cuda_fill(&e->call, CUDA_EV_SET_DEVICE, api, st, ctx, bpf_ktime_get_ns());
     e->requested = requested;
     events.ringbuf_submit(e, oe_wakeup_flags());
     inflight.delete(&key);
@@ -463,11 +630,15 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
         key.api = api;
         inflight.delete(&key);
     }
-#if CUDA_LAUNCH_SAMPLE_EVERY > 0
     u32 tgid = id >> 32;
-    if (tid == tgid)
+    if (tid == tgid) {
+#if CUDA_LAUNCH_SAMPLE_EVERY > 0
         launch_seq.delete(&tgid);
 #endif
+#if CUDA_SPAN_RATE > 0
+        span_budget.delete(&tgid);
+#endif
+    }
     return 0;
 }
 

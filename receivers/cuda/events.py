@@ -15,6 +15,7 @@ from dataclasses import dataclass
 __all__ = [
     "NO_DEVICE",
     "AllocCall",
+    "CallStats",
     "CudaCall",
     "EnclosingCall",
     "FreeCall",
@@ -163,3 +164,26 @@ class KernelLaunchStats:
 
 
 CudaCall = MemcpyCall | AllocCall | FreeCall | SyncCall | SetDeviceCall
+
+
+@dataclass(frozen=True, slots=True)
+class CallStats:
+    """In-kernel accounting of cudaMemcpy* / cuda*Synchronize calls of one process since the
+    last read (deltas), for one (api, device, rc, kind): ``calls`` made, ``limited`` of them
+    left without a record by the span rate limit, summed ``dur_ns`` and ``bytes`` (memcpy), and
+    histogram bucket counts over the emitter's bounds (:func:`otel_ebpf.emit.histograms.bounds_for_unit`:
+    ``"s"`` for durations, ``"By"`` for bytes; ``bytes_hist`` is all zeros for synchronize).
+    ``kind`` is the cudaMemcpyKind (0 for synchronize). ``time_ns``: when it was read."""
+
+    pid: int
+    api: str
+    device: int
+    rc: int
+    kind: int
+    calls: int
+    limited: int
+    dur_ns: int
+    bytes: int
+    dur_hist: tuple[int, ...]
+    bytes_hist: tuple[int, ...]
+    time_ns: int

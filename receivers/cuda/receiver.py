@@ -1,8 +1,9 @@
 """The CUDA runtime receiver: uprobes on libcudart (cuda.bpf.c) -> typed events (events.py).
 
-Calls are paired in the kernel and arrive as one ring-buffer record each; kernel launches are
-counted in the kernel and read here, at most every ``stats_interval``, as
-:class:`KernelLaunchStats` deltas. Counters of processes that are gone are read one last time
+Calls are paired in the kernel and arrive as one ring-buffer record each (memcpy and
+synchronize calls over the span rate limit get none); kernel launches, and every memcpy and
+synchronize call, are counted in the kernel and read here, at most every ``stats_interval``, as
+:class:`KernelLaunchStats` and :class:`CallStats` deltas. Counters of processes that are gone are read one last time
 and deleted, and everything is read once more at shutdown.
 
 Threading: ``decode`` and ``poll_maps`` run on the receiver's poll thread only (see
@@ -20,11 +21,13 @@ from typing import Literal
 
 from otel_ebpf import threadctx
 from otel_ebpf.bpf import BpfReceiver, Probe
+from otel_ebpf.emit.histograms import bounds_for_unit
 from otel_ebpf.pipeline import Consumer, Context
 
 from .config import Config
 from .events import (
     AllocCall,
+    CallStats,
     EnclosingCall,
     FreeCall,
     KernelLaunch,
@@ -119,6 +122,11 @@ _CALL_EVENTS: dict[int, tuple[struct.Struct, type]] = {
 }
 
 LaunchKey = tuple[int, int, int, int, int]  # pid, device, grid size, block size, operator address
+CallKey = tuple[int, int, int, int, int]  # pid, device, rc, api id, kind
+# The in-kernel call histograms use the emitter's own bounds, so their buckets merge as they are.
+DUR_BOUNDS_NS = tuple(round(b * 1e9) for b in bounds_for_unit("s"))
+BYTES_BOUNDS = tuple(int(b) for b in bounds_for_unit("By"))
+_ZEROS = (0,) * 64
 
 
 def _process_gone(pid: int) -> bool:
@@ -150,6 +158,7 @@ class CudaReceiver(BpfReceiver):
         self.config = config
         self.thread_context = config.nesting
         self._launch_totals: dict[LaunchKey, int] = {}
+        self._call_totals: dict[CallKey, tuple[int, ...]] = {}
         self._next_stats = 0.0
         self._final_read = False
 
@@ -158,7 +167,12 @@ class CudaReceiver(BpfReceiver):
         return [f"-DCUDA_MAX_INFLIGHT={c.max_inflight}", f"-DCUDA_MAX_THREADS={c.max_threads}",
                 f"-DCUDA_MAX_LAUNCH_KEYS={c.max_launch_keys}",
                 f"-DCUDA_LAUNCH_SAMPLE_EVERY={c.launch_sample_every}",
-                f"-DCUDA_LAUNCH_CONTEXT={1 if c.nesting and c.launch_context else 0}"]
+                f"-DCUDA_LAUNCH_CONTEXT={1 if c.nesting and c.launch_context else 0}",
+                f"-DCUDA_MAX_CALL_KEYS={c.max_call_keys}", f"-DCUDA_SPAN_RATE={c.span_rate_limit}",
+                f"-DCUDA_SPAN_SLOW_NS={round(c.always_span_slower_than * 1e9)}",
+                f"-DCUDA_DUR_BOUNDS_NS={','.join(map(str, DUR_BOUNDS_NS))}", f"-DCUDA_DUR_NBOUNDS={len(DUR_BOUNDS_NS)}",
+                f"-DCUDA_BYTES_BOUNDS={','.join(map(str, BYTES_BOUNDS))}",
+                f"-DCUDA_BYTES_NBOUNDS={len(BYTES_BOUNDS)}"]
 
     def _enclosing(self, kind: int, start: int, root: int) -> EnclosingCall | None:
         if not kind:
@@ -190,12 +204,43 @@ class CudaReceiver(BpfReceiver):
         if not self._final_read and now < self._next_stats:
             return []
         self._next_stats = now + self.config.stats_interval
-        try:
-            return list(self.read_launch_stats())
-        except Exception:  # a map read must not stop the poll loop
-            log.debug("%s: reading launch_stats failed", self.name, exc_info=True)
-            self.ctx.telemetry.dropped(self.name, "map_read_error")
+        out: list[object] = []
+        for read in (self.read_launch_stats, self.read_call_stats):
+            try:
+                out.extend(read())
+            except Exception:  # a map read must not stop the poll loop
+                log.debug("%s: %s failed", self.name, read.__name__, exc_info=True)
+                self.ctx.telemetry.dropped(self.name, "map_read_error")
+        return out
+
+    def read_call_stats(self) -> list[CallStats]:
+        """Deltas of every memcpy/synchronize call counter since the last read; counters of
+        processes that are gone are deleted after this (final) read."""
+        if self.bpf is None:
             return []
+        table = self.bpf["call_stats"]
+        now_ns = time.time_ns()
+        out: list[CallStats] = []
+        gone: dict[int, bool] = {}
+        nd, nb = len(DUR_BOUNDS_NS) + 1, len(BYTES_BOUNDS) + 1
+        for key, v in table.items():
+            k: CallKey = (key.pid, key.device, key.rc, key.api, key.kind)
+            total = (v.calls, v.limited, v.dur_ns, v.bytes, *v.dur_hist[:nd], *v.bytes_hist[:nb])
+            prev = self._call_totals.get(k, _ZEROS)
+            delta = tuple(a - b for a, b in zip(total, prev, strict=False))
+            if delta[0] > 0:
+                out.append(CallStats(k[0], _SYMBOLS[k[3]], k[1], k[2], k[4], delta[0], delta[1], delta[2],
+                                     delta[3], delta[4:4 + nd], delta[4 + nd:], now_ns))
+            self._call_totals[k] = total
+            if k[0] not in gone:
+                gone[k[0]] = _process_gone(k[0])
+            if gone[k[0]]:
+                try:
+                    del table[key]
+                except KeyError:
+                    pass
+                self._call_totals.pop(k, None)
+        return out
 
     def read_launch_stats(self) -> list[KernelLaunchStats]:
         """Deltas of every launch counter since the last read; counters of processes that are

@@ -25,6 +25,7 @@ from otel_ebpf.processors.cuda import CudaProcessor
 from otel_ebpf.receivers.cuda import Config, CudaReceiver, create
 from otel_ebpf.receivers.cuda.events import (
     AllocCall,
+    CallStats,
     FreeCall,
     KernelLaunch,
     KernelLaunchStats,
@@ -310,3 +311,78 @@ def test_process_exiting_inside_a_call_keeps_earlier_events(bpf_ready: None, bui
         if dying.poll() is None:
             dying.kill()
             dying.wait(timeout=10)
+
+
+LIMITED_APIS = ("cudaMemcpy", "cudaMemcpyAsync", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+                "cudaEventSynchronize")
+
+
+def _call_stats(t: Traced) -> dict[str, list[CallStats]]:
+    out: dict[str, list[CallStats]] = {}
+    for s in t.events(CallStats):
+        out.setdefault(s.api, []).append(s)
+    return out
+
+
+def test_span_rate_limit_keeps_every_call_counted_in_the_kernel(bpf_ready: None, built: dict[str, Path],
+                                                                 cudart: Path) -> None:
+    """3,000 runs of the script on the real libcudart under a 100 spans/s budget: memcpy and
+    synchronize calls get at most the budget's records, every one of them is still counted
+    (calls, bytes, histogram buckets, limited), and allocations/frees all keep their records."""
+    loops, rate = 3000, 100
+    argv = [str(built["cuda_driver"]), str(cudart), "--loops", str(loops), "--wait-stdin"]
+    config = Config(span_rate_limit=rate, always_span_slower_than=0, stats_interval=0.05)
+    with traced(argv, config) as t:
+        t0 = time.monotonic()
+        t.release(timeout=120)
+        elapsed = time.monotonic() - t0
+        t.receiver.shutdown()  # final read of the counters
+        records = [c for c in t.events(MemcpyCall, SyncCall)]
+        # the bucket starts full (one second's worth) and refills at `rate`/s while the script runs
+        assert rate <= len(records) <= rate + rate * elapsed + 5, (len(records), elapsed)
+        stats = _call_stats(t)
+        assert set(stats) == set(LIMITED_APIS)
+        for api, rows in stats.items():
+            assert sum(s.calls for s in rows) == loops, api
+            assert {(s.rc, s.device) for s in rows} == {(35, -1)}
+            assert sum(sum(s.dur_hist) for s in rows) == loops
+            assert sum(s.dur_ns for s in rows) > 0
+            if "Memcpy" in api:
+                nbytes = 65536 if api == "cudaMemcpy" else 32768
+                assert sum(s.bytes for s in rows) == loops * nbytes
+                assert sum(sum(s.bytes_hist) for s in rows) == loops
+                assert {s.kind for s in rows} == {1 if api == "cudaMemcpy" else 2}
+            else:
+                assert sum(s.bytes for s in rows) == 0 and not any(any(s.bytes_hist) for s in rows)
+        limited = sum(s.limited for rows in stats.values() for s in rows)
+        assert limited == len(LIMITED_APIS) * loops - len(records)
+        # allocations, frees and cudaSetDevice are never limited: the allocation table needs them
+        assert len(t.events(AllocCall)) == 3 * loops and len(t.events(FreeCall)) == 2 * loops
+        assert len(t.events(SetDeviceCall)) == loops
+        assert t.ctx.telemetry.get("otel_ebpf.events.dropped", receiver="cuda") == 0
+
+
+def test_slow_calls_get_a_span_over_the_rate_limit(bpf_ready: None, built: dict[str, Path], cudart: Path) -> None:
+    loops = 3
+    argv = [str(built["cuda_driver"]), str(cudart), "--loops", str(loops), "--sleep-in-call-ms", "3",
+            "--wait-stdin"]
+    # 1 span/s: after the first call the budget is empty for the rest of this ~0.1 s run
+    with traced(argv, Config(span_rate_limit=1, always_span_slower_than=0.002)) as t:
+        t.release(timeout=60)
+        t.receiver.shutdown()
+        records = t.events(MemcpyCall, SyncCall)
+        assert len(records) == len(LIMITED_APIS) * loops
+        assert all(r.end_ns - r.start_ns >= 2_000_000 for r in records)
+        assert sum(s.limited for rows in _call_stats(t).values() for s in rows) == 0
+
+
+def test_no_rate_limit_gives_every_call_a_record(bpf_ready: None, built: dict[str, Path], cudart: Path) -> None:
+    loops = 1000
+    argv = [str(built["cuda_driver"]), str(cudart), "--loops", str(loops), "--wait-stdin"]
+    with traced(argv, Config(span_rate_limit=0)) as t:
+        t.release(timeout=120)
+        t.receiver.shutdown()
+        assert len(t.events(MemcpyCall, SyncCall)) == len(LIMITED_APIS) * loops
+        stats = _call_stats(t)
+        assert {api: sum(s.calls for s in rows) for api, rows in stats.items()} == dict.fromkeys(LIMITED_APIS, loops)
+        assert sum(s.limited for rows in stats.values() for s in rows) == 0

@@ -37,7 +37,8 @@ def counter_total(rows, name: str, **attrs) -> int:
 def test_ring_buffer_overflow_is_counted_and_the_rest_exported(bpf_ready, cudart, tmp_path):
     calls = 50_000
     cfg = tmp_path / "small-ring.yaml"
-    cfg.write_text("receivers:\n  cuda:\n    ringbuf_pages: 1\n")  # 4 KiB: a flood must overflow it
+    # 4 KiB, and a record per call (no span budget): a flood must overflow it
+    cfg.write_text("receivers:\n  cuda:\n    ringbuf_pages: 1\n    span_rate_limit: 0\n")
     cfg.chmod(0o600)
     flood = (f"import ctypes; rt = ctypes.CDLL({str(cudart)!r}); "
              f"[rt.cudaMemcpy(None, None, 4096, 1) for _ in range({calls})]")

@@ -60,9 +60,23 @@ def _traced(cmd: list[str], out: Path, *extra: str) -> tuple[subprocess.Complete
     return subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr), peak[0], time.monotonic() - t0
 
 
+def _rate_limited(rows: list) -> int:
+    """Largest cumulative otel_ebpf.spans.rate_limited{receiver=cuda}: calls counted in the
+    kernel's metrics that the span budget (receivers.cuda.span_rate_limit) left without a span."""
+    from tests.support.otlp_sink import decode_attrs
+
+    return max((sum(dp.as_int for dp in m.sum.data_points if decode_attrs(dp.attributes).get("receiver") == "cuda")
+                for _, m in rows if m.name == "otel_ebpf.spans.rate_limited"), default=0)
+
+
 def _reconcile(out: Path, calls: int, lifecycle: int, names: tuple[str, ...]) -> tuple[int, dict[str, int]]:
+    """Every call is a span, a counted drop, or counted as left without a span by the budget."""
     spans = sum(1 for _, _, s in spans_from_jsonl(out / "traces.jsonl") if s.name in names)
-    drops = drops_by_reason(metrics_from_jsonl(out / "metrics.jsonl"))
+    rows = metrics_from_jsonl(out / "metrics.jsonl")
+    drops = drops_by_reason(rows)
+    limited = _rate_limited(rows)
+    if limited:
+        drops["cuda/rate_limited (not a drop: counted in the metrics)"] = limited
     total = spans + sum(drops.values())
     assert calls <= total <= calls + lifecycle, (calls, spans, drops)
     return spans, drops
@@ -105,10 +119,14 @@ def test_ring_buffer_flood_counts_drops_without_stalling_the_traced_process(bpf_
     k = 200_000 if soak else 50_000
     args = [str(storm), str(cudart), "threads", "1", str(k)]
     cfg = tmp_path / "tiny-ring.yaml"
-    cfg.write_text("receivers:\n  cuda:\n    ringbuf_pages: 1\n")
+    # a record per call (no span budget), so the flood reaches the ring buffer
+    cfg.write_text("receivers:\n  cuda:\n    ringbuf_pages: 1\n    span_rate_limit: 0\n")
     cfg.chmod(0o600)
+    big_cfg = tmp_path / "big-ring.yaml"
+    big_cfg.write_text("receivers:\n  cuda:\n    span_rate_limit: 0\n")
+    big_cfg.chmod(0o600)
     plain = subprocess.run(args, capture_output=True, text=True, timeout=600)
-    big, _, _ = _traced(args, tmp_path / "big")
+    big, _, _ = _traced(args, tmp_path / "big", "--config", str(big_cfg))
     tiny, peak, _ = _traced(args, tmp_path / "tiny", "--config", str(cfg))
     assert big.returncode == 0 and tiny.returncode == 0, tiny.stderr[-3000:]
     spans, drops = _reconcile(tmp_path / "tiny", 2 * k, 10, ("cudaMalloc", "cudaMemcpy"))

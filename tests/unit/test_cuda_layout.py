@@ -203,10 +203,27 @@ def test_receiver_config_defaults_reach_the_program_as_macros() -> None:
     assert r.library_key == "cudart" and factory.type == "cuda" and factory.config_class is Config
 
 
+def test_call_histogram_bounds_are_the_emitters() -> None:
+    """The kernel buckets call durations and sizes over the emitter's own bounds, so its bucket
+    counts merge as they are (otel_ebpf.emit.histograms.HistogramStore)."""
+    from otel_ebpf.emit.histograms import bounds_for_unit
+    from otel_ebpf.receivers.cuda.receiver import BYTES_BOUNDS, DUR_BOUNDS_NS
+
+    flags = CudaReceiver(build(Config, {"span_rate_limit": 50, "always_span_slower_than": "2ms"}), Context(),
+                         ListConsumer()).program_cflags()
+    assert [b / 1e9 for b in DUR_BOUNDS_NS] == pytest.approx(list(bounds_for_unit("s")))
+    assert list(BYTES_BOUNDS) == list(bounds_for_unit("By"))
+    assert f"-DCUDA_DUR_NBOUNDS={len(bounds_for_unit('s'))}" in flags
+    assert "-DCUDA_SPAN_RATE=50" in flags and "-DCUDA_SPAN_SLOW_NS=2000000" in flags
+
+
 @pytest.mark.parametrize(("data", "key"), [
     ({"ringbuf_pages": 100}, "receivers.cuda.ringbuf_pages"),
     ({"launch_sample_every": -1}, "receivers.cuda.launch_sample_every"),
     ({"max_launch_keys": 0}, "receivers.cuda.max_launch_keys"),
+    ({"max_call_keys": 0}, "receivers.cuda.max_call_keys"),
+    ({"span_rate_limit": -5}, "receivers.cuda.span_rate_limit"),
+    ({"always_span_slower_than": -1}, "receivers.cuda.always_span_slower_than"),
     ({"stats_interval": "1ms"}, "receivers.cuda.stats_interval"),
     ({"symbols": []}, "receivers.cuda.symbols"),
 ])

@@ -22,6 +22,7 @@ from otel_ebpf.processors.cuda import Config, CudaProcessor, error_name, factory
 from otel_ebpf.processors.cuda.errors import CUDA_ERRORS
 from otel_ebpf.receivers.cuda.events import (
     AllocCall,
+    CallStats,
     FreeCall,
     KernelLaunch,
     KernelLaunchStats,
@@ -50,6 +51,30 @@ def free(ptr: int, device: int = 1, rc: int = 0, pid: int = PID) -> FreeCall:
     return FreeCall(pid, TID, "cudaFree", device, T0 + 2000, T0 + 3000, rc, ptr, 0)
 
 
+def call_stats(api: str = "cudaMemcpyAsync", *, calls: int = 1, durs_ns: tuple[int, ...] = (5000,),
+               sizes: tuple[int, ...] = (32768,), rc: int = 0, kind: int = 2, device: int = 1,
+               limited: int = 0) -> CallStats:
+    """What the receiver reads from the kernel's call_stats: observations bucketed over the
+    emitter's bounds (the durations/sizes given are spread over ``calls``, cycling)."""
+    import bisect
+
+    from otel_ebpf.emit.histograms import bounds_for_unit
+
+    dur_b, size_b = bounds_for_unit("s"), bounds_for_unit("By")
+    dh, bh = [0] * (len(dur_b) + 1), [0] * (len(size_b) + 1)
+    dsum = bsum = 0
+    memcpy_api = "Memcpy" in api
+    for i in range(calls):
+        d, b = durs_ns[i % len(durs_ns)], sizes[i % len(sizes)]
+        dh[bisect.bisect_left(dur_b, d / 1e9)] += 1
+        dsum += d
+        if memcpy_api:
+            bh[bisect.bisect_left(size_b, b)] += 1
+            bsum += b
+    return CallStats(PID, api, device, rc, kind if memcpy_api else 0, calls, limited, dsum, bsum,
+                     tuple(dh), tuple(bh), T0)
+
+
 class Rig:
     def __init__(self, **config: Any) -> None:
         self.ctx = Context()
@@ -71,7 +96,7 @@ def metrics(records: list[object], name: str) -> list[MetricRecord]:
 
 # ---- spans and metrics per kind -------------------------------------------------------------
 
-def test_memcpy_is_a_span_with_cuda_attributes_and_a_bytes_histogram() -> None:
+def test_memcpy_is_a_span_with_cuda_attributes_and_no_metric_of_its_own() -> None:
     out = Rig().run(memcpy())
     (span,) = spans(out)
     assert (span.pid, span.name, span.scope, span.start_ns, span.end_ns, span.error) == (
@@ -79,9 +104,33 @@ def test_memcpy_is_a_span_with_cuda_attributes_and_a_bytes_histogram() -> None:
     assert dict(span.attributes) == {
         "cuda.api": "cudaMemcpyAsync", "cuda.device.index": 1, "cuda.return_code": 0, "thread.id": TID,
         "cuda.bytes": 32768, "cuda.memcpy.kind": "DeviceToHost", "cuda.stream": "0xabc"}
+    assert not [r for r in out if isinstance(r, MetricRecord)]  # the kernel's call_stats carry them
+
+
+def test_memcpy_call_stats_become_bytes_and_duration_histograms_from_kernel_buckets() -> None:
+    ev = call_stats(calls=3, durs_ns=(5000, 2_000_000, 5000), sizes=(100, 32768, 32768), limited=2)
+    rig = Rig()
+    out = rig.run(ev)
     (copies,) = metrics(out, "gpu.cuda.memory.copies")
-    assert (copies.kind, copies.unit, copies.value, dict(copies.attributes)) == (
-        "histogram", "By", 32768, {"cuda.memcpy.kind": "DeviceToHost", "cuda.device.index": 1})
+    assert (copies.kind, copies.unit, copies.value, copies.count, dict(copies.attributes)) == (
+        "histogram", "By", 100 + 2 * 32768, 3, {"cuda.memcpy.kind": "DeviceToHost", "cuda.device.index": 1})
+    assert copies.buckets == ev.bytes_hist and sum(copies.buckets) == 3
+    (dur,) = metrics(out, "gpu.cuda.memory.copy.duration")
+    assert (dur.unit, dur.value, dur.count, dur.buckets) == ("s", 2_010_000 / 1e9, 3, ev.dur_hist)
+    assert dict(dur.attributes) == {"cuda.api": "cudaMemcpyAsync", "cuda.memcpy.kind": "DeviceToHost",
+                                    "cuda.device.index": 1}
+    assert not metrics(out, "gpu.cuda.api.errors") and not spans(out)
+    assert rig.ctx.telemetry.get("otel_ebpf.spans.rate_limited", receiver="cuda") == 2
+
+
+def test_failed_memcpy_call_stats_count_errors_and_durations_but_no_copies() -> None:
+    out = Rig().run(call_stats("cudaMemcpy", calls=7, rc=35, device=-1))
+    (errors,) = metrics(out, "gpu.cuda.api.errors")
+    assert (errors.value, dict(errors.attributes)) == (
+        7, {"cuda.api": "cudaMemcpy", "error.type": "cudaErrorInsufficientDriver"})
+    assert not metrics(out, "gpu.cuda.memory.copies")  # nothing was copied
+    (dur,) = metrics(out, "gpu.cuda.memory.copy.duration")
+    assert dur.count == 7 and dur.attributes["error.type"] == "cudaErrorInsufficientDriver"
 
 
 def test_failed_call_is_an_error_span_named_by_the_cuda_error() -> None:
@@ -91,10 +140,14 @@ def test_failed_call_is_an_error_span_named_by_the_cuda_error() -> None:
     assert span.attributes["error.type"] == "cudaErrorInsufficientDriver"
     assert span.attributes["cuda.return_code"] == 35
     assert "cuda.device.index" not in span.attributes and "cuda.stream" not in span.attributes
-    (errors,) = metrics(out, "gpu.cuda.api.errors")
-    assert (errors.value, dict(errors.attributes)) == (
-        1, {"cuda.api": "cudaMemcpy", "error.type": "cudaErrorInsufficientDriver"})
-    assert not metrics(out, "gpu.cuda.memory.copies")  # nothing was copied
+    assert not metrics(out, "gpu.cuda.api.errors")  # counted from the kernel's call_stats (above)
+    (malloc_span,) = spans(Rig().run(malloc(0, 1 << 40, rc=2)))
+    assert malloc_span.error == "cudaErrorMemoryAllocation"
+
+
+def test_failed_allocation_counts_its_error_from_the_record() -> None:
+    (errors,) = metrics(Rig().run(malloc(0, 1 << 40, rc=2)), "gpu.cuda.api.errors")
+    assert (errors.value, errors.attributes["error.type"]) == (1, "cudaErrorMemoryAllocation")
 
 
 @pytest.mark.parametrize(("rc", "name"), [
@@ -181,16 +234,16 @@ def test_allocation_table_is_bounded() -> None:
     assert rig.proc.tracked_allocations == 2
 
 
-def test_sync_is_a_span_and_a_wait_histogram_in_seconds() -> None:
+def test_sync_is_a_span_and_its_call_stats_a_wait_histogram_in_seconds() -> None:
     ev = SyncCall(PID, TID, "cudaStreamSynchronize_ptsz", 0, T0, T0 + 2_500_000, 0, 0x77)
-    out = Rig().run(ev)
-    (span,) = spans(out)
+    (span,) = spans(Rig().run(ev))
     assert span.name == "cudaStreamSynchronize_ptsz" and span.attributes["cuda.stream"] == "0x77"
+    out = Rig().run(call_stats("cudaStreamSynchronize_ptsz", calls=4, durs_ns=(2_500_000,), device=0))
     (wait,) = metrics(out, "gpu.cuda.synchronize.duration")
-    assert (wait.kind, wait.unit, wait.value) == ("histogram", "s", 0.0025)
+    assert (wait.kind, wait.unit, wait.value, wait.count) == ("histogram", "s", 0.01, 4)
     assert wait.attributes == {"cuda.api": "cudaStreamSynchronize_ptsz", "cuda.device.index": 0}
     (calls,) = metrics(out, "gpu.cuda.stream.synchronize.calls")
-    assert calls.value == 1
+    assert calls.value == 4
     ev_sync = SyncCall(PID, TID, "cudaEventSynchronize", 0, T0, T0 + 1, 0, 0x88)
     assert spans(Rig().run(ev_sync))[0].attributes["cuda.event"] == "0x88"
 
@@ -223,7 +276,7 @@ def test_sampled_launch_is_a_zero_length_span() -> None:
 
 
 def test_spans_off_keeps_metrics() -> None:
-    out = Rig(spans=False).run(memcpy(), memcpy(rc=35))
+    out = Rig(spans=False).run(memcpy(), call_stats(), call_stats(rc=35))
     assert not spans(out)
     assert metrics(out, "gpu.cuda.memory.copies") and metrics(out, "gpu.cuda.api.errors")
 
@@ -301,7 +354,8 @@ def test_exported_spans_and_metrics_through_the_emitter() -> None:
         proc.consume([
             SetDeviceCall(PID, TID, "cudaSetDevice", 1, T0, T0 + 10, 0, 1),
             malloc(PTR, 1 << 20), malloc(PTR + 0x100000, 4096),
-            memcpy(), memcpy(rc=35, api="cudaMemcpy"),
+            memcpy(), memcpy(rc=35, api="cudaMemcpy"), call_stats("cudaMemcpy", rc=35, calls=2),
+            call_stats(calls=5, durs_ns=(5000, 50_000)),
             KernelLaunchStats(PID, 1, 42, 256, 1000, T0),
             free(PTR),
         ])
@@ -331,6 +385,12 @@ def test_exported_spans_and_metrics_through_the_emitter() -> None:
         (errors,) = points["gpu.cuda.api.errors"]
         assert dict(errors.attributes) == {"cuda.api": "cudaMemcpy", "error.type": "cudaErrorInsufficientDriver",
                                            "cuda.device.index": 1}
+        assert errors.value == 2
+        (copies,) = points["gpu.cuda.memory.copies"]  # kernel buckets merged as they are, no min/max
+        assert isinstance(copies, HistogramDataPoint) and (copies.count, copies.sum) == (5, 5 * 32768)
+        assert sum(copies.bucket_counts) == 5 and copies.min is None and copies.max is None
+        durations = {p.attributes.get("error.type"): p for p in points["gpu.cuda.memory.copy.duration"]}
+        assert durations[None].count == 5 and durations["cudaErrorInsufficientDriver"].count == 2
         assert emitter.process_count() == 0  # the exited process was exported once more and released
     finally:
         emitter.shutdown()

@@ -14,7 +14,7 @@ from otel_ebpf.processors.cuda import Config as CudaConfig
 from otel_ebpf.processors.cuda import CudaProcessor
 from otel_ebpf.processors.nccl import Config as NcclConfig
 from otel_ebpf.processors.nccl import NcclProcessor
-from otel_ebpf.receivers.cuda.events import AllocCall, FreeCall, MemcpyCall
+from otel_ebpf.receivers.cuda.events import AllocCall, CallStats, FreeCall, MemcpyCall
 from otel_ebpf.receivers.nccl.events import NcclCollective, NcclCommInfo, NcclCommInit
 from otel_ebpf.telemetry import Telemetry
 
@@ -220,6 +220,7 @@ def test_cuda_spans_and_metrics_carry_hw_id_and_allocations_keep_theirs_until_fr
     out = ListConsumer()
     proc = CudaProcessor(CudaConfig(), ctx, out)
     proc.consume([MemcpyCall(5, 6, "cudaMemcpy", 1, T0, T0 + 10, 0, 1, 2, 4096, 0, 1),
+                  CallStats(5, "cudaMemcpy", 1, 0, 1, 1, 0, 10, 4096, (0,) * 24, (0,) * 7 + (1,) + (0,) * 10, T0),
                   AllocCall(5, 6, "cudaMalloc", 0, T0, T0 + 10, 0, 0x7000, 1 << 20, 0, 0)])
     ctx.gpus._cache.clear()  # a changed answer must not split the outstanding-memory series
     ctx.gpus._env_of = lambda pid: ({"CUDA_VISIBLE_DEVICES": B.uuid}, False)
