@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_ebpf import paused as paused_map
 from otel_ebpf import threadctx
 from otel_ebpf.clock import KernelClock
 from otel_ebpf.errors import AttachError, BccMissingError, BpfLoadError, KernelHeadersError, PrivilegeError
@@ -39,7 +40,7 @@ _CHUNK = 4096  # records handed to the pipeline at a time
 _FIRST_RECEIVER_TYPE = 16  # record types below are common.bpf.c's (1 exit, 2 library open, 3 exec)
 _BACKPRESSURE_S = 1.0  # longest a receiver waits for the pipeline before dropping a chunk
 DROP_REASONS = ("ringbuf_full", "pid_map_full", "state_map_full", "stats_map_full", "lifecycle_ringbuf_full",
-                "context_map_full")
+                "context_map_full", "paused_map_full")
 _EXIT = struct.Struct("<B3xIQ16s")
 _LIBOPEN = struct.Struct("<BB2xII4xQ256s")
 HEADERS_HINT = ("install the headers of the running kernel (Debian/Ubuntu: apt install "
@@ -187,6 +188,7 @@ class BpfReceiver:
         self._batch: list[object] = []
         self._attached: set[str] = set()
         self._paused: set[int] = set()
+        self._paused_pin: str | None = None  # oe_paused's bpffs pin while loaded (otel_ebpf.paused)
         self._drops_seen = [0] * len(DROP_REASONS)
         self._attach_lock = threading.Lock()
         self._seen_pids: OrderedDict[int, None] = OrderedDict()
@@ -215,6 +217,8 @@ class BpfReceiver:
             flags.append("-DOE_THREAD_CTX=1")
             if self._ctx_pin:
                 flags.append(f'-DOE_THREAD_CTX_PIN="{self._ctx_pin}"')
+        if self._paused_pin:
+            flags.append(f'-DOE_PAUSED_PIN="{self._paused_pin}"')
         return flags + self.cflags()
 
     def source(self) -> str:
@@ -231,12 +235,18 @@ class BpfReceiver:
         bcc = require_bpf()
         if self.thread_context and self._ctx_pin is None:
             self._ctx_pin = threadctx.acquire(self.ctx)
+        # stops a SIGKILLed agent left behind are resumed before this program can make new ones
+        paused_map.recover_stale(self.ctx.telemetry)
+        if self._pause and self.lib_pattern and self._paused_pin is None:
+            self._paused_pin = paused_map.new_pin(self.name)
         try:
             with _capture_stderr() as errors:
                 return bcc.BPF(text=self.source(), cflags=self.program_cflags())
         except Exception as exc:
             threadctx.release(self._ctx_pin)
             self._ctx_pin = None
+            paused_map.unpin(self._paused_pin)
+            self._paused_pin = None
             detail = "\n".join(line for line in errors.text().splitlines() if "error" in line)[-3000:]
             raise BpfLoadError(f"{self.name}: BPF program {self.src_file} failed to load: {exc}\n{detail}",
                                hint="run with --dump-bpf to see the program; see docs/troubleshooting.md"
@@ -365,15 +375,17 @@ class BpfReceiver:
             log.warning("%s: pid %d opened %s but it cannot be attached: %s", self.name, pid, path, exc)
         finally:
             if paused:
-                self._resume(pid)
+                self._resume(pid, ts)
         return LibraryLoaded(pid, tid, self.clock.to_epoch_ns(ts), path)
 
-    def _resume(self, pid: int) -> None:
+    def _resume(self, pid: int, ts: int | None = None) -> None:
+        """SIGCONT, then forget the stop (``ts``: that stop only) in oe_paused (otel_ebpf.paused)."""
         try:
             os.kill(pid, signal.SIGCONT)
         except OSError:
             pass
         self._paused.discard(pid)
+        paused_map.forget(self._bpf, pid, ts)
 
     def _flush(self, with_maps: bool = True) -> None:
         extra = self.poll_maps() if with_maps else None
@@ -428,6 +440,7 @@ class BpfReceiver:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        held = paused_map.hold(self._bpf) if self._bpf is not None else None
         for pid in list(self._paused):
             self._resume(pid)
         if self._bpf is not None and self.detach_in_background:
@@ -438,6 +451,8 @@ class BpfReceiver:
             except Exception:
                 log.debug("%s: cleanup failed", self.name, exc_info=True)
             self._bpf = None
+        paused_map.release(held, self._paused_pin, self.name)  # programs detached: no new stops
+        self._paused_pin = None
         threadctx.release(self._ctx_pin)
         self._ctx_pin = None
 

@@ -11,7 +11,9 @@
  * - watching a traced process open a library whose basename starts with OE_LIB_PATTERN
  *   (sys_enter_openat), so Python can attach uprobes before the library is mapped. With
  *   OE_PAUSE_ON_LOAD=1 the process is stopped (SIGSTOP) until Python attached and sent SIGCONT,
- *   so not even its first call into the library is missed.
+ *   so not even its first call into the library is missed. Each stopped process is recorded
+ *   in oe_paused (pinned on bpffs by otel_ebpf/paused.py), so an agent started after this one
+ *   was SIGKILLed resumes exactly the processes it left stopped.
  *
  * Only tracepoint arguments and helpers are used, never task_struct fields: the kernel headers
  * BCC compiles against may be older than the running kernel (e.g. Debian 6.1 headers on 6.18),
@@ -52,7 +54,8 @@
 #define OE_DROP_STATSMAP 3
 #define OE_DROP_LIFECYCLE 4
 #define OE_DROP_CTXMAP 5
-#define OE_DROP_SLOTS 6
+#define OE_DROP_PAUSEDMAP 6
+#define OE_DROP_SLOTS 7
 
 struct oe_proc_exit {
     u8 type;
@@ -211,6 +214,23 @@ struct oe_path_buf {
  * full, for every openat of a traced process). */
 BPF_PERCPU_ARRAY(oe_path_scratch, struct oe_path_buf, 1);
 
+#if OE_PAUSE_ON_LOAD
+/* Processes this program stopped and the agent has not resumed yet (key: tgid). Python deletes
+ * an entry after its SIGCONT; OE_PAUSED_PIN pins the map on bpffs so the entries outlive a
+ * SIGKILLed agent (otel_ebpf/paused.py reads them; its VALUE mirrors this struct). boot_ns is
+ * CLOCK_BOOTTIME at the stop, comparable with /proc/PID/stat's start time: a process that
+ * started later is not the one stopped (pid reuse). ts is the library-open record's ts. */
+struct oe_paused {
+    u64 boot_ns;
+    u64 ts;
+};
+#ifdef OE_PAUSED_PIN
+BPF_TABLE_PINNED("hash", u32, struct oe_paused, oe_paused, OE_MAX_PIDS, OE_PAUSED_PIN);
+#else
+BPF_HASH(oe_paused, u32, struct oe_paused, OE_MAX_PIDS);
+#endif
+#endif
+
 TRACEPOINT_PROBE(syscalls, sys_enter_openat)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -235,8 +255,17 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
     e->tid = (u32)id;
     e->ts = bpf_ktime_get_ns();
 #if OE_PAUSE_ON_LOAD
-    if (bpf_send_signal(19 /* SIGSTOP */) == 0)
+    /* Recorded before the stop: a stop that could not be recorded is not made (a full map,
+     * counted in drops[OE_DROP_PAUSEDMAP]): nothing could resume it if the agent died. */
+    struct oe_paused p = {};
+    p.boot_ns = bpf_ktime_get_boot_ns();
+    p.ts = e->ts;
+    if (oe_paused.update(&tgid, &p) != 0)
+        oe_drop(OE_DROP_PAUSEDMAP);
+    else if (bpf_send_signal(19 /* SIGSTOP */) == 0)
         e->paused = 1;
+    else
+        oe_paused.delete(&tgid);
 #endif
     lifecycle.ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* at once: the process may be paused */
     return 0;

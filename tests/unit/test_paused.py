@@ -1,0 +1,124 @@
+"""otel_ebpf.paused without BPF: struct oe_paused (common.bpf.c) == its Python mirror, the drop
+slot of a full map, the same-process rule, /proc parsing, and which pins a starting agent
+treats as stale."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from otel_ebpf import paused
+from otel_ebpf.bpf import COMMON_SRC, DROP_REASONS
+from otel_ebpf.telemetry import Telemetry
+
+
+def test_oe_paused_layout_matches_its_mirror(tmp_path: Path) -> None:
+    if shutil.which("gcc") is None:
+        if os.environ.get("CI"):
+            pytest.fail("gcc is needed to check struct oe_paused against paused.VALUE")
+        pytest.skip("gcc not found")
+    struct_src = re.search(r"struct oe_paused \{.*?\};", COMMON_SRC.read_text(), re.S)
+    assert struct_src is not None
+    src = tmp_path / "layout.c"
+    src.write_text("#include <stdio.h>\n#include <stddef.h>\ntypedef unsigned long long u64;\n"
+                   f"{struct_src.group(0)}\nint main(void) {{ printf(\"%zu %zu %zu\\n\", sizeof(struct oe_paused), "
+                   "offsetof(struct oe_paused, boot_ns), offsetof(struct oe_paused, ts)); return 0; }\n")
+    subprocess.run(["gcc", "-Wall", "-Werror", "-o", str(tmp_path / "layout"), str(src)], check=True, timeout=60)
+    out = subprocess.run([str(tmp_path / "layout")], check=True, capture_output=True, text=True).stdout.split()
+    assert [int(x) for x in out] == [paused.VALUE.size, 0, 8]
+    assert paused.VALUE.unpack(paused.VALUE.pack(1, 2)) == (1, 2)  # boot_ns first, then ts
+
+
+def test_full_paused_map_has_its_drop_reason() -> None:
+    defines = dict(re.findall(r"#define (OE_DROP_\w+) (\d+)", COMMON_SRC.read_text()))
+    assert int(defines["OE_DROP_SLOTS"]) == len(DROP_REASONS)
+    assert DROP_REASONS[int(defines["OE_DROP_PAUSEDMAP"])] == "paused_map_full"
+
+
+def test_same_process_started_no_later_than_the_stop() -> None:
+    # start time in ticks (100 per second) rounds down, so a process started at 1.005 s shows 100
+    assert paused.is_same_process(100, 1_000_000_000, ticks_per_s=100)
+    assert paused.is_same_process(100, 1_004_000_000, ticks_per_s=100)
+    assert not paused.is_same_process(101, 1_005_000_000, ticks_per_s=100)  # started after: a reused pid
+    assert not paused.is_same_process(100, 999_999_999, ticks_per_s=100)
+
+
+def test_process_stat_reads_state_and_start_time_of_odd_names(tmp_path: Path) -> None:
+    odd = tmp_path / "a (b) c"
+    odd.symlink_to(sys.executable)
+    child = subprocess.Popen([str(odd), "-c", "import time; time.sleep(30)"])
+    try:
+        before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        st = paused.process_stat(child.pid)
+        assert st is not None and st[0] in ("R", "S")
+        assert paused.is_same_process(st[1], before)
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while (st := paused.process_stat(child.pid)) is not None and st[0] != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert st is not None and st[0] == "T"
+    finally:
+        child.kill()
+        child.wait()
+    assert paused.process_stat(child.pid) is None
+
+
+def test_starting_agent_leaves_pins_of_live_agents_and_foreign_names(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(paused, "PAUSED_DIR", tmp_path)
+    st = paused.process_stat(os.getpid())
+    assert st is not None
+    live = tmp_path / f"cuda-{os.getpid()}-{st[1]}-1"  # this process: alive
+    foreign = tmp_path / "not-ours"
+    reused = tmp_path / f"nccl-{os.getpid()}-{st[1] + 1}-1"  # our pid, another start time: a dead agent
+    for p in (live, foreign, reused):
+        p.write_text("")
+    tel = Telemetry()
+    # the dead agent's pin is no BPF map here: it cannot be opened, so it is left in place with a warning
+    assert paused.recover_stale(tel) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (live, foreign, reused))
+    assert tel.get(paused.RECOVERED) == 0
+
+
+_SYS_EXIT = {"x86_64": 60, "aarch64": 93}  # exit(2) of the calling thread only, not exit_group
+
+
+def test_pin_of_a_zombie_agent_is_stale_only_once_its_threads_are_gone(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    nr = _SYS_EXIT.get(os.uname().machine)
+    if nr is None:
+        pytest.skip(f"exit(2)'s number on {os.uname().machine} is not known here")
+    # the main thread exits alone (as a SIGKILLed agent's leader does while a thread releases its uprobes)
+    tearing = subprocess.Popen([sys.executable, "-c", "import ctypes, threading, time\n"
+                                "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+                                f"ctypes.CDLL(None).syscall({nr}, 0)\n"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+                (a := paused.process_stat(tearing.pid)) and a[0] == "Z" and a[2] == 2
+                and (b := paused.process_stat(gone.pid)) and b[0] == "Z"):
+            time.sleep(0.02)
+        a, b = paused.process_stat(tearing.pid), paused.process_stat(gone.pid)
+        assert a is not None and a[0] == "Z" and a[2] == 2, a
+        assert b is not None and b[0] == "Z" and b[2] == 1, b
+        monkeypatch.setattr(paused, "PAUSED_DIR", tmp_path)
+        (tmp_path / f"cuda-{tearing.pid}-{a[1]}-1").write_text("")
+        (tmp_path / f"cuda-{gone.pid}-{b[1]}-1").write_text("")
+        with caplog.at_level("WARNING", logger="otel_ebpf.paused"):
+            assert paused.recover_stale(Telemetry()) == 0
+        # only the finished zombie's pin was taken as stale (and, being no BPF map here, left with a warning)
+        stale = [r.getMessage() for r in caplog.records if "stale pin" in r.getMessage()]
+        assert len(stale) == 1 and f"{tmp_path}/cuda-{gone.pid}-{b[1]}-1 " in stale[0], stale
+    finally:
+        for p in (tearing, gone):
+            p.kill()
+            p.wait()
