@@ -1,7 +1,8 @@
 """Exporter configs (``exporters:`` section) and the SDK exporters they build.
 
 * ``file``: OTLP JSON lines in a directory (the default: useful with no server at all).
-* ``otlp``: the OTel SDK's OTLP exporters over gRPC or HTTP/protobuf.
+* ``otlp``: the OTel SDK's OTLP exporters over gRPC or HTTP/protobuf. gRPC channels get a bounded
+  reconnect backoff (``reconnect_backoff_max``): docs/reliability.md, "Recovery stall".
 * ``prometheus``: a ``/metrics`` endpoint serving the same metrics (off unless a pipeline lists
   it; spans are dropped there). See :mod:`otel_ebpf.emit.prometheus`.
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 from opentelemetry.sdk.metrics.export import MetricExporter
@@ -59,9 +60,22 @@ class OtlpExporterConfig:
     timeout: float = doc(10.0, "Per-request timeout.", duration=True)
     compression: Literal["none", "gzip"] = doc("gzip", "Request compression.")
     insecure: bool = doc(True, "grpc only: plaintext when the endpoint has no https:// scheme.")
+    reconnect_backoff_max: float = doc(
+        5.0, "grpc only: longest wait between two connection attempts while the collector is unreachable "
+             "(gRPC's default is 120 s; the span and metric channels share it, so it survives the SDK's channel "
+             "re-creation): bounds how late the first export succeeds after the collector comes back.", duration=True)
     batch: BatchConfig = doc(BatchConfig(), "Span batching.")
 
+    def channel_options(self) -> tuple[tuple[str, int], ...]:
+        """gRPC channel arguments bounding the reconnect backoff (grpcio 1.85 names, milliseconds)."""
+        max_ms = round(self.reconnect_backoff_max * 1000)
+        return (("grpc.initial_reconnect_backoff_ms", min(1000, max_ms)),
+                ("grpc.max_reconnect_backoff_ms", max_ms))
+
     def validate(self, path: str) -> None:
+        if not 0.1 <= self.reconnect_backoff_max <= 300:
+            raise ConfigError(f"{path}.reconnect_backoff_max",
+                              f"must be between 100ms and 300s, got {self.reconnect_backoff_max}s")
         url = self.endpoint if "://" in self.endpoint else f"http://{self.endpoint}"
         parsed = urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -128,10 +142,12 @@ def _otlp(cfg: OtlpExporterConfig) -> tuple[SpanExporter, MetricExporter]:
         comp = GrpcCompression.Gzip if cfg.compression == "gzip" else GrpcCompression.NoCompression
         insecure = cfg.insecure and not cfg.endpoint.startswith("https://")
         headers = tuple((k.lower(), v) for k, v in cfg.headers.items()) or None
+        # SDK 1.45 merges these with its own (user agent); typed as str pairs there, ints are what grpc takes
+        options: Any = cfg.channel_options()
         return (OTLPSpanExporter(endpoint=cfg.endpoint, insecure=insecure, headers=headers,
-                                 timeout=cfg.timeout, compression=comp),
+                                 timeout=cfg.timeout, compression=comp, channel_options=options),
                 OTLPMetricExporter(endpoint=cfg.endpoint, insecure=insecure, headers=headers,
-                                   timeout=cfg.timeout, compression=comp))
+                                   timeout=cfg.timeout, compression=comp, channel_options=options))
     from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetric
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpan
