@@ -72,6 +72,9 @@ class Context:
     # Current application span per thread (receivers/apptrace/store.py AppContextStore): set by the apptrace
     # receiver from SDK begin/end fires; cuda (and other) processors parent their spans on it.
     app_context: Any = None
+    # Receivers of this agent whose programs write the per-thread call map (oe_thread_ctx: python, torch),
+    # added as they are made; the cuda program reads that map only when one exists.
+    thread_ctx_writers: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if self.host_stats is None:

@@ -149,25 +149,29 @@ class CudaReceiver(BpfReceiver):
     library_key = "cudart"
     lib_pattern = "libcudart.so"
     probes = PROBES
-    thread_context = True
 
     def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
         super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages,
                          pause_on_load=config.pause_on_load, extra_libraries=config.libraries,
                          poll_interval=config.poll_interval)
         self.config = config
-        self.thread_context = config.nesting
         self._launch_totals: dict[LaunchKey, int] = {}
         self._call_totals: dict[CallKey, tuple[int, ...]] = {}
         self._next_stats = 0.0
         self._final_read = False
+
+    @property
+    def thread_context(self) -> bool:  # type: ignore[override]
+        """Read the per-thread call map (nesting) only when a python or torch receiver of this
+        agent writes it: without one every lookup would miss, and launches keep the cheapest path."""
+        return self.config.nesting and bool(self.ctx.thread_ctx_writers)
 
     def cflags(self) -> list[str]:
         c = self.config
         return [f"-DCUDA_MAX_INFLIGHT={c.max_inflight}", f"-DCUDA_MAX_THREADS={c.max_threads}",
                 f"-DCUDA_MAX_LAUNCH_KEYS={c.max_launch_keys}",
                 f"-DCUDA_LAUNCH_SAMPLE_EVERY={c.launch_sample_every}",
-                f"-DCUDA_LAUNCH_CONTEXT={1 if c.nesting and c.launch_context else 0}",
+                f"-DCUDA_LAUNCH_CONTEXT={1 if self.thread_context and c.launch_context else 0}",
                 f"-DCUDA_MAX_CALL_KEYS={c.max_call_keys}", f"-DCUDA_SPAN_RATE={c.span_rate_limit}",
                 f"-DCUDA_SPAN_SLOW_NS={round(c.always_span_slower_than * 1e9)}",
                 f"-DCUDA_DUR_BOUNDS_NS={','.join(map(str, DUR_BOUNDS_NS))}", f"-DCUDA_DUR_NBOUNDS={len(DUR_BOUNDS_NS)}",

@@ -135,6 +135,7 @@ class PythonReceiver(BpfReceiver):
     def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
         super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages, poll_interval=config.poll_interval)
         self.config = config
+        ctx.thread_ctx_writers.add(self.name)  # the cuda program reads the map only then
         self.sites: dict[str, UsdtSite] | None = None
         self._pids: dict[int, list[str]] = {}  # pid -> uprobe event names
         self._lock = threading.Lock()

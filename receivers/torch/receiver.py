@@ -87,6 +87,7 @@ class TorchReceiver(BpfReceiver):
         super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages, pause_on_load=config.pause_on_load,
                          extra_libraries=config.libraries, poll_interval=config.poll_interval)
         self.config = config
+        ctx.thread_ctx_writers.add(self.name)  # the cuda program reads the map only then
         self._ops: dict[tuple[int, int], dict[int, str]] = {}  # (st_dev, st_ino) -> file offset -> op
         self._maps: OrderedDict[int, list[tuple[int, int, int, tuple[int, int]]]] = OrderedDict()
         self._counts_seen = [0] * len(_COUNTS)

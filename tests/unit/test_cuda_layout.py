@@ -189,17 +189,22 @@ def test_malformed_records_are_counted_not_raised(raw: bytes) -> None:
 
 
 def test_receiver_config_defaults_reach_the_program_as_macros() -> None:
-    r = CudaReceiver(build(Config, {"launch_sample_every": 7, "max_inflight": 99}), Context(target_pids=[1]),
-                     ListConsumer())
+    ctx = Context(target_pids=[1], thread_ctx_writers={"torch"})  # a torch receiver in the same agent
+    r = CudaReceiver(build(Config, {"launch_sample_every": 7, "max_inflight": 99}), ctx, ListConsumer())
     flags = r.program_cflags()
     for flag in ("-DCUDA_LAUNCH_SAMPLE_EVERY=7", "-DCUDA_MAX_INFLIGHT=99", "-DCUDA_MAX_THREADS=65536",
                  "-DCUDA_MAX_LAUNCH_KEYS=4096", "-DOE_PAUSE_ON_LOAD=1", "-DOE_FILTER_PIDS=1",
                  '-DOE_LIB_PATTERN="libcudart.so"', "-DOE_THREAD_CTX=1", "-DCUDA_LAUNCH_CONTEXT=1"):
         assert flag in flags
-    off = CudaReceiver(build(Config, {"nesting": False}), Context(), ListConsumer()).program_cflags()
+    off = CudaReceiver(build(Config, {"nesting": False}), Context(thread_ctx_writers={"torch"}),
+                       ListConsumer()).program_cflags()
     assert "-DOE_THREAD_CTX=1" not in off and "-DCUDA_LAUNCH_CONTEXT=0" in off
-    fast = CudaReceiver(build(Config, {"launch_context": False}), Context(), ListConsumer()).program_cflags()
+    fast = CudaReceiver(build(Config, {"launch_context": False}), Context(thread_ctx_writers={"python"}),
+                        ListConsumer()).program_cflags()
     assert "-DOE_THREAD_CTX=1" in fast and "-DCUDA_LAUNCH_CONTEXT=0" in fast
+    # nesting on, but no python/torch receiver writes the map: no lookup on any call
+    alone = CudaReceiver(build(Config, {}), Context(), ListConsumer()).program_cflags()
+    assert "-DOE_THREAD_CTX=1" not in alone and "-DCUDA_LAUNCH_CONTEXT=0" in alone
     assert r.library_key == "cudart" and factory.type == "cuda" and factory.config_class is Config
 
 
