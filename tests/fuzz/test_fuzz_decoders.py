@@ -32,7 +32,7 @@ def _receiver(name: str):
     sink = ListConsumer()
     rx = FACTORIES[name].create(FACTORIES[name].config_class(), ctx, sink)
     resumed: list[int] = []
-    rx._resume = resumed.append  # never SIGCONT a random pid from a fuzzed record
+    rx._resume = lambda pid, ts=None: resumed.append(pid)  # never SIGCONT a random pid from a fuzzed record
     return rx, ctx, sink
 
 
@@ -146,7 +146,7 @@ def test_every_bpf_receiver_survives_random_records(rtype):
     factory = components.receivers()[rtype]
     ctx = Context()
     rx = factory.create(factory.config_class(), ctx, ListConsumer())
-    rx._resume = lambda pid: None  # never SIGCONT a random pid
+    rx._resume = lambda pid, ts=None: None  # never SIGCONT a random pid
     examples = [0]
 
     @given(st.integers(16, 255), st.binary(max_size=1024))
