@@ -37,7 +37,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from otel_ebpf.threadctx import BPFFS, _is_bpffs, _mount_bpffs
+from otel_ebpf.threadctx import BPFFS, ensure_bpffs
 
 __all__ = ["PAUSED_DIR", "RECOVERED", "VALUE", "forget", "hold", "is_same_process", "map_info", "new_pin",
            "pinned_map_id", "process_stat", "recover_stale", "release", "resume_recorded", "unpin"]
@@ -98,8 +98,7 @@ def new_pin(receiver: str) -> str | None:
         if st is None:
             raise OSError("cannot read /proc/self/stat")
         with _lock:
-            if not _is_bpffs(BPFFS):
-                _mount_bpffs()
+            ensure_bpffs()
             PAUSED_DIR.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         if not _warned:

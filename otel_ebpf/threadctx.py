@@ -28,7 +28,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["BPFFS", "acquire", "op_name", "pin_path", "register_ops", "release", "unpin", "unregister_ops"]
+__all__ = ["BPFFS", "acquire", "ensure_bpffs", "op_name", "pin_path", "register_ops", "release", "unpin",
+           "unregister_ops"]
 
 log = logging.getLogger(__name__)
 BPFFS = Path("/sys/fs/bpf")
@@ -50,6 +51,13 @@ def _is_bpffs(path: Path) -> bool:
             return any(line.split()[1:3] == [str(path), "bpf"] for line in fh if len(line.split()) > 2)
     except OSError:
         return False
+
+
+def ensure_bpffs() -> None:
+    """Mount bpffs on /sys/fs/bpf unless it is one already; raises OSError naming the fault.
+    Callers serialize (each holds its own module lock around it and the pin that follows)."""
+    if not _is_bpffs(BPFFS):
+        _mount_bpffs()
 
 
 def _mount_bpffs() -> None:
@@ -96,8 +104,7 @@ def acquire(ctx: object) -> str | None:
     path = pin_path(ctx)
     with _lock:
         try:
-            if not _is_bpffs(BPFFS):
-                _mount_bpffs()
+            ensure_bpffs()
             if not _refs:
                 _clean_stale()
             path.parent.mkdir(exist_ok=True)
