@@ -213,29 +213,19 @@ static __always_inline void cuda_fill(struct cuda_call *c, u8 type, u32 api,
 
 /* ---- call accounting and the span budget (memcpy, synchronize) --------------------- */
 
-/* The bucket of `v` for bounds b[0] < b[1] < ...: the number of bounds below v, i.e. the
- * first i with v <= b[i] (OTel explicit-bucket semantics; Python's bisect_left). */
-static __always_inline u32 dur_bucket(u64 v)
-{
-    u64 b[] = {CUDA_DUR_BOUNDS_NS};
-    u32 i = 0;
-#pragma unroll
-    for (u32 j = 0; j < CUDA_DUR_NBOUNDS; j++)
-        if (v > b[j])
-            i = j + 1;
-    return i;
-}
+/* name(v): the bucket of `v` for BOUNDS b[0] < b[1] < ...: the number of bounds below v, i.e.
+ * the first i with v <= b[i] (OTel explicit-bucket semantics; Python's bisect_left). */
+#define CUDA_BUCKET_FN(name, BOUNDS, NBOUNDS)                                              \
+    static __always_inline u32 name(u64 v)                                                 \
+    {                                                                                      \
+        u64 b[] = {BOUNDS};                                                                \
+        u32 i = 0;                                                                         \
+        _Pragma("unroll") for (u32 j = 0; j < NBOUNDS; j++) if (v > b[j]) i = j + 1;       \
+        return i;                                                                          \
+    }
 
-static __always_inline u32 bytes_bucket(u64 v)
-{
-    u64 b[] = {CUDA_BYTES_BOUNDS};
-    u32 i = 0;
-#pragma unroll
-    for (u32 j = 0; j < CUDA_BYTES_NBOUNDS; j++)
-        if (v > b[j])
-            i = j + 1;
-    return i;
-}
+CUDA_BUCKET_FN(dur_bucket, CUDA_DUR_BOUNDS_NS, CUDA_DUR_NBOUNDS)
+CUDA_BUCKET_FN(bytes_bucket, CUDA_BYTES_BOUNDS, CUDA_BYTES_NBOUNDS)
 
 /* 1: this call gets a record (span); 0: the process is over its span rate. */
 static __always_inline int span_allowed(u32 pid, u64 now, u64 dur)

@@ -12,12 +12,14 @@ Threading: ``decode`` and ``poll_maps`` run on the receiver's poll thread only (
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from otel_ebpf import threadctx
 from otel_ebpf.bpf import BpfReceiver, Probe
@@ -126,7 +128,6 @@ CallKey = tuple[int, int, int, int, int]  # pid, device, rc, api id, kind
 # The in-kernel call histograms use the emitter's own bounds, so their buckets merge as they are.
 DUR_BOUNDS_NS = tuple(round(b * 1e9) for b in bounds_for_unit("s"))
 BYTES_BOUNDS = tuple(int(b) for b in bounds_for_unit("By"))
-_ZEROS = (0,) * 64
 
 
 def _process_gone(pid: int) -> bool:
@@ -138,6 +139,30 @@ def _process_gone(pid: int) -> bool:
         return True
     state = stat[stat.rfind(b")") + 2:][:1]
     return state in (b"Z", b"X", b"")
+
+
+def _read_deltas(table: Any, totals: dict[Any, tuple[int, ...]], key_of: Callable[[Any], tuple[int, ...]],
+                 total_of: Callable[[Any], tuple[int, ...]]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(key, delta) of every cumulative in-kernel counter of ``table`` whose first field moved
+    since the last read (``totals`` keeps the last values, one entry per map entry, so it has
+    the map's bound). Keys start with the pid; the counters of processes that are gone are
+    deleted from the map and from ``totals`` after this, their final, read."""
+    out = []
+    gone: dict[int, bool] = {}
+    for key, value in table.items():
+        k, total = key_of(key), total_of(value)
+        prev = totals.get(k)
+        delta = total if prev is None else tuple(a - b for a, b in zip(total, prev, strict=True))
+        if delta[0] > 0:
+            out.append((k, delta))
+        totals[k] = total
+        if k[0] not in gone:
+            gone[k[0]] = _process_gone(k[0])
+        if gone[k[0]]:
+            with contextlib.suppress(KeyError):
+                del table[key]
+            totals.pop(k, None)
+    return out
 
 
 class CudaReceiver(BpfReceiver):
@@ -155,7 +180,7 @@ class CudaReceiver(BpfReceiver):
                          pause_on_load=config.pause_on_load, extra_libraries=config.libraries,
                          poll_interval=config.poll_interval)
         self.config = config
-        self._launch_totals: dict[LaunchKey, int] = {}
+        self._launch_totals: dict[LaunchKey, tuple[int, ...]] = {}
         self._call_totals: dict[CallKey, tuple[int, ...]] = {}
         self._next_stats = 0.0
         self._final_read = False
@@ -222,29 +247,15 @@ class CudaReceiver(BpfReceiver):
         processes that are gone are deleted after this (final) read."""
         if self.bpf is None:
             return []
-        table = self.bpf["call_stats"]
         now_ns = time.time_ns()
-        out: list[CallStats] = []
-        gone: dict[int, bool] = {}
-        nd, nb = len(DUR_BOUNDS_NS) + 1, len(BYTES_BOUNDS) + 1
-        for key, v in table.items():
-            k: CallKey = (key.pid, key.device, key.rc, key.api, key.kind)
-            total = (v.calls, v.limited, v.dur_ns, v.bytes, *v.dur_hist[:nd], *v.bytes_hist[:nb])
-            prev = self._call_totals.get(k, _ZEROS)
-            delta = tuple(a - b for a, b in zip(total, prev, strict=False))
-            if delta[0] > 0:
-                out.append(CallStats(k[0], _SYMBOLS[k[3]], k[1], k[2], k[4], delta[0], delta[1], delta[2],
-                                     delta[3], delta[4:4 + nd], delta[4 + nd:], now_ns))
-            self._call_totals[k] = total
-            if k[0] not in gone:
-                gone[k[0]] = _process_gone(k[0])
-            if gone[k[0]]:
-                try:
-                    del table[key]
-                except KeyError:
-                    pass
-                self._call_totals.pop(k, None)
-        return out
+        nd = len(DUR_BOUNDS_NS) + 1
+        nb = len(BYTES_BOUNDS) + 1
+        return [CallStats(k[0], _SYMBOLS[k[3]], k[1], k[2], k[4], d[0], d[1], d[2], d[3], d[4:4 + nd], d[4 + nd:],
+                          now_ns)
+                for k, d in _read_deltas(
+                    self.bpf["call_stats"], self._call_totals,
+                    lambda key: (key.pid, key.device, key.rc, key.api, key.kind),
+                    lambda v: (v.calls, v.limited, v.dur_ns, v.bytes, *v.dur_hist[:nd], *v.bytes_hist[:nb]))]
 
     def read_launch_stats(self) -> list[KernelLaunchStats]:
         """Deltas of every launch counter since the last read; counters of processes that are
@@ -252,27 +263,13 @@ class CudaReceiver(BpfReceiver):
         torch receiver of the same agent (otel_ebpf.threadctx), while the process lives."""
         if self.bpf is None:
             return []
-        table = self.bpf["launch_stats"]
         now_ns = time.time_ns()
-        out: list[KernelLaunchStats] = []
-        gone: dict[int, bool] = {}
-        for key, per_cpu in table.items():
-            k: LaunchKey = (key.pid, key.device, key.grid_size, key.block_size, key.op)
-            total = sum(per_cpu)
-            delta = total - self._launch_totals.get(k, 0)
-            if delta > 0:
-                op = (threadctx.op_name(self.ctx, k[0], k[4]) or "") if k[4] else ""
-                out.append(KernelLaunchStats(k[0], k[1], k[2], k[3], delta, now_ns, op))
-            self._launch_totals[k] = total
-            if k[0] not in gone:
-                gone[k[0]] = _process_gone(k[0])
-            if gone[k[0]]:
-                try:
-                    del table[key]
-                except KeyError:
-                    pass
-                self._launch_totals.pop(k, None)
-        return out
+        return [KernelLaunchStats(k[0], k[1], k[2], k[3], d[0], now_ns,
+                                  (threadctx.op_name(self.ctx, k[0], k[4]) or "") if k[4] else "")
+                for k, d in _read_deltas(
+                    self.bpf["launch_stats"], self._launch_totals,
+                    lambda key: (key.pid, key.device, key.grid_size, key.block_size, key.op),
+                    lambda per_cpu: (sum(per_cpu),))]
 
     def shutdown(self) -> None:
         self._final_read = True  # the base's last drain reads the counters one more time
