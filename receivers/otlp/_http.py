@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import binascii
 import logging
+import math
 import socket
 import threading
 import zlib
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import json_format
 from google.rpc import status_pb2
 
+from ._status import retry_status
+
 if TYPE_CHECKING:
     from .server import OtlpServer, Signal
 
@@ -26,7 +29,7 @@ __all__: list[str] = []
 
 log = logging.getLogger(__name__)
 _MIB = 1024 * 1024
-_HTTP_CODES = {"malformed": 400, "too_large": 413, "failed": 500}
+_HTTP_CODES = {"malformed": 400, "too_large": 413, "failed": 500, "refused": 503}
 
 
 class _HttpServer(ThreadingHTTPServer):
@@ -99,6 +102,11 @@ class _Handler(BaseHTTPRequestHandler):
         if outcome == "ok":
             ok = "{}" if is_json else signal.response_cls().SerializeToString()
             return self._send(200, ok.encode() if isinstance(ok, str) else ok, ctype)
+        if outcome == "refused":  # OTLP/HTTP "Throttling": 503 + Retry-After, RetryInfo in the body
+            error = retry_status(message, owner.retry_after)
+            # RFC 9110 10.2.3: delay-seconds is a whole number; round up so the hint is never shortened
+            retry = str(max(1, math.ceil(owner.retry_after)))
+            return self._status(503, error, is_json, (("Retry-After", retry),))
         return self._reply(_HTTP_CODES[outcome], message, is_json)
 
     def do_GET(self) -> None:
@@ -133,16 +141,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, status: int, message: str, is_json: bool) -> None:
         grpc_code = {400: 3, 404: 12, 405: 12, 411: 3, 413: 8, 415: 3}.get(status, 13)
-        error = status_pb2.Status(code=grpc_code, message=message)
-        if is_json:
-            self._send(status, json_format.MessageToJson(error, indent=None).encode(), "application/json")
-        else:
-            self._send(status, error.SerializeToString(), "application/x-protobuf")
+        self._status(status, status_pb2.Status(code=grpc_code, message=message), is_json)
 
-    def _send(self, status: int, body: bytes, ctype: str) -> None:
+    def _status(self, status: int, error: status_pb2.Status, is_json: bool,
+                headers: Sequence[tuple[str, str]] = ()) -> None:
+        if is_json:
+            self._send(status, json_format.MessageToJson(error, indent=None).encode(), "application/json", headers)
+        else:
+            self._send(status, error.SerializeToString(), "application/x-protobuf", headers)
+
+    def _send(self, status: int, body: bytes, ctype: str, headers: Sequence[tuple[str, str]] = ()) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in headers:
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
 

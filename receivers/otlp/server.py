@@ -15,18 +15,27 @@ Outcomes, counted in :attr:`OtlpServer.stats` (gRPC status / HTTP status):
 - over ``max_request_bytes`` once decompressed: ``RESOURCE_EXHAUSTED`` / 413
   (``rejected_too_large``); grpcio itself refuses messages over twice that, uncounted;
 - callback raised: ``INTERNAL`` / 500 (``callback_errors``); serving goes on;
+- callback refused it (returned ``False``: no room downstream, nothing of the request kept):
+  ``UNAVAILABLE`` / 503 (``refused``) with a retry hint of ``retry_after`` seconds, so the
+  client retries the whole request later (OTLP spec, "Failures" / "Throttling"): gRPC carries a
+  ``google.rpc.RetryInfo`` in the status details (``grpc-status-details-bin``) and, because
+  opentelemetry-exporter-otlp-proto-grpc 1.45 reads only that trailer, also as
+  ``google.rpc.retryinfo-bin``; HTTP sends ``Retry-After: <whole seconds>`` (which the
+  opentelemetry-exporter-otlp-proto-http 1.45 client honours) and the same Status body;
 - no callback for the signal: ``UNIMPLEMENTED`` / 404; wrong HTTP path, method, media type
   or encoding: 404/405/411/415 (``rejected_unsupported``).
 
 Bounds: gRPC runs ``max_workers`` threads and refuses more than ``4 * max_workers``
 concurrent RPCs (``RESOURCE_EXHAUSTED``, counted by grpcio only); HTTP runs at most
-``max_workers`` handlers, further connections wait in the kernel listen backlog. No queue.
+``max_workers`` handlers, further connections wait in the kernel listen backlog. No queue: a
+callback that has no room refuses (above) rather than queueing or dropping.
 
 Errors: :class:`OtlpBindError` (an ``otel_ebpf.errors.EnvironmentError_``) when an endpoint
 cannot be bound; ``otel_ebpf.errors.ConfigError`` for a bad endpoint or limit.
 
 Layout: the OTLP/JSON codec is :mod:`receivers.otlp.otlp_json` (``parse_otlp_json`` and
-``to_otlp_json`` are re-exported here), the HTTP transport :mod:`receivers.otlp._http`.
+``to_otlp_json`` are re-exported here), the HTTP transport :mod:`receivers.otlp._http`, the
+refusal status both transports send :mod:`receivers.otlp._status`.
 """
 from __future__ import annotations
 
@@ -48,6 +57,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
 from otel_ebpf.errors import ConfigError, EnvironmentError_
 from ._http import _HttpServer
+from ._status import retry_status
 from otel_ebpf.otlpjson import parse_otlp_json, to_otlp_json
 
 __all__ = [
@@ -130,6 +140,7 @@ class OtlpServerStats:
     rejected_too_large: int = 0
     rejected_unsupported: int = 0
     callback_errors: int = 0
+    refused: int = 0
 
 
 class _Counters:
@@ -174,15 +185,18 @@ def _why_unbindable(host: str, port: int) -> str:
 
 _GRPC_CODES = {"malformed": grpc.StatusCode.INVALID_ARGUMENT,
                "too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,
-               "failed": grpc.StatusCode.INTERNAL}
+               "failed": grpc.StatusCode.INTERNAL,
+               "refused": grpc.StatusCode.UNAVAILABLE}
 
 
 class OtlpServer:
     """OTLP/gRPC + OTLP/HTTP receiver handing decoded requests to callbacks.
 
     Callbacks run on server worker threads, several at once, so they must be thread safe;
-    they should return quickly: a slow callback holds a worker and so throttles clients
-    (that is the backpressure; nothing is queued). The callback owns the request it gets.
+    they should return quickly: a slow callback holds a worker and so throttles clients.
+    A callback returns ``None`` (or ``True``) when it took the request, ``False`` when it
+    refused it whole for lack of room (then it must keep nothing of it): the client is told
+    to retry after ``retry_after`` seconds. The callback owns the request it gets.
     An endpoint of ``None`` disables that transport. ``start`` binds both or raises
     :class:`OtlpBindError` naming the endpoint; ``shutdown`` is safe without ``start`` and
     safe twice. ``stats``, ``grpc_port`` and ``http_port`` may be read from any thread.
@@ -193,17 +207,21 @@ class OtlpServer:
         *,
         grpc_endpoint: str | None = "127.0.0.1:4317",
         http_endpoint: str | None = "127.0.0.1:4318",
-        on_traces: Callable[[trace_pb.ExportTraceServiceRequest], None],
-        on_metrics: Callable[[metrics_pb.ExportMetricsServiceRequest], None] | None = None,
-        on_logs: Callable[..., None] | None = None,
+        on_traces: Callable[[trace_pb.ExportTraceServiceRequest], bool | None],
+        on_metrics: Callable[[metrics_pb.ExportMetricsServiceRequest], bool | None] | None = None,
+        on_logs: Callable[..., bool | None] | None = None,
         max_request_bytes: int = 16 * _MIB,
         max_workers: int = 8,
+        retry_after: float = 1.0,
     ) -> None:
         if max_request_bytes <= 0 or max_workers <= 0:
             raise ConfigError("otlp", "max_request_bytes and max_workers must be positive")
+        if not 0 < retry_after <= 3600:
+            raise ConfigError("otlp.retry_after", f"must be in (0, 3600] seconds, got {retry_after}")
+        self.retry_after = retry_after
         self._grpc_addr = parse_endpoint(grpc_endpoint, what="grpc_endpoint") if grpc_endpoint else None
         self._http_addr = parse_endpoint(http_endpoint, what="http_endpoint") if http_endpoint else None
-        self._callbacks: dict[str, Callable[[Any], None] | None] = {
+        self._callbacks: dict[str, Callable[[Any], bool | None] | None] = {
             "traces": on_traces, "metrics": on_metrics, "logs": on_logs}
         self.max_request_bytes = max_request_bytes
         self._max_workers = max_workers
@@ -276,12 +294,15 @@ class OtlpServer:
         if callback is None:  # the transports check _enabled() first; belt and braces
             return "failed", f"no consumer for {signal.name}"
         try:
-            callback(request)
+            taken = callback(request)
         except Exception as exc:
             errors = self._counters.add("callback_errors")
             if errors == 1 or errors % 1000 == 0:
                 log.warning("OTLP %s callback raised (%d so far)", signal.name, errors, exc_info=exc)
             return "failed", f"{signal.name} consumer failed: {type(exc).__name__}"
+        if taken is False:
+            self._counters.add("refused")
+            return "refused", f"{signal.name} consumer is full: retry in {self.retry_after:g}s"
         self._counters.add(signal.item_counter, count_items(request))
         return "ok", ""
 
@@ -318,6 +339,11 @@ class OtlpServer:
         def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
             self._counters.add("requests")
             outcome, message = self._dispatch(signal, raw, is_json=False)
+            if outcome == "refused":
+                status = retry_status(message, self.retry_after)
+                context.set_trailing_metadata((
+                    ("grpc-status-details-bin", status.SerializeToString()),
+                    ("google.rpc.retryinfo-bin", status.details[0].value)))
             if outcome != "ok":
                 context.abort(_GRPC_CODES[outcome], message)  # raises
             return empty_response
