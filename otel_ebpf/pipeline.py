@@ -6,7 +6,8 @@
   (``start()`` / ``shutdown()``; shutdown is safe without start and safe twice).
 * Receivers run their own threads (ring-buffer polling) and hand batches to a
   :class:`BoundedQueue`. One worker thread drains it through the processors, so processors
-  are single-threaded and need no locks. A full queue drops the batch and counts it.
+  are single-threaded and need no locks. A full queue drops the batch and counts it
+  (``consume``), or refuses it uncounted for the caller to push back upstream (``offer``).
 * A stage passes on every event it does not handle, unchanged.
 """
 from __future__ import annotations
@@ -174,19 +175,26 @@ class BoundedQueue:
         """Queue a batch. With ``block_s`` (receiver threads), wait up to that long for room,
         so a slow pipeline pushes back into the kernel ring buffer instead of dropping here;
         otherwise, or when still full, the batch is dropped and counted (``queue_full``)."""
+        if not self.offer(events, block_s=block_s or 0.0):
+            self._telemetry.dropped(self._name, "queue_full", len(events))
+
+    def offer(self, events: Sequence[object], *, block_s: float = 0.0) -> bool:
+        """Queue the whole batch or none of it, waiting up to ``block_s`` for room; False: not
+        queued and *not* counted (the caller refuses it upstream, e.g. an OTLP receiver answering
+        UNAVAILABLE so the sender retries). An empty batch is True. Thread-safe."""
         n = len(events)
         if not n:
-            return
+            return True
         with self._cond:
-            if block_s and self._size + n > self._max and self._size:
+            if block_s > 0 and self._size + n > self._max and self._size:
                 self._cond.wait_for(lambda: self._size + n <= self._max or not self._size or self._stop,
                                     timeout=block_s)
             if self._size + n > self._max and self._size:
-                self._telemetry.dropped(self._name, "queue_full", n)
-                return
+                return False
             self._items.append(events)
             self._size += n
             self._cond.notify_all()
+            return True
 
     def start(self) -> None:
         if self._thread is None:

@@ -189,3 +189,41 @@ def test_batch_larger_than_the_queue_is_accepted_when_empty():
     q.consume(list(range(100)))
     q.shutdown()
     assert out.take() == list(range(100)) and tel.get("otel_ebpf.events.dropped") == 0
+
+
+def test_offer_queues_all_or_nothing_and_counts_no_drop(telemetry):
+    sink = Recorder()
+    q = BoundedQueue(sink, telemetry, max_events=5)
+    assert q.offer([1, 2, 3])
+    assert not q.offer([4, 5, 6])  # 3 + 3 > 5: refused whole, nothing of it queued
+    assert q.offer([]) and q.offer([4, 5])
+    assert telemetry.get(DROPPED) == 0  # a refusal is the caller's to count
+    q.shutdown()
+    assert sink.events == [1, 2, 3, 4, 5]
+
+
+def test_offer_waits_up_to_block_s_for_room(telemetry):
+    gate = threading.Event()
+    sink = Recorder()
+
+    class Gated:
+        def consume(self, events: Sequence[object]) -> None:
+            gate.wait(5)
+            sink.consume(events)
+
+    q = BoundedQueue(Gated(), telemetry, max_events=4)
+    q.start()
+    try:
+        assert q.offer([1, 2, 3, 4])
+        assert sink.called.wait(0) is False
+        time.sleep(0.1)  # the worker takes [1..4] and blocks in Gated
+        assert q.offer([5, 6, 7, 8])
+        t0 = time.monotonic()
+        assert not q.offer([9], block_s=0.2)  # still full after 0.2 s
+        assert 0.15 <= time.monotonic() - t0 < 2
+        threading.Timer(0.2, gate.set).start()
+        assert q.offer([9], block_s=5)  # room once the worker moves on
+    finally:
+        gate.set()
+        q.shutdown()
+    assert sink.events == list(range(1, 10)) and telemetry.get(DROPPED) == 0
