@@ -23,7 +23,7 @@ from typing import Any
 
 from otel_ebpf import components
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
-from otel_ebpf.emit.exporters import BatchConfig, build_exporters
+from otel_ebpf.emit.exporters import build_exporters
 from otel_ebpf.errors import OtelEbpfError, TargetError
 from otel_ebpf.pipeline import BoundedQueue, Consumer, Context, Fanout
 from otel_ebpf import gpus
@@ -100,7 +100,7 @@ class Agent:
     def __post_init__(self) -> None:
         svc = self.cfg.service
         self.ctx = Context(strict=svc.strict, target_pids=list(self.target_pids),
-                           libraries={"command": list(self.command)})
+                           libraries={"command": list(self.command)}, pause_timeout=svc.pause_timeout)
         self.resources = ResourceCache(max_entries=max(2 * svc.max_processes, 64),
                                        service_name=svc.service_name or None,
                                        k8s=K8sMetadata(svc.k8s, self.ctx.telemetry))
@@ -117,9 +117,7 @@ class Agent:
         for eid in ids:
             ecfg = self.cfg.exporters[eid]
             spans, metrics = build_exporters(ecfg)
-            batch: BatchConfig = ecfg.batch
-            specs.append(ExporterSpec(eid, spans, metrics, batch.queue_size, batch.batch_size,
-                                      batch.batch_delay))
+            specs.append(ExporterSpec.of(eid, spans, metrics, ecfg))
         return specs
 
     def _build(self) -> None:

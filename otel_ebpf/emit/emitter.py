@@ -4,10 +4,16 @@ Each traced process is its own OTel ``Resource`` (``process.pid``, executable, c
 with its own ``MeterProvider``. Spans arrive finished, with known times and (sometimes derived)
 ids, so they are built directly as the SDK's ``ReadableSpan`` (1.8 µs each, against ~13 µs
 through ``Tracer.start_span``, whose sampler and context machinery have nothing to decide
-here) and handed to one SDK ``BatchSpanProcessor`` per exporter (spans carry their resource;
-the OTLP encoder groups them). Each MeterProvider has a pull reader; one timer thread collects them all every
-``metrics_interval``, adds the weighted histograms, and hands a single merged ``MetricsData``
-to every metric exporter.
+here) and put, without waiting, on each exporter's own span queue (spans carry their resource;
+the OTLP encoder groups them). Each MeterProvider has a pull reader; one timer thread collects
+them all every ``metrics_interval``, adds the weighted histograms, and puts a single merged
+``MetricsData`` on each exporter's own metric queue.
+
+Exporter isolation: every exporter has a span and a metric
+:class:`~otel_ebpf.emit.sending.SendingQueue` (bounded, its own worker thread, batching,
+retries with backoff, every drop counted), so a slow, failing or blackholed exporter never
+delays the pipeline worker, metric collection, or any other exporter. Their fill is exported as
+``otel_ebpf.exporter.queue.size`` / ``otel_ebpf.exporter.queue.capacity`` {exporter, signal}.
 
 Bounds: at most ``max_processes`` providers. When a process exits (ProcessExit) its metrics
 are exported until ``exit_grace`` has passed (late in-kernel aggregates still find it), then its
@@ -17,7 +23,9 @@ used process is flushed the same way and the eviction counted
 see ``otel_ebpf.processes.evicted``).
 
 Threading: ``consume`` runs on the pipeline worker, collection on the timer thread; one lock
-guards the provider table. ``shutdown`` exports the last metrics and flushes all spans.
+guards the provider table, and nothing waits while holding it (queue puts never block).
+``shutdown`` sends the queued spans, then the last metrics, within ``shutdown_timeout`` (plus a
+short grace for the metrics): what is left is counted (reason ``export_shutdown``).
 """
 from __future__ import annotations
 
@@ -41,34 +49,49 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
+from otel_ebpf.emit.exporters import BatchConfig, RetryConfig
 from otel_ebpf.emit.histograms import HistogramStore
+from otel_ebpf.emit.prometheus import NoSpanExporter
+from otel_ebpf.emit.sending import SendingQueue
 from otel_ebpf.events import MetricRecord, ProcessExit, SpanRecord
 from otel_ebpf.telemetry import Telemetry
 
-__all__ = ["Emitter", "ExporterSpec", "export_metrics_to"]
+__all__ = ["Emitter", "ExporterSpec"]
 
 log = logging.getLogger(__name__)
 _MAX_PENDING_SERIES = 4096  # counter series summed per process between collections
+_BATCH = BatchConfig()  # the documented defaults
+_METRICS_GRACE_S = 5.0  # at shutdown: the last metrics get at least this long after the spans
 _KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT, "server": SpanKind.SERVER,
           "producer": SpanKind.PRODUCER, "consumer": SpanKind.CONSUMER}
 
 
 @dataclass
 class ExporterSpec:
-    """One configured exporter: its id, SDK exporters and span batching."""
+    """One configured exporter: its id, SDK exporters (owned by the Emitter from then on), span
+    batching, queue bounds and retries."""
 
     name: str
     spans: SpanExporter
     metrics: MetricExporter
-    queue_size: int = 8192
-    batch_size: int = 512
-    batch_delay: float = 1.0
+    queue_size: int = _BATCH.queue_size
+    batch_size: int = _BATCH.batch_size
+    batch_delay: float = _BATCH.batch_delay
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    metrics_queue_size: int = _BATCH.metrics_queue_size
+
+    @classmethod
+    def of(cls, name: str, spans: SpanExporter, metrics: MetricExporter, cfg: Any) -> ExporterSpec:
+        """From an exporter config (``batch`` and ``retry_on_failure`` sections)."""
+        b: BatchConfig = cfg.batch
+        return cls(name, spans, metrics, b.queue_size, b.batch_size, b.batch_delay, cfg.retry_on_failure,
+                   b.metrics_queue_size)
 
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -93,67 +116,23 @@ class _Proc:
         self.pending.clear()
 
 
-def _wait_for_room(sp: BatchSpanProcessor, wait_s: float) -> bool:
-    """Backpressure: wait (bounded) while the SDK batch queue is full, so a slow exporter slows
-    the pipeline, and through it the ring buffer (where overflow is counted), instead of the SDK
-    silently evicting the oldest queued span. False: still full after ``wait_s``.
-
-    Reads the SDK's queue (opentelemetry-sdk 1.45: ``_batch_processor._queue`` and
-    ``_max_queue_size``); if those names change this degrades to no backpressure, and the SDK
-    still counts its drops in ``otel.sdk.processor.span.processed{error.type}``.
-    """
-    bp = getattr(sp, "_batch_processor", None)
-    queue, limit = getattr(bp, "_queue", None), getattr(bp, "_max_queue_size", None)
-    if queue is None or not isinstance(limit, int) or len(queue) < limit:
-        return True
-    deadline = time.monotonic() + wait_s
-    while len(queue) >= limit:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
+def _span_sender(spec: ExporterSpec) -> Callable[[list[ReadableSpan]], bool]:
+    return lambda batch: spec.spans.export(batch) == SpanExportResult.SUCCESS
 
 
-class _CountingSpanExporter(SpanExporter):
-    """Counts the spans of every batch its exporter could not send: the SDK's BatchSpanProcessor
-    ignores export results (opentelemetry-sdk 1.45), so without this a batch given up after the
-    OTLP exporter's retries (collector down longer than ``timeout``) would vanish uncounted.
-    Counted as ``otel_ebpf.events.dropped{receiver=<exporter>, reason=export_failed}``."""
+def _metric_sender(spec: ExporterSpec) -> Callable[[list[MetricsData]], bool]:
+    def send(batch: list[MetricsData]) -> bool:
+        return all(spec.metrics.export(d, timeout_millis=10_000) == MetricExportResult.SUCCESS for d in batch)
+    return send
 
-    def __init__(self, inner: SpanExporter, telemetry: Telemetry, name: str) -> None:
-        self._inner, self._telemetry, self._name = inner, telemetry, name
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+def _quietly(fn: Callable[[], object], what: str) -> Callable[[], None]:
+    def call() -> None:
         try:
-            result = self._inner.export(spans)
+            fn()
         except Exception:
-            log.warning("span export to %s failed", self._name, exc_info=True)
-            result = SpanExportResult.FAILURE
-        if result != SpanExportResult.SUCCESS:
-            self._telemetry.dropped(self._name, "export_failed", len(spans))
-            self._telemetry.add("otel_ebpf.export.failed", 1, signal="spans", exporter=self._name)
-        return result
-
-    def shutdown(self) -> None:
-        self._inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return self._inner.force_flush(timeout_millis)
-
-
-def export_metrics_to(exporters: Sequence[ExporterSpec], data: MetricsData, telemetry: Telemetry) -> None:
-    """Hand ``data`` to every exporter's SDK metric exporter; a failure (result or exception)
-    is logged and counted in ``otel_ebpf.export.failed{signal=metrics}``, never raised."""
-    if not data.resource_metrics:
-        return
-    for spec in exporters:
-        try:
-            result = spec.metrics.export(data, timeout_millis=10_000)
-        except Exception:
-            log.warning("metric export to %s failed", spec.name, exc_info=True)
-            result = MetricExportResult.FAILURE
-        if result != MetricExportResult.SUCCESS:
-            telemetry.add("otel_ebpf.export.failed", 1, signal="metrics", exporter=spec.name)
+            log.debug("%s failed", what, exc_info=True)
+    return call
 
 
 class Emitter:
@@ -162,7 +141,8 @@ class Emitter:
     def __init__(self, exporters: Sequence[ExporterSpec], telemetry: Telemetry, *,
                  resource_of: Callable[[int, str | None], Mapping[str, Any]],
                  agent_attributes: Mapping[str, Any], extra_attributes: Mapping[str, str] | None = None,
-                 max_processes: int = 1024, metrics_interval: float = 10.0, exit_grace: float = 5.0) -> None:
+                 max_processes: int = 1024, metrics_interval: float = 10.0, exit_grace: float = 5.0,
+                 shutdown_timeout: float = 30.0) -> None:
         self._exporters = list(exporters)
         self._telemetry = telemetry
         self._resource_of = resource_of
@@ -170,7 +150,7 @@ class Emitter:
         self._max = max_processes
         self._interval = metrics_interval
         self._grace_ns = int(exit_grace * 1e9)
-        self._export_wait_s = 2.0
+        self._shutdown_timeout = shutdown_timeout
         self._lock = threading.RLock()
         self._procs: OrderedDict[int, _Proc] = OrderedDict()
         self._retired: list[ResourceMetrics] = []
@@ -180,12 +160,22 @@ class Emitter:
         self._thread: threading.Thread | None = None
         self._shut = False
         self._agent = self._make_proc(Resource.create(dict(agent_attributes)))
-        self.span_processors = [
-            BatchSpanProcessor(_CountingSpanExporter(e.spans, telemetry, e.name), max_queue_size=e.queue_size,
-                               max_export_batch_size=e.batch_size, schedule_delay_millis=e.batch_delay * 1000,
-                               meter_provider=self._agent.meters)
+        # Prometheus has no spans: no span queue (and no thread) for it
+        self.span_queues: list[SendingQueue[ReadableSpan]] = [
+            SendingQueue(e.name, "spans", _span_sender(e), _quietly(e.spans.shutdown, f"{e.name} span exporter"),
+                         telemetry, capacity=e.queue_size, batch_size=e.batch_size, batch_delay=e.batch_delay,
+                         retry=e.retry)
+            for e in self._exporters if not isinstance(e.spans, NoSpanExporter)]
+        self.metric_queues: list[SendingQueue[MetricsData]] = [
+            SendingQueue(e.name, "metrics", _metric_sender(e),
+                         _quietly(e.metrics.shutdown, f"{e.name} metric exporter"), telemetry,
+                         capacity=e.metrics_queue_size, retry=e.retry, drop_oldest=True)
             for e in self._exporters]
+        for spec in self._exporters:
+            if isinstance(spec.spans, NoSpanExporter):
+                spec.spans.shutdown()
         self._observed: set[str] = set()
+        self._register_queue_gauges()
         self.spans_emitted = 0
 
     # ---- providers -------------------------------------------------------------------
@@ -219,11 +209,14 @@ class Emitter:
 
     # ---- consume ---------------------------------------------------------------------
     def consume(self, events: Sequence[object]) -> None:
+        """Build spans and metrics from ``events``; spans go to every exporter's queue without
+        waiting (a full queue counts them dropped). Never raises for a bad record."""
+        spans: list[ReadableSpan] = []
         with self._lock:
             for ev in events:
                 try:
                     if isinstance(ev, SpanRecord):
-                        self._span(ev)
+                        spans.append(self._span(ev))
                     elif isinstance(ev, MetricRecord):
                         self._metric(ev)
                     elif isinstance(ev, ProcessExit):
@@ -233,8 +226,16 @@ class Emitter:
                 except Exception:  # a bad record must not stop the others
                     log.debug("cannot emit %r", ev, exc_info=True)
                     self._telemetry.dropped("emit", "bad_record")
+            self.spans_emitted += len(spans)
+        self.export_spans(spans)
 
-    def _span(self, rec: SpanRecord) -> None:
+    def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
+        """Put finished SDK spans on every exporter's span queue. Never waits; thread-safe."""
+        if spans:
+            for q in self.span_queues:
+                q.put(spans)
+
+    def _span(self, rec: SpanRecord) -> ReadableSpan:
         proc = self._proc(rec.pid, rec.comm)
         trace_id = rec.trace_id or self._ids.generate_trace_id()
         parent = (SpanContext(trace_id, rec.parent_span_id, is_remote=True, trace_flags=_SAMPLED)
@@ -242,7 +243,7 @@ class Emitter:
         scope = self._scopes.get(rec.scope)
         if scope is None:
             scope = self._scopes[rec.scope] = InstrumentationScope(rec.scope)
-        span = ReadableSpan(
+        return ReadableSpan(
             name=rec.name,
             context=SpanContext(trace_id, rec.span_id or self._ids.generate_span_id(), is_remote=False,
                                 trace_flags=_SAMPLED),
@@ -252,12 +253,6 @@ class Emitter:
                         lk.attributes) for lk in rec.links],
             kind=_KINDS[rec.kind], status=_OK if rec.error is None else Status(StatusCode.ERROR, rec.error),
             start_time=rec.start_ns, end_time=max(rec.end_ns, rec.start_ns), instrumentation_scope=scope)
-        for spec, sp in zip(self._exporters, self.span_processors, strict=True):
-            if _wait_for_room(sp, self._export_wait_s):
-                sp.on_end(span)
-            else:
-                self._telemetry.dropped(spec.name, "export_queue_full")
-        self.spans_emitted += 1
 
     def _metric(self, rec: MetricRecord) -> None:
         proc = self._proc(rec.pid, rec.comm)
@@ -299,6 +294,22 @@ class Emitter:
                 meter.create_observable_counter(name, [self._observe(name)], unit="1",
                                                 description=Telemetry.description(name))
 
+    def _register_queue_gauges(self) -> None:
+        """``otel_ebpf.exporter.queue.size`` / ``.capacity`` {exporter, signal}: spans for
+        signal=spans, metric collections for signal=metrics (the Collector's
+        ``otelcol_exporter_queue_size`` / ``otelcol_exporter_queue_capacity``)."""
+        def observe(read: Callable[[SendingQueue[Any]], int]) -> Callable[[CallbackOptions], list[Observation]]:
+            def callback(_: CallbackOptions) -> list[Observation]:
+                queues: list[SendingQueue[Any]] = [*self.span_queues, *self.metric_queues]
+                return [Observation(read(q), {"exporter": q.name, "signal": q.signal}) for q in queues]
+            return callback
+        meter = self._agent.meters.get_meter("otel_ebpf.agent")
+        meter.create_observable_gauge("otel_ebpf.exporter.queue.size", [observe(lambda q: q.size())], unit="1",
+                                      description="Items held by an exporter's sending queue (queued or being "
+                                                  "sent): spans, or metric collections.")
+        meter.create_observable_gauge("otel_ebpf.exporter.queue.capacity", [observe(lambda q: q.capacity)],
+                                      unit="1", description="Most items an exporter's sending queue holds.")
+
     def _collect_proc(self, proc: _Proc, now_ns: int) -> ResourceMetrics | None:
         proc.flush_pending()
         scopes: dict[str, list[Any]] = {}
@@ -334,7 +345,14 @@ class Emitter:
         return MetricsData(resource_metrics=out)
 
     def export_metrics(self) -> None:
-        export_metrics_to(self._exporters, self.collect(), self._telemetry)
+        """Collect now and put the result on every exporter's metric queue (never waits)."""
+        self.export_metrics_data(self.collect())
+
+    def export_metrics_data(self, data: MetricsData) -> None:
+        """Put ``data`` on every exporter's metric queue; empty data is not sent. Thread-safe."""
+        if data.resource_metrics:
+            for q in self.metric_queues:
+                q.put([data])
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):
@@ -349,30 +367,41 @@ class Emitter:
             self._thread = threading.Thread(target=self._loop, name="otel-ebpf-metrics", daemon=True)
             self._thread.start()
 
-    def flush(self, timeout_s: float = 30.0) -> None:
-        """Export metrics now and push all queued spans out."""
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Collect metrics now, then wait (at most ``timeout_s`` in all) until every exporter has
+        sent what its queues held. False when some queue was not empty in time."""
         self.export_metrics()
-        for sp in self.span_processors:
-            sp.force_flush(int(timeout_s * 1000))
+        deadline = time.monotonic() + timeout_s
+        queues: list[SendingQueue[Any]] = [*self.span_queues, *self.metric_queues]
+        return all([q.flush(max(0.0, deadline - time.monotonic())) for q in queues])
 
     def process_count(self) -> int:
         with self._lock:
             return len(self._procs)
 
     def shutdown(self) -> None:
+        """Send the queued spans (all exporters at once, until ``shutdown_timeout``), then the last
+        metrics (until that deadline, or ``_METRICS_GRACE_S`` from then if later); count the rest
+        and shut every exporter down. Safe twice and without start."""
         if self._shut:
             return
         self._shut = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=15)
+        deadline = time.monotonic() + self._shutdown_timeout
         try:
-            self.flush()
+            for q in self.span_queues:
+                q.close()
+            for q in self.span_queues:
+                q.join(deadline)
+            try:  # after the spans: drops counted there are in these last metrics
+                self.export_metrics()
+            except Exception:
+                log.exception("final metrics collection failed")
         finally:
-            for sp in self.span_processors:
-                sp.shutdown()
-            for spec in self._exporters:
-                try:
-                    spec.metrics.shutdown()
-                except Exception:
-                    log.debug("metric exporter shutdown failed", exc_info=True)
+            deadline = max(deadline, time.monotonic() + _METRICS_GRACE_S)
+            for mq in self.metric_queues:
+                mq.close()
+            for mq in self.metric_queues:
+                mq.join(deadline)

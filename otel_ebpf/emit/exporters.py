@@ -6,9 +6,10 @@
 * ``prometheus``: a ``/metrics`` endpoint serving the same metrics (off unless a pipeline lists
   it; spans are dropped there). See :mod:`otel_ebpf.emit.prometheus`.
 
-Each exporter gets its own SDK ``BatchSpanProcessor`` (bounded queue; drops are counted by
-the SDK's own ``otel.sdk.processor.span.processed{error.type}`` metric, exported on the
-agent's resource) and its metric exporter receives every collection.
+Each exporter's spans and metric collections go through sending queues of its own
+(:mod:`otel_ebpf.emit.sending`: bounded, one worker thread each, batching from ``batch``,
+retries from ``retry_on_failure``, every drop counted), so one slow or unreachable exporter
+never delays another, the pipeline, or metric collection.
 """
 from __future__ import annotations
 
@@ -23,22 +24,29 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from otel_ebpf.config import doc
 from otel_ebpf.emit.jsonfile import JsonLinesMetricExporter, JsonLinesSpanExporter
 from otel_ebpf.emit.prometheus import DEFAULT_RESOURCE_LABELS
+from otel_ebpf.emit.sending import RetryConfig
 from otel_ebpf.errors import ConfigError, OtelEbpfError
 
 __all__ = ["EXPORTER_TYPES", "BatchConfig", "FileExporterConfig", "OtlpExporterConfig", "PrometheusExporterConfig",
-           "build_exporters"]
+           "RetryConfig", "build_exporters"]
 
 
 @dataclass
 class BatchConfig:
-    queue_size: int = doc(8192, "Most spans waiting to be exported per exporter (SDK BatchSpanProcessor); "
-                                "beyond it spans are dropped and counted.")
+    queue_size: int = doc(8192, "Most spans held per exporter (queued, or in the batch being sent or retried); "
+                                "beyond it new spans are dropped and counted (reason export_queue_full). The "
+                                "pipeline never waits for room.")
     batch_size: int = doc(512, "Most spans per export request.")
     batch_delay: float = doc(1.0, "Longest a span waits before its batch is sent.", duration=True)
+    metrics_queue_size: int = doc(4, "Most metric collections (one per service.metrics_interval) held per exporter "
+                                     "while it is slow or down; beyond it the oldest is dropped and counted "
+                                     "(otel_ebpf.metrics.dropped): the next cumulative collection supersedes it.")
 
     def validate(self, path: str) -> None:
         if self.queue_size < 1 or self.batch_size < 1:
             raise ConfigError(path, "queue_size and batch_size must be >= 1")
+        if self.metrics_queue_size < 1:
+            raise ConfigError(f"{path}.metrics_queue_size", f"must be >= 1, got {self.metrics_queue_size}")
         if self.batch_size > self.queue_size:
             raise ConfigError(f"{path}.batch_size", f"must be <= queue_size ({self.queue_size})")
 
@@ -47,7 +55,8 @@ class BatchConfig:
 class FileExporterConfig:
     directory: str = doc("./otel-ebpf-out", "Directory for traces.jsonl and metrics.jsonl (OTLP/JSON lines, "
                                             "one export request per line, as the Collector's file exporter).")
-    batch: BatchConfig = doc(BatchConfig(), "Span batching.")
+    batch: BatchConfig = doc(BatchConfig(), "Span batching and queue bounds.")
+    retry_on_failure: RetryConfig = doc(RetryConfig(), "Retries of a failed export (a full disk).")
 
 
 @dataclass
@@ -64,7 +73,9 @@ class OtlpExporterConfig:
         5.0, "grpc only: longest wait between two connection attempts while the collector is unreachable "
              "(gRPC's default is 120 s; the span and metric channels share it, so it survives the SDK's channel "
              "re-creation): bounds how late the first export succeeds after the collector comes back.", duration=True)
-    batch: BatchConfig = doc(BatchConfig(), "Span batching.")
+    batch: BatchConfig = doc(BatchConfig(), "Span batching and queue bounds.")
+    retry_on_failure: RetryConfig = doc(RetryConfig(), "Retries of a failed export, after the SDK exporter's own "
+                                                       "(within timeout): a collector down or refusing for longer.")
 
     def channel_options(self) -> tuple[tuple[str, int], ...]:
         """gRPC channel arguments bounding the reconnect backoff (grpcio 1.85 names, milliseconds)."""
@@ -100,6 +111,11 @@ class PrometheusExporterConfig:
     def batch(self) -> BatchConfig:
         """Span batching of the (no-op) span side: the defaults, not configurable."""
         return BatchConfig()
+
+    @property
+    def retry_on_failure(self) -> RetryConfig:
+        """Retries: the defaults, not configurable (serving the latest metrics does not fail)."""
+        return RetryConfig()
 
     def host_port(self) -> tuple[str, int]:
         host, sep, port = self.endpoint.rpartition(":")

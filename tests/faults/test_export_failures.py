@@ -1,5 +1,5 @@
-"""Spans of a batch the exporter could not send are counted, not lost silently (the SDK's
-BatchSpanProcessor ignores export results): ``otel_ebpf.events.dropped{reason=export_failed}``;
+"""Spans of a batch the exporter could not send are counted, not lost silently:
+``otel_ebpf.events.dropped{reason=export_failed}`` once retries are off or run out;
 and while the collector is down, gRPC keeps trying to reconnect at a bounded interval
 (``exporters.otlp.reconnect_backoff_max``), so export resumes soon after it is back."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
-from otel_ebpf.emit.exporters import OtlpExporterConfig, build_exporters
+from otel_ebpf.emit.exporters import OtlpExporterConfig, RetryConfig, build_exporters
 from otel_ebpf.errors import ConfigError
 from otel_ebpf.events import SpanRecord
 from otel_ebpf.telemetry import DROPPED, Telemetry
@@ -44,10 +44,12 @@ class Flaky(SpanExporter):
 
 @pytest.mark.parametrize("how", ["result", "raise"])
 def test_failed_span_exports_are_counted_and_later_ones_delivered(how):
+    """Without retries (``retry_on_failure.enabled: false``) a failed batch is counted at once."""
     tel = Telemetry()
     exporter = Flaky(how)
     emitter = Emitter([ExporterSpec("otlp", exporter, EncodingMetricExporter(), queue_size=1000, batch_size=10,
-                                    batch_delay=0.05)], tel, resource_of=lambda pid, comm: {"process.pid": pid},
+                                    batch_delay=0.05, retry=RetryConfig(enabled=False))], tel,
+                      resource_of=lambda pid, comm: {"process.pid": pid},
                       agent_attributes={"service.name": "otel-ebpf"}, metrics_interval=3600)
     rec = SpanRecord(pid=7, name="cudaMemcpy", start_ns=1, end_ns=2, attributes={})
     try:

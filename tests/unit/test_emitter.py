@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
+from otel_ebpf.emit.sending import METRICS_DROPPED, RetryConfig
 from otel_ebpf.events import (
     MetricRecord,
     ProcessExit,
@@ -56,7 +57,9 @@ class Rig:
         self.metrics = StoringMetricExporter(kwargs.pop("result", MetricExportResult.SUCCESS))
         self.telemetry = Telemetry()
         kwargs.setdefault("metrics_interval", 3600.0)
-        self.emitter = Emitter([ExporterSpec("mem", self.spans, self.metrics, batch_delay=0.05)], self.telemetry,
+        retry = kwargs.pop("retry", RetryConfig())
+        self.emitter = Emitter([ExporterSpec("mem", self.spans, self.metrics, batch_delay=0.05, retry=retry)],
+                               self.telemetry,
                                resource_of=resource_of, agent_attributes={"service.name": "otel-ebpf"},
                                **kwargs)
 
@@ -67,7 +70,7 @@ class Rig:
     def export(self) -> MetricsData:
         """Export once and return what the exporter got (empty MetricsData when nothing was sent)."""
         before = len(self.metrics.exports)
-        self.emitter.export_metrics()
+        assert self.emitter.flush(5.0)
         return self.metrics.exports[-1] if len(self.metrics.exports) > before else MetricsData([])
 
 
@@ -306,17 +309,20 @@ def test_eviction_is_least_recently_used():
 
 
 def test_failed_metric_export_is_counted():
-    r = Rig(result=MetricExportResult.FAILURE)
+    r = Rig(result=MetricExportResult.FAILURE, retry=RetryConfig(enabled=False))
     try:
         r.emitter.consume([metric()])
-        r.emitter.export_metrics()
+        r.emitter.flush(5.0)
         assert r.telemetry.get("otel_ebpf.export.failed", signal="metrics", exporter="mem") == 1
+        assert r.telemetry.get(METRICS_DROPPED, exporter="mem", reason="export_failed") == 1
     finally:
         r.emitter.shutdown()
 
 
 def test_nothing_to_export_sends_nothing(rig):
-    rig.emitter.export_metrics()
+    rig.emitter.export_metrics_data(MetricsData([]))
+    (queue,) = rig.emitter.metric_queues
+    assert queue.flush(5.0) and queue.size() == 0
     assert rig.metrics.exports == []
 
 
