@@ -8,6 +8,10 @@ Metric names (all on the agent's own resource, ``service.name=otel-ebpf``):
 * ``otel_ebpf.events.received`` {receiver}: events read from a receiver.
 * ``otel_ebpf.events.dropped`` {receiver, reason}: events lost, and why
   (``ringbuf_full``, ``queue_full``, ``map_full``, ``decode_error``, ``process_cache``...).
+* ``otel_ebpf.events.refused`` {receiver, signal}: spans / metric points an OTLP receiver (the
+  gateway's) refused for lack of room, answering UNAVAILABLE / 503 so the sender retries them.
+* ``otel_ebpf.events.lost`` {layer, receiver, reason}: the gateway's end-to-end loss count, its own
+  drops (layer=gateway) plus the drops its agents report (layer=agent): otel_ebpf/gateway/losses.py.
 * ``otel_ebpf.probes.attached`` / ``otel_ebpf.probes.failed`` {receiver, library}.
 * ``otel_ebpf.export.failed`` {signal}: export batches the exporters could not send.
 * ``otel_ebpf.nvml.scrape.errors`` {function, error}: NVML calls that failed (receivers/nvml).
@@ -17,13 +21,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-__all__ = ["DROPPED", "RECEIVED", "Telemetry"]
+__all__ = ["DROPPED", "LOST", "RECEIVED", "REFUSED", "Telemetry"]
 
 DROPPED = "otel_ebpf.events.dropped"
 RECEIVED = "otel_ebpf.events.received"
+REFUSED = "otel_ebpf.events.refused"
+LOST = "otel_ebpf.events.lost"
 _DESCRIPTIONS = {
     DROPPED: "Events lost before export, by receiver and reason.",
     RECEIVED: "Events read from receivers.",
+    REFUSED: "Spans or metric points an OTLP receiver refused for lack of room (UNAVAILABLE / 503 with a retry "
+             "hint): not lost, the sender retries them or counts them dropped.",
+    LOST: "Events lost end to end, by the layer that lost them: the gateway's own drops (layer=gateway) plus "
+          "the drops its agents report in their otel_ebpf.events.dropped (layer=agent).",
     "otel_ebpf.probes.attached": "Probes attached, by receiver and library.",
     "otel_ebpf.probes.failed": "Probes that failed to attach, by receiver and library.",
     "otel_ebpf.export.failed": "Spans or metric batches the exporters failed to send.",

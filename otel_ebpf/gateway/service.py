@@ -2,9 +2,14 @@
 
 ::
 
-    OtlpServer --spans--> BoundedQueue(traces) -> collective_join -> ... -> Forwarder -> SDK exporters
-               --metrics-> BoundedQueue(metrics) --------------------------> Forwarder
+    OtlpServer --spans--> BoundedQueue(traces) -> collective_join -> ... -> ExportGate -> Forwarder -> exporters
+               --metrics-> BoundedQueue(metrics) ---------------------------------------> Forwarder
     ticker ------Tick----> BoundedQueue(traces)   (timeouts fire while a hung job sends nothing)
+
+Backpressure, end to end: a stalled exporter fills its span queue; the ExportGate then holds the
+pipeline worker (up to ``service.max_export_wait``); the trace queue fills; the receiver refuses
+requests whole (UNAVAILABLE / 503 with ``retry_after``) and the agents retry. Losses anywhere
+are counted in ``otel_ebpf.events.lost{layer}`` (:mod:`otel_ebpf.gateway.losses`).
 
 Spans and metrics leave through the SDK (:class:`~otel_ebpf.emit.forward.Forwarder`: each
 exporter's BatchSpanProcessor, metric exporters as is); the gateway's own metrics (join
@@ -12,8 +17,9 @@ metrics, drop counters) go through an :class:`~otel_ebpf.emit.emitter.Emitter` o
 resource ``service.name=otel-ebpf-gateway``.
 
 Start order: emit, processors, queues, ticker, receivers. ``shutdown`` (safe twice and
-without start) stops the receivers first, then drains every stage into the next: queued
-spans are joined, pending collectives released (as partial), everything flushed.
+without start) stops the receivers first, bounds the gate's waits (``_SHUTDOWN_WAIT_S``), then
+drains every stage into the next: queued spans are joined, pending collectives released (as
+partial), everything flushed.
 """
 from __future__ import annotations
 
@@ -30,21 +36,27 @@ from otel_ebpf.errors import OtelEbpfError
 from otel_ebpf.events import Tick
 from otel_ebpf.gateway import components
 from otel_ebpf.gateway.config import GatewayConfig
+from otel_ebpf.gateway.exportgate import ExportGate
+from otel_ebpf.gateway.losses import AgentLossLedger, GatewayTelemetry
 from otel_ebpf.gateway.receiver import OtlpInReceiver
 from otel_ebpf.pipeline import BoundedQueue, Consumer, Context
 from otel_ebpf.resources import gateway_resource_attributes
+from otel_ebpf.telemetry import LOST
 
 __all__ = ["Gateway"]
 
 log = logging.getLogger(__name__)
+_SHUTDOWN_WAIT_S = 10.0  # at shutdown, the longest the gate still waits for exporter room
 
 
 class Gateway:
-    """Builds the one pipeline of ``cfg``; ``start``/``shutdown`` as a component."""
+    """Builds the one pipeline of ``cfg``; ``start``/``shutdown`` as a component. A ``ctx`` given
+    should carry a :class:`GatewayTelemetry`, else the gateway's own drops are not mirrored in
+    ``otel_ebpf.events.lost`` (the agents' still are)."""
 
     def __init__(self, cfg: GatewayConfig, ctx: Context | None = None) -> None:
         self.cfg = cfg
-        self.ctx = ctx or Context()
+        self.ctx = ctx or Context(telemetry=GatewayTelemetry())
         svc, pipe = cfg.service, cfg.pipeline
         specs = []
         for eid in pipe.exporters:
@@ -57,15 +69,20 @@ class Gateway:
                           metrics_interval=svc.metrics_interval)
         self.forwarder = Forwarder(emitter, specs, self.ctx.telemetry)
         factories = components.processors()
-        nxt: Consumer = self.forwarder
+        self.gate = ExportGate(self.forwarder, lambda: getattr(emitter, "span_queues", ()),
+                               max_wait=svc.max_export_wait)
+        nxt: Consumer = self.gate
         self.processors: list[Any] = []
         for pid_ in reversed(pipe.processors):
             proc = factories[pid_.split("/")[0]].create(cfg.processors[pid_], self.ctx, nxt)
             self.processors.insert(0, proc)
             nxt = proc
         self.traces = BoundedQueue(nxt, self.ctx.telemetry, max_events=svc.max_queue, name="traces")
-        self.metrics = BoundedQueue(self.forwarder, self.ctx.telemetry, max_events=svc.max_queue, name="metrics")
-        self.receivers = {rid: OtlpInReceiver(cfg.receivers[rid], self.ctx, self.traces, self.metrics, name=rid)
+        self.metrics = BoundedQueue(self.forwarder, self.ctx.telemetry, max_events=svc.max_metric_queue,
+                                    name="metrics")
+        self.losses = AgentLossLedger(self.ctx.telemetry)
+        self.receivers = {rid: OtlpInReceiver(cfg.receivers[rid], self.ctx, self.traces, self.metrics, name=rid,
+                                              losses=self.losses)
                           for rid in pipe.receivers}
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -73,7 +90,7 @@ class Gateway:
 
     def _tick(self) -> None:
         while not self._stop.wait(self.cfg.service.tick_interval):
-            self.traces.consume([Tick(time.time_ns())])
+            self.traces.offer([Tick(time.time_ns())])  # a full queue wakes the join anyway: no drop to count
 
     def start(self) -> None:
         """Start everything; on a failure stop what started and re-raise (OtlpBindError names
@@ -107,6 +124,7 @@ class Gateway:
             health.shutdown()
         for rid, r in self.receivers.items():
             _quietly(r.shutdown, f"receiver {rid}")
+        self.gate.release(_SHUTDOWN_WAIT_S)
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join(timeout=5)
@@ -122,8 +140,10 @@ class Gateway:
         stats = [r.stats for r in self.receivers.values()]
         return {"requests": sum(s.requests for s in stats),
                 "rejected": sum(s.rejected_malformed + s.rejected_too_large + s.rejected_unsupported for s in stats),
+                "refused": sum(s.refused for s in stats),
                 "received": tel.get("otel_ebpf.events.received"),
                 "dropped": tel.get("otel_ebpf.events.dropped"),
+                "lost": tel.get(LOST),
                 "spans": self.forwarder.spans_forwarded}
 
 

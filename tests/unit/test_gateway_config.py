@@ -94,3 +94,42 @@ def test_loadbalancing_collector_config_routes_traces_by_trace_id_to_two_gateway
     for pipe in data["service"]["pipelines"].values():  # every component named is defined
         for kind in ("receivers", "processors", "exporters"):
             assert set(pipe.get(kind, [])) <= set(data[kind])
+
+
+def test_ingest_and_queue_limits_have_documented_defaults():
+    cfg = load()
+    otlp, svc = cfg.receivers["otlp"], cfg.service
+    assert (otlp.wait_for_room, otlp.retry_after) == (0.1, 1.0)
+    assert (svc.max_queue, svc.max_metric_queue, svc.max_export_wait) == (65536, 256, 300.0)
+    text = dump_defaults()
+    for key in ("wait_for_room:", "retry_after:", "max_queue:", "max_metric_queue:", "max_export_wait:"):
+        line = next(i for i, t in enumerate(text.splitlines()) if t.strip().startswith(key))
+        assert text.splitlines()[line - 1].strip().startswith("#"), key  # each documented above its key
+
+
+@pytest.mark.parametrize(("text", "path"), [
+    ("receivers:\n  otlp:\n    retry_after: 0s\n", r"receivers\.otlp\.retry_after"),
+    ("receivers:\n  otlp:\n    retry_after: 2h\n", r"receivers\.otlp\.retry_after"),
+    ("receivers:\n  otlp:\n    wait_for_room: 30s\n", r"receivers\.otlp\.wait_for_room"),
+    ("receivers:\n  otlp:\n    wait_for_room: soon\n", r"receivers\.otlp\.wait_for_room"),
+    ("service:\n  max_metric_queue: 0\n", r"service\.max_metric_queue"),
+    ("service:\n  max_queue: 0\n", r"service\.max_queue"),
+    ("service:\n  max_export_wait: 2h\n", r"service\.max_export_wait"),
+])
+def test_ingest_and_queue_limits_are_validated_naming_the_key(tmp_path, text, path):
+    with pytest.raises(ConfigError, match=path):
+        load(write(tmp_path, text))
+
+
+def test_ingest_limits_reach_the_server(tmp_path):
+    from otel_ebpf.gateway.service import Gateway
+
+    cfg = load(write(tmp_path, "receivers:\n  otlp: {retry_after: 250ms, wait_for_room: 0s}\n"
+                               "service:\n  max_queue: 10\n  max_metric_queue: 3\n  health_endpoint: ''\n"),
+               output=str(tmp_path / "out"), grpc_endpoint="127.0.0.1:0", http_endpoint="127.0.0.1:0")
+    gw = Gateway(cfg)
+    try:
+        assert gw.receivers["otlp"].server.retry_after == 0.25
+        assert (gw.traces._max, gw.metrics._max) == (10, 3)
+    finally:
+        gw.shutdown()
