@@ -17,6 +17,7 @@ import signal
 import struct
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_ebpf import paused as paused_map
+from otel_ebpf import pauseguard
 from otel_ebpf import threadctx
 from otel_ebpf.clock import KernelClock
 from otel_ebpf.errors import AttachError, BccMissingError, BpfLoadError, KernelHeadersError, PrivilegeError
@@ -43,6 +45,8 @@ DROP_REASONS = ("ringbuf_full", "pid_map_full", "state_map_full", "stats_map_ful
                 "context_map_full", "paused_map_full")
 _EXIT = struct.Struct("<B3xIQ16s")
 _LIBOPEN = struct.Struct("<BB2xII4xQ256s")
+PAUSES_TIMED_OUT = "otel_ebpf.pauses.timed_out"
+PAUSES_SKIPPED = "otel_ebpf.pauses.skipped"
 HEADERS_HINT = ("install the headers of the running kernel (Debian/Ubuntu: apt install "
                 "linux-headers-$(uname -r)); when the distribution has none for this kernel, install "
                 "the generic ones (linux-headers-amd64) and link them: ln -s /usr/src/linux-headers-X-amd64 "
@@ -189,6 +193,9 @@ class BpfReceiver:
         self._attached: set[str] = set()
         self._paused: set[int] = set()
         self._paused_pin: str | None = None  # oe_paused's bpffs pin while loaded (otel_ebpf.paused)
+        self._guard: pauseguard.PauseGuard | None = None  # while loaded with pause_on_load
+        self._guard_slot = 0
+        self._skips_seen = [0, 0]
         self._drops_seen = [0] * len(DROP_REASONS)
         self._attach_lock = threading.Lock()
         self._seen_pids: OrderedDict[int, None] = OrderedDict()
@@ -219,7 +226,9 @@ class BpfReceiver:
                 flags.append(f'-DOE_THREAD_CTX_PIN="{self._ctx_pin}"')
         if self._paused_pin:
             flags.append(f'-DOE_PAUSED_PIN="{self._paused_pin}"')
-        return flags + self.cflags()
+        if self._guard is not None and self._guard.pin:
+            flags += [f'-DOE_PAUSE_GUARD_PIN="{self._guard.pin}"', f"-DOE_GUARD_SLOT={self._guard_slot}"]
+        return [*flags, f"-DOE_AGENT_TGID={os.getpid()}", *self.cflags()]
 
     def source(self) -> str:
         """The shared part (common.bpf.c) followed by the receiver's own program."""
@@ -239,6 +248,9 @@ class BpfReceiver:
         paused_map.recover_stale(self.ctx.telemetry)
         if self._pause and self.lib_pattern and self._paused_pin is None:
             self._paused_pin = paused_map.new_pin(self.name)
+        if self._pause and self.lib_pattern and self._guard is None:
+            self._guard = pauseguard.acquire(self.ctx, self.ctx.pause_timeout)
+            self._guard_slot = self._guard.new_slot()
         try:
             with _capture_stderr() as errors:
                 return bcc.BPF(text=self.source(), cflags=self.program_cflags())
@@ -247,6 +259,7 @@ class BpfReceiver:
             self._ctx_pin = None
             paused_map.unpin(self._paused_pin)
             self._paused_pin = None
+            self._release_guard()
             detail = "\n".join(line for line in errors.text().splitlines() if "error" in line)[-3000:]
             raise BpfLoadError(f"{self.name}: BPF program {self.src_file} failed to load: {exc}\n{detail}",
                                hint="run with --dump-bpf to see the program; see docs/troubleshooting.md"
@@ -379,12 +392,21 @@ class BpfReceiver:
         return LibraryLoaded(pid, tid, self.clock.to_epoch_ns(ts), path)
 
     def _resume(self, pid: int, ts: int | None = None) -> None:
-        """SIGCONT, then forget the stop (``ts``: that stop only) in oe_paused (otel_ebpf.paused)."""
+        """SIGCONT, then forget the stop (``ts``: that stop only) in oe_paused (otel_ebpf.paused).
+        A stop that is no longer recorded was resumed by the pause guard (pause_timeout ran out
+        first): counted in otel_ebpf.pauses.timed_out and logged."""
+        self._paused.discard(pid)
+        if ts is not None and not paused_map.recorded(self._bpf, pid, ts):
+            held_s = (time.clock_gettime_ns(time.CLOCK_MONOTONIC) - ts) / 1e9
+            self.ctx.telemetry.add(PAUSES_TIMED_OUT, 1, receiver=self.name)
+            log.warning("%s: pid %d was resumed by the pause guard after pause_timeout (%.1fs), before its "
+                        "probes were attached (%.1fs after its stop): its first calls were not traced",
+                        self.name, pid, self.ctx.pause_timeout, held_s)
+            return  # not ours to continue any more (its user may have stopped it since)
         try:
-            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGCONT)  # before forgetting: a stop is never unrecorded while it holds
         except OSError:
             pass
-        self._paused.discard(pid)
         paused_map.forget(self._bpf, pid, ts)
 
     def _flush(self, with_maps: bool = True) -> None:
@@ -406,10 +428,20 @@ class BpfReceiver:
             if total > self._drops_seen[i]:
                 self.ctx.telemetry.dropped(self.name, reason, total - self._drops_seen[i])
                 self._drops_seen[i] = total
+        if self._guard is not None:
+            skips = self._bpf["oe_pause_skips"]
+            for i, reason in enumerate(("agent_late", "guard_late")):
+                total = skips[ct.c_int(i)].value
+                if total > self._skips_seen[i]:
+                    self.ctx.telemetry.add(PAUSES_SKIPPED, total - self._skips_seen[i], receiver=self.name,
+                                           reason=reason)
+                    self._skips_seen[i] = total
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
+                if self._guard is not None:  # this loop resumes: while it turns, stops may be made
+                    self._guard.renew(self._guard_slot)
                 self._bpf.ring_buffer_poll(self._poll_ms)
                 exits, self._exits = self._exits, []
                 self._bpf.ring_buffer_consume()  # records submitted without a wakeup
@@ -436,6 +468,8 @@ class BpfReceiver:
     detach_in_background = False
 
     def shutdown(self) -> None:
+        if self._guard is not None:
+            self._guard.revoke(self._guard_slot)  # no new stops from here on
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -453,8 +487,14 @@ class BpfReceiver:
             self._bpf = None
         paused_map.release(held, self._paused_pin, self.name)  # programs detached: no new stops
         self._paused_pin = None
+        self._release_guard()
         threadctx.release(self._ctx_pin)
         self._ctx_pin = None
+
+    def _release_guard(self) -> None:
+        if self._guard is not None:
+            self._guard = None
+            pauseguard.release(self.ctx)
 
     def add_target(self, pid: int) -> None:
         """Trace one more process tree (used by ``run -- CMD`` after fork, before exec)."""
@@ -474,6 +514,7 @@ def programs_loaded(ctx: Context) -> None:
     from otel_ebpf.memory import release_compiler_memory
 
     threadctx.unpin(ctx)
+    pauseguard.unpin(ctx)
     release_compiler_memory()
 
 

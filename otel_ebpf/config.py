@@ -231,6 +231,12 @@ class ServiceConfig:
     health_endpoint: str = doc("127.0.0.1:13133", "HOST:PORT serving /healthz and /readyz (otel_ebpf.health); "
                                                   "'' disables it. Loopback by default; 0.0.0.0:13133 in a pod.")
     k8s: K8sConfig = doc(K8sConfig(), "Kubernetes pod/container/node names on process resources.")
+    pause_timeout: float = doc(
+        2.0, "Longest a process stays stopped by a receiver's pause_on_load, whatever the agent does "
+             "(stopped, hung, starved, killed): a supervisor process resumes it then, and stops are made only "
+             "while the agent's poll loops and the supervisor renew their leases (half this time). A process "
+             "resumed that way runs untraced until its probes attach; counted in "
+             "otel_ebpf.pauses.timed_out (docs/reliability.md, 'The pause guard').", duration=True)
 
     def validate(self, path: str) -> None:
         if self.health_endpoint:
@@ -242,6 +248,8 @@ class ServiceConfig:
                 raise ConfigError(f"{path}.{key}", f"must be >= 1, got {value}")
         if self.metrics_interval < 0.05:
             raise ConfigError(f"{path}.metrics_interval", "must be at least 50ms")
+        if not 0.2 <= self.pause_timeout <= 300:
+            raise ConfigError(f"{path}.pause_timeout", f"must be between 200ms and 300s, got {self.pause_timeout}s")
 
 
 def load_yaml_file(path: str | os.PathLike[str], *, allow_insecure: bool = False) -> dict[str, Any]:

@@ -37,10 +37,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from otel_ebpf import bpfsys
 from otel_ebpf.threadctx import BPFFS, ensure_bpffs
 
-__all__ = ["PAUSED_DIR", "RECOVERED", "VALUE", "forget", "hold", "is_same_process", "map_info", "new_pin",
-           "pinned_map_id", "process_stat", "recover_stale", "release", "resume_recorded", "unpin"]
+__all__ = ["PAUSED_DIR", "RECOVERED", "VALUE", "entries", "forget", "forget_entry", "hold", "is_same_process",
+           "map_info", "new_pin", "owner_alive", "parse_pin", "pinned_map_id", "process_stat", "recorded",
+           "recover_stale", "release", "resume", "resume_recorded", "unpin"]
 
 log = logging.getLogger(__name__)
 PAUSED_DIR = BPFFS / "otel_ebpf" / "paused"
@@ -76,7 +78,7 @@ def is_same_process(start_ticks: int, stopped_boot_ns: int, ticks_per_s: int | N
     return start_ticks * 1_000_000_000 // hz <= stopped_boot_ns
 
 
-def _owner_alive(pid: int, start_ticks: int) -> bool:
+def owner_alive(pid: int, start_ticks: int) -> bool:
     """The agent that owns a pin may still have programs attached. A SIGKILLed agent shows state Z
     with 2 threads for the ~0.1 s per uprobe the kernel takes to release its fds (observed on
     6.18: Z, 2 threads, /proc/PID/fd unreadable, for as long as the kill's teardown lasts); its
@@ -128,38 +130,45 @@ def map_info(fd: int) -> dict[str, int]:
     return out
 
 
-def _lib() -> Any:
-    from otel_ebpf.bpf import import_bcc
-
-    return import_bcc().libbcc.lib
-
-
-def _entries(fd: int) -> list[tuple[int, int]]:
-    """(pid, stop boot ns) of every entry of an ``oe_paused`` map fd."""
-    lib = _lib()
-    key, nxt, value = ct.c_uint32(), ct.c_uint32(), ct.create_string_buffer(VALUE.size)
-    out: list[tuple[int, int]] = []
-    if lib.bpf_get_first_key(fd, ct.byref(key), _KEY_SIZE) != 0:
-        return out
-    while len(out) <= 1 << 20:  # a hash map's keys end; the bound only guards against a loop
-        if lib.bpf_lookup_elem(fd, ct.byref(key), value) == 0:
-            out.append((key.value, VALUE.unpack(value.raw)[0]))
-        if lib.bpf_get_next_key(fd, ct.byref(key), ct.byref(nxt)) != 0:
-            break
-        key.value = nxt.value
+def entries(fd: int) -> list[tuple[int, int, int]]:
+    """(pid, stop boot ns, stop ts) of every entry of an ``oe_paused`` map fd (bpf(2) directly:
+    the pause guard's supervisor reads these maps without BCC)."""
+    out: list[tuple[int, int, int]] = []
+    for key in bpfsys.keys(fd, _KEY_SIZE):
+        raw = bpfsys.lookup(fd, key, VALUE.size)
+        if raw is not None:
+            boot_ns, ts = VALUE.unpack(raw)
+            out.append((struct.unpack("<I", key)[0], boot_ns, ts))
     return out
+
+
+def forget_entry(fd: int, pid: int, ts: int) -> bool:
+    """Delete ``pid``'s entry of ``fd`` if it still records the stop at ``ts``; True when deleted.
+    Lookup and delete are two calls: a new stop of the same pid recorded between them is lost."""
+    key = struct.pack("<I", pid)
+    raw = bpfsys.lookup(fd, key, VALUE.size)
+    if raw is None or VALUE.unpack(raw)[1] != ts:
+        return False
+    return bpfsys.delete(fd, key)
+
+
+def resume(pid: int, boot_ns: int) -> bool:
+    """SIGCONT ``pid`` if it is still the process stopped at ``boot_ns`` and still stopped (T)."""
+    st = process_stat(pid)
+    if st is None or st[0] != "T" or not is_same_process(st[1], boot_ns):
+        return False
+    os.kill(pid, signal.SIGCONT)
+    return True
 
 
 def resume_recorded(fd: int, receiver: str, *, why: str) -> list[int]:
     """SIGCONT every process recorded in ``fd`` (an ``oe_paused`` map) that is still the same
     process and still stopped (state T); returns their pids. ``why`` ends each log line."""
     resumed = []
-    for pid, boot_ns in _entries(fd):
-        st = process_stat(pid)
-        if st is None or st[0] != "T" or not is_same_process(st[1], boot_ns):
-            continue
+    for pid, boot_ns, _ts in entries(fd):
         try:
-            os.kill(pid, signal.SIGCONT)
+            if not resume(pid, boot_ns):
+                continue
         except OSError as exc:
             log.warning("%s: cannot resume pid %d, stopped by pause_on_load: %s", receiver, pid, exc)
             continue
@@ -168,7 +177,7 @@ def resume_recorded(fd: int, receiver: str, *, why: str) -> list[int]:
     return resumed
 
 
-def _parse(name: str) -> tuple[str, int, int] | None:
+def parse_pin(name: str) -> tuple[str, int, int] | None:
     parts = name.rsplit("-", 3)
     if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
         return None
@@ -185,8 +194,8 @@ def recover_stale(telemetry: Any) -> int:
         except OSError:
             return 0
         for name in names:
-            owner = _parse(name)
-            if owner is None or _owner_alive(owner[1], owner[2]):
+            owner = parse_pin(name)
+            if owner is None or owner_alive(owner[1], owner[2]):
                 continue
             n = _recover_one(str(PAUSED_DIR / name), owner[0], owner[1])
             if n:
@@ -197,13 +206,10 @@ def recover_stale(telemetry: Any) -> int:
 
 def _recover_one(path: str, receiver: str, agent_pid: int) -> int:
     try:
-        fd = _lib().bpf_obj_get(path.encode())
-    except Exception as exc:  # BCC missing: the caller's own load will say so
-        log.warning("%s: cannot open %s: %s", receiver, path, exc)
-        return 0
-    if fd < 0:
-        log.warning("%s: cannot open the stale pin %s (errno %d); remove it by hand after checking for "
-                    "stopped processes", receiver, path, ct.get_errno())
+        fd = bpfsys.obj_get(path)
+    except OSError as exc:
+        log.warning("%s: cannot open the stale pin %s (%s); remove it by hand after checking for "
+                    "stopped processes", receiver, path, exc)
         return 0
     try:
         info = map_info(fd)
@@ -221,18 +227,31 @@ def _recover_one(path: str, receiver: str, agent_pid: int) -> int:
     return len(resumed)
 
 
-def forget(bpf: Any, pid: int, ts: int | None) -> None:
+def forget(bpf: Any, pid: int, ts: int | None) -> bool:
     """Delete ``pid``'s entry from ``bpf``'s ``oe_paused`` after the agent's SIGCONT (in this
     order: an agent killed in between leaves an entry whose process is no longer stopped, which
     the next agent skips). With ``ts``, only the entry of that stop (the library-open record's
-    ts) goes: another thread may have opened the library again and been stopped since. Lookup
-    and delete are two calls; a stop recorded between them is lost (microseconds). Never raises."""
+    ts) goes: another thread may have opened the library again and been stopped since. True
+    when the entry was there: False means someone else resumed it first (the pause guard's
+    supervisor, after ``pause_timeout``). Lookup and delete are two calls; a stop recorded
+    between them is lost (microseconds). Never raises."""
     try:
         table, key = bpf["oe_paused"], ct.c_uint32(pid)
-        if ts is None or table[key].ts == ts:
-            del table[key]
+        if ts is not None and table[key].ts != ts:
+            return False
+        del table[key]
+        return True
     except Exception:  # no such map (pause off, no program) or entry (already gone)
-        pass
+        return False
+
+
+def recorded(bpf: Any, pid: int, ts: int) -> bool:
+    """``bpf``'s ``oe_paused`` still records the stop of ``pid`` at ``ts``: nobody (the pause
+    guard's supervisor) has resumed it yet. Never raises."""
+    try:
+        return bool(bpf["oe_paused"][ct.c_uint32(pid)].ts == ts)
+    except Exception:
+        return False
 
 
 def hold(bpf: Any) -> int | None:
@@ -262,10 +281,8 @@ def release(fd: int | None, pin: str | None, receiver: str) -> None:
 def pinned_map_id(path: str) -> int | None:
     """The kernel id of the map pinned at ``path`` (None when it cannot be opened)."""
     try:
-        fd = _lib().bpf_obj_get(path.encode())
-    except Exception:
-        return None
-    if fd < 0:
+        fd = bpfsys.obj_get(path)
+    except OSError:
         return None
     try:
         return map_info(fd).get("map_id")

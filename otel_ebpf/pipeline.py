@@ -76,6 +76,8 @@ class Context:
     # Receivers of this agent whose programs write the per-thread call map (oe_thread_ctx: python, torch),
     # added as they are made; the cuda program reads that map only when one exists.
     thread_ctx_writers: set[str] = field(default_factory=set)
+    # Longest a process stays stopped by pause_on_load (service.pause_timeout; otel_ebpf.pauseguard).
+    pause_timeout: float = 2.0
 
     def __post_init__(self) -> None:
         if self.host_stats is None:

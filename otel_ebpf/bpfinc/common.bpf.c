@@ -11,9 +11,11 @@
  * - watching a traced process open a library whose basename starts with OE_LIB_PATTERN
  *   (sys_enter_openat), so Python can attach uprobes before the library is mapped. With
  *   OE_PAUSE_ON_LOAD=1 the process is stopped (SIGSTOP) until Python attached and sent SIGCONT,
- *   so not even its first call into the library is missed. Each stopped process is recorded
- *   in oe_paused (pinned on bpffs by otel_ebpf/paused.py), so an agent started after this one
- *   was SIGKILLed resumes exactly the processes it left stopped.
+ *   so not even its first call into the library is missed. A stop is made only while the pause
+ *   guard's leases are current (oe_may_pause), and the guard's supervisor resumes any stop older
+ *   than pause_timeout. Each stopped process is recorded in oe_paused (pinned on bpffs by
+ *   otel_ebpf/paused.py), so the supervisor, or an agent started after this one and its
+ *   supervisor were both killed, resumes exactly the processes left stopped.
  *
  * Only tracepoint arguments and helpers are used, never task_struct fields: the kernel headers
  * BCC compiles against may be older than the running kernel (e.g. Debian 6.1 headers on 6.18),
@@ -37,6 +39,9 @@
 #endif
 #ifndef OE_PAUSE_ON_LOAD
 #define OE_PAUSE_ON_LOAD 0
+#endif
+#ifndef OE_AGENT_TGID
+#define OE_AGENT_TGID 0 /* the agent's own process: never stopped by its own programs */
 #endif
 #ifndef OE_WAKEUP_EVERY
 #define OE_WAKEUP_EVERY 64
@@ -84,6 +89,12 @@ BPF_RINGBUF_OUTPUT(events, OE_RINGBUF_PAGES);
 #endif
 BPF_RINGBUF_OUTPUT(lifecycle, OE_LIFECYCLE_PAGES);
 BPF_HASH(traced, u32, u8, OE_MAX_PIDS);
+#if OE_PAUSE_ON_LOAD && defined(OE_LIB_PATTERN)
+/* processes the agent started while this program is loaded (followed through fork from
+ * OE_AGENT_TGID): never stopped by it. A full map leaves a helper stoppable, bounded by the
+ * pause guard like any process. */
+BPF_HASH(oe_exempt, u32, u8, 1024);
+#endif
 BPF_ARRAY(drops, u64, OE_DROP_SLOTS);
 
 static __always_inline void oe_drop(int idx)
@@ -121,18 +132,26 @@ static __always_inline int oe_is_traced(u32 tgid)
 /* Records are reserved in the ring buffer, zeroed (the verifier rejects reads of padding),
  * and a full buffer is counted in drops[OE_DROP_RINGBUF]. Map calls cannot sit in macros. */
 
-#if OE_FILTER_PIDS
+#if OE_FILTER_PIDS || (OE_PAUSE_ON_LOAD && defined(OE_LIB_PATTERN))
 TRACEPOINT_PROBE(task, task_newtask)
 {
     u32 parent = bpf_get_current_pid_tgid() >> 32;
     if (args->clone_flags & 0x00010000 /* CLONE_THREAD: same process */)
         return 0;
-    if (!traced.lookup(&parent))
-        return 0;
     u32 child = args->pid;
     u8 one = 1;
+#if OE_PAUSE_ON_LOAD && defined(OE_LIB_PATTERN)
+    /* what the agent starts while its programs are loaded (helpers, the uprobe releaser) is
+     * never stopped by them; the command of `run --` is forked before they load */
+    if (parent == OE_AGENT_TGID || oe_exempt.lookup(&parent))
+        oe_exempt.update(&child, &one);
+#endif
+#if OE_FILTER_PIDS
+    if (!traced.lookup(&parent))
+        return 0;
     if (traced.update(&child, &one) != 0)
         oe_drop(OE_DROP_PIDMAP);
+#endif
     return 0;
 }
 #endif
@@ -165,6 +184,9 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     u32 tgid = id >> 32;
     if ((u32)id != tgid)
         return 0; /* a thread, not the process */
+#if OE_PAUSE_ON_LOAD && defined(OE_LIB_PATTERN)
+    oe_exempt.delete(&tgid);
+#endif
     if (!oe_is_traced(tgid))
         return 0;
 #if OE_FILTER_PIDS
@@ -229,6 +251,53 @@ BPF_TABLE_PINNED("hash", u32, struct oe_paused, oe_paused, OE_MAX_PIDS, OE_PAUSE
 #else
 BPF_HASH(oe_paused, u32, struct oe_paused, OE_MAX_PIDS);
 #endif
+
+/* The pause guard (otel_ebpf/pauseguard.py): a process is stopped only while two leases are
+ * current, so no state of the agent can hold one for long:
+ *   slot 0            the supervisor's: a separate process that resumes every stop older than
+ *                     pause_timeout, renewed every tick (a stopped, starved or killed supervisor
+ *                     stops the pauses within one lease);
+ *   slot OE_GUARD_SLOT this program's poll loop's: the thread that attaches and resumes,
+ *                     renewed every poll round (a stopped, hung or dying agent stops the pauses).
+ * Values are bpf_ktime_get_ns() deadlines (CLOCK_MONOTONIC). Without OE_PAUSE_GUARD_PIN the
+ * array is private and never written: nothing is ever stopped. The agent's own process
+ * (OE_AGENT_TGID: BCC opens the library to attach, which would stop the agent itself when it
+ * traces every process) and what it starts while loaded (oe_exempt) are never stopped. */
+#define OE_GUARD_SLOTS 64
+#ifndef OE_GUARD_SLOT
+#define OE_GUARD_SLOT 1
+#endif
+#ifdef OE_PAUSE_GUARD_PIN
+BPF_TABLE_PINNED("array", u32, u64, oe_pause_guard, OE_GUARD_SLOTS, OE_PAUSE_GUARD_PIN);
+#else
+BPF_ARRAY(oe_pause_guard, u64, OE_GUARD_SLOTS);
+#endif
+/* stops not made because a lease had run out: [0] the agent's poll loop, [1] the supervisor */
+BPF_ARRAY(oe_pause_skips, u64, 2);
+
+static __always_inline int oe_lease_current(u32 slot, u64 now)
+{
+    u64 *deadline = oe_pause_guard.lookup(&slot);
+    return deadline && now < *deadline;
+}
+
+static __always_inline int oe_may_pause(u32 tgid)
+{
+    if (tgid == OE_AGENT_TGID || oe_exempt.lookup(&tgid))
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    int skip = -1;
+    if (!oe_lease_current(0, now))
+        skip = 1;
+    else if (!oe_lease_current(OE_GUARD_SLOT, now))
+        skip = 0;
+    if (skip < 0)
+        return 1;
+    u64 *n = oe_pause_skips.lookup(&skip);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+    return 0;
+}
 #endif
 
 TRACEPOINT_PROBE(syscalls, sys_enter_openat)
@@ -256,16 +325,19 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
     e->ts = bpf_ktime_get_ns();
 #if OE_PAUSE_ON_LOAD
     /* Recorded before the stop: a stop that could not be recorded is not made (a full map,
-     * counted in drops[OE_DROP_PAUSEDMAP]): nothing could resume it if the agent died. */
-    struct oe_paused p = {};
-    p.boot_ns = bpf_ktime_get_boot_ns();
-    p.ts = e->ts;
-    if (oe_paused.update(&tgid, &p) != 0)
-        oe_drop(OE_DROP_PAUSEDMAP);
-    else if (bpf_send_signal(19 /* SIGSTOP */) == 0)
-        e->paused = 1;
-    else
-        oe_paused.delete(&tgid);
+     * counted in drops[OE_DROP_PAUSEDMAP]): nothing could resume it if the agent died. Without
+     * current leases (oe_may_pause) the process is not stopped; probes attach while it runs. */
+    if (oe_may_pause(tgid)) {
+        struct oe_paused p = {};
+        p.boot_ns = bpf_ktime_get_boot_ns();
+        p.ts = e->ts;
+        if (oe_paused.update(&tgid, &p) != 0)
+            oe_drop(OE_DROP_PAUSEDMAP);
+        else if (bpf_send_signal(19 /* SIGSTOP */) == 0)
+            e->paused = 1;
+        else
+            oe_paused.delete(&tgid);
+    }
 #endif
     lifecycle.ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* at once: the process may be paused */
     return 0;

@@ -1,0 +1,379 @@
+"""The pause guard: no state of the agent can hold a process stopped by ``pause_on_load`` for
+longer than ``service.pause_timeout`` (default 2 s).
+
+``pause_on_load`` stops (SIGSTOP, from the BPF program at the library's openat) a traced
+process until the agent has attached its probes and sent SIGCONT. Two mechanisms bound that
+stop whatever the agent does (design and failure table: docs/reliability.md, "The pause
+guard"):
+
+* **Leases, in the kernel.** A BPF array map per agent (``oe_pause_guard``,
+  otel_ebpf/bpfinc/common.bpf.c) holds CLOCK_MONOTONIC deadlines: slot 0 is renewed by the
+  supervisor (below) every tick, slot N by the poll loop of the receiver that owns it, the
+  thread that attaches and resumes. The program stops a process only while both leases are
+  current; otherwise the process runs on, its probes attach while it runs, and the skip is
+  counted (``otel_ebpf.pauses.skipped{receiver, reason=agent_late|guard_late}``). A stopped,
+  hung, starved, debugged or dying agent (or supervisor) therefore stops making stops within
+  one lease (``pause_timeout / 2``).
+* **The supervisor**, a separate small process (``python -m otel_ebpf.pauseguard``, standard
+  library and otel_ebpf.paused only, no BCC) in its own session, so a SIGSTOP/SIGINT to the
+  agent's process group or terminal does not reach it. Every tick it SIGCONTs each process
+  recorded in the agent's ``oe_paused`` maps (pinned on bpffs) that has been stopped longer
+  than ``pause_timeout`` (same process, still stopped: otel_ebpf.paused.resume) and removes
+  its entry; the agent later finds the entry gone and counts ``otel_ebpf.pauses.timed_out``.
+  When the agent exits (pidfd), the supervisor waits one lease (no stop can be made after it),
+  resumes every recorded stop, removes the agent's pins and exits.
+
+What is left: the agent and its supervisor frozen together (the cgroup freezer, ``docker
+pause``) holds the processes stopped in the last lease before the freeze until the thaw; both
+SIGKILLed together (an OOM kill of their cgroup) leaves them to the next agent's
+:func:`otel_ebpf.paused.recover_stale`.
+
+Agent side: :func:`acquire` (one guard per agent Context, reference counted; the first call
+makes the map, pins it and starts the supervisor), :meth:`PauseGuard.renew`/``revoke`` (poll
+loops), :func:`unpin` (once every program is loaded), :func:`release`. Thread-safe; never
+raises: a guard that cannot be made leaves the lease slots empty, i.e. no process is ever
+stopped, and says so once.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from otel_ebpf import bpfsys
+from otel_ebpf.paused import PAUSED_DIR, entries, forget_entry, owner_alive, parse_pin, process_stat, resume
+from otel_ebpf.threadctx import BPFFS, ensure_bpffs
+
+__all__ = ["GUARD_DIR", "SLOTS", "PauseGuard", "acquire", "main", "release", "unpin"]
+
+log = logging.getLogger(__name__)
+GUARD_DIR = BPFFS / "otel_ebpf" / "guard"
+SLOTS = 64  # OE_GUARD_SLOTS in common.bpf.c; slot 0 is the supervisor's
+_KEY, _VAL = struct.Struct("<I"), struct.Struct("<Q")
+_READY_S = 5.0  # longest acquire() waits for the supervisor's first lease
+_RESPAWN_EVERY_S = 10.0
+_lock = threading.Lock()
+_guards: dict[int, PauseGuard] = {}
+_refs: dict[int, int] = {}
+
+
+def _now_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # = bpf_ktime_get_ns()
+
+
+class PauseGuard:
+    """One agent's guard map and supervisor. ``renew``/``revoke`` may be called from any
+    thread (one bpf(2) call each, never blocks); the rest under the module lock."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.lease_ns = max(int(timeout * 1e9) // 2, 100_000_000)
+        self.fd: int | None = None
+        self.pin: str | None = None
+        self.supervisor: subprocess.Popen[bytes] | None = None
+        self._next_slot = 1
+        self._respawned_at = 0.0
+
+    # ---- made by acquire() -----------------------------------------------------------
+    def _open(self) -> None:
+        st = process_stat(os.getpid())
+        ensure_bpffs()
+        GUARD_DIR.mkdir(parents=True, exist_ok=True)
+        _remove_stale_pins()
+        self.fd = bpfsys.map_create(bpfsys.ARRAY, _KEY.size, _VAL.size, SLOTS)
+        pin = GUARD_DIR / f"{os.getpid()}-{st[1] if st else 0}-{id(self):x}"
+        bpfsys.obj_pin(self.fd, str(pin))
+        self.pin = str(pin)
+        self._spawn()
+        deadline = time.monotonic() + _READY_S
+        while self._read(0) == 0 and time.monotonic() < deadline and self.supervisor_alive():
+            time.sleep(0.01)
+        if self._read(0) == 0:
+            log.warning("pause guard: the supervisor did not start within %.0fs: no process will be stopped "
+                        "by pause_on_load (its first library calls may be missed)", _READY_S)
+
+    def _spawn(self) -> None:
+        st = process_stat(os.getpid())
+        argv = [sys.executable, "-m", "otel_ebpf.pauseguard", "--agent-pid", str(os.getpid()),
+                "--agent-start", str(st[1] if st else 0), "--guard-fd", str(self.fd),
+                "--timeout", repr(self.timeout), "--lease-ns", str(self.lease_ns)]
+        try:
+            self.supervisor = subprocess.Popen(argv, pass_fds=(self.fd,) if self.fd is not None else (),
+                                               start_new_session=True, stdin=subprocess.DEVNULL,
+                                               stdout=subprocess.DEVNULL)
+        except OSError as exc:
+            log.warning("pause guard: cannot start its supervisor (%s): no process will be stopped by "
+                        "pause_on_load", exc)
+            self.supervisor = None
+
+    # ---- receivers -------------------------------------------------------------------
+    def new_slot(self) -> int:
+        """A lease slot for one program's poll loop (``-DOE_GUARD_SLOT``)."""
+        with _lock:
+            slot = self._next_slot
+            self._next_slot = min(self._next_slot + 1, SLOTS - 1)  # shared beyond 63 programs
+        return slot
+
+    def renew(self, slot: int) -> None:
+        """The poll loop of ``slot`` is alive: its program may stop processes for one lease more.
+        Restarts a dead supervisor (at most every 10 s). Never raises."""
+        self._write(slot, _now_ns() + self.lease_ns)
+        if self.supervisor is not None and self.supervisor.poll() is not None:
+            now = time.monotonic()
+            if now - self._respawned_at >= _RESPAWN_EVERY_S:
+                self._respawned_at = now
+                log.warning("pause guard: its supervisor (pid %d) exited with %s; restarting it",
+                            self.supervisor.pid, self.supervisor.returncode)
+                self._spawn()
+
+    def revoke(self, slot: int) -> None:
+        """No more stops by the program of ``slot`` (at shutdown, before it resumes what is left)."""
+        self._write(slot, 0)
+
+    def supervisor_alive(self) -> bool:
+        return self.supervisor is not None and self.supervisor.poll() is None
+
+    def _write(self, slot: int, value: int) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                bpfsys.update(self.fd, _KEY.pack(slot), _VAL.pack(value))
+
+    def _read(self, slot: int) -> int:
+        if self.fd is None:
+            return 0
+        try:
+            raw = bpfsys.lookup(self.fd, _KEY.pack(slot), _VAL.size)
+        except OSError:
+            return 0
+        return _VAL.unpack(raw)[0] if raw else 0
+
+    def unpin(self) -> None:
+        if self.pin is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.pin)
+            self.pin = None
+
+    def close(self) -> None:
+        """Stop the supervisor (SIGTERM, then SIGKILL after 2 s), close the map. The programs must
+        be detached first and their stops resumed (BpfReceiver.shutdown)."""
+        for slot in range(SLOTS):
+            self._write(slot, 0)
+        sup, self.supervisor = self.supervisor, None
+        if sup is not None and sup.poll() is None:
+            sup.terminate()
+            try:
+                sup.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                sup.kill()
+                sup.wait(timeout=2.0)
+        self.unpin()
+        bpfsys.close(self.fd)
+        self.fd = None
+
+
+def _guard_pins_of(pid: int, start: int) -> list[Path]:
+    try:
+        return [GUARD_DIR / n for n in os.listdir(GUARD_DIR) if n.startswith(f"{pid}-{start}-")]
+    except OSError:
+        return []
+
+
+def _remove_stale_pins() -> None:
+    """Guard pins of agents that died before their programs were loaded (both the agent and its
+    supervisor killed: otherwise the supervisor removes them)."""
+    try:
+        names = os.listdir(GUARD_DIR)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit() and \
+                not owner_alive(int(parts[0]), int(parts[1])):
+            with contextlib.suppress(OSError):
+                os.unlink(GUARD_DIR / name)
+
+
+def acquire(ctx: object, timeout: float) -> PauseGuard:
+    """The guard of ``ctx`` (one per agent), made on first use; pair with :func:`release`."""
+    with _lock:
+        guard = _guards.get(id(ctx))
+        if guard is None:
+            guard = PauseGuard(timeout)
+            try:
+                guard._open()
+            except OSError as exc:
+                log.warning("pause guard: cannot make its map on %s (%s): no process will be stopped by "
+                            "pause_on_load (its first library calls may be missed)", GUARD_DIR, exc)
+                guard.close()
+            _guards[id(ctx)] = guard
+        _refs[id(ctx)] = _refs.get(id(ctx), 0) + 1
+        return guard
+
+
+def unpin(ctx: object) -> None:
+    """Every program of ``ctx`` is loaded: the map's pin is no longer needed."""
+    with _lock:
+        guard = _guards.get(id(ctx))
+        if guard is not None:
+            guard.unpin()
+
+
+def release(ctx: object) -> None:
+    """Drop one reference; the last one stops the supervisor and closes the map."""
+    with _lock:
+        n = _refs.get(id(ctx), 0) - 1
+        if n > 0:
+            _refs[id(ctx)] = n
+            return
+        _refs.pop(id(ctx), None)
+        guard = _guards.pop(id(ctx), None)
+    if guard is not None:
+        guard.close()
+
+
+# ---- the supervisor process ---------------------------------------------------------------
+class _Supervisor:
+    def __init__(self, agent_pid: int, agent_start: int, guard_fd: int, timeout_ns: int, lease_ns: int) -> None:
+        self.agent_pid, self.agent_start = agent_pid, agent_start
+        self.guard_fd, self.timeout_ns, self.lease_ns = guard_fd, timeout_ns, lease_ns
+        self.tick = min(0.1, timeout_ns / 1e9 / 10)
+        self.maps: dict[str, int] = {}
+        self.stop = False
+        self.resumed = 0
+
+    def renew(self) -> None:
+        with contextlib.suppress(OSError):
+            bpfsys.update(self.guard_fd, _KEY.pack(0), _VAL.pack(_now_ns() + self.lease_ns))
+
+    def _pins(self) -> list[str]:
+        try:
+            names = os.listdir(PAUSED_DIR)
+        except OSError:
+            names = []
+        mine = []
+        for name in names:
+            owner = parse_pin(name)
+            if owner is not None and owner[1:] == (self.agent_pid, self.agent_start):
+                mine.append(name)
+        for gone in set(self.maps) - set(mine):
+            bpfsys.close(self.maps.pop(gone))
+        return mine
+
+    def sweep(self, older_than_ns: int) -> None:
+        """Resume every recorded stop older than ``older_than_ns`` and forget it."""
+        for name in self._pins():
+            fd = self.maps.get(name)
+            if fd is None:
+                try:
+                    fd = self.maps[name] = bpfsys.obj_get(str(PAUSED_DIR / name))
+                except OSError:
+                    continue
+            now = _now_ns()
+            try:
+                stops = entries(fd)
+            except OSError:
+                continue
+            for pid, boot_ns, ts in stops:
+                held_ns = now - ts
+                if held_ns < older_than_ns:
+                    continue
+                try:
+                    done = resume(pid, boot_ns)
+                except OSError as exc:
+                    log.warning("cannot resume pid %d: %s", pid, exc)
+                    done = False
+                with contextlib.suppress(OSError):
+                    forget_entry(fd, pid, ts)
+                if done:
+                    self.resumed += 1
+                    log.warning("resumed pid %d (%s), stopped %.1fs by pause_on_load (%s): agent pid %d %s; "
+                                "its first library calls are not traced", pid, _comm(pid), held_ns / 1e9,
+                                name.rsplit("-", 3)[0], self.agent_pid,
+                                "did not attach in time" if older_than_ns else "is gone")
+
+    def run(self) -> int:
+        try:
+            pidfd = os.pidfd_open(self.agent_pid)
+        except OSError as exc:
+            log.warning("agent pid %d: %s; exiting", self.agent_pid, exc)
+            return 1
+        st = process_stat(self.agent_pid)
+        if st is None or st[1] != self.agent_start:
+            log.warning("agent pid %d is gone (or another process); exiting", self.agent_pid)
+            return 1
+        agent_gone = False
+        while not self.stop:
+            self.renew()
+            self.sweep(self.timeout_ns)
+            try:
+                agent_gone = bool(select.select([pidfd], [], [], self.tick)[0])
+            except InterruptedError:
+                continue
+            if agent_gone:
+                break
+        if agent_gone:
+            self._after_agent()
+        with contextlib.suppress(OSError):
+            bpfsys.update(self.guard_fd, _KEY.pack(0), _VAL.pack(0))
+        return 0
+
+    def _after_agent(self) -> None:
+        """The agent exited: its poll loops renew nothing, so no stop is made after one lease
+        (its programs may stay attached a while, until the kernel has released them)."""
+        deadline = time.monotonic() + self.lease_ns / 1e9 + self.tick
+        while time.monotonic() < deadline:
+            self.renew()
+            self.sweep(self.timeout_ns)
+            time.sleep(self.tick)
+        with contextlib.suppress(OSError):
+            bpfsys.update(self.guard_fd, _KEY.pack(0), _VAL.pack(0))
+        self.sweep(0)
+        for name in self._pins():
+            with contextlib.suppress(OSError):
+                os.unlink(PAUSED_DIR / name)
+        for pin in _guard_pins_of(self.agent_pid, self.agent_start):
+            with contextlib.suppress(OSError):
+                os.unlink(pin)
+        log.info("agent pid %d exited; %d stopped processes resumed in all, its pins removed",
+                 self.agent_pid, self.resumed)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m otel_ebpf.pauseguard``: started by the agent, never by hand."""
+    ap = argparse.ArgumentParser(prog="otel_ebpf.pauseguard", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--agent-pid", type=int, required=True)
+    ap.add_argument("--agent-start", type=int, required=True)
+    ap.add_argument("--guard-fd", type=int, required=True)
+    ap.add_argument("--timeout", type=float, required=True)
+    ap.add_argument("--lease-ns", type=int, required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s otel-ebpf pause guard[{os.getpid()}] "
+                                                   "%(levelname)s %(message)s")
+    sup = _Supervisor(args.agent_pid, args.agent_start, args.guard_fd, int(args.timeout * 1e9), args.lease_ns)
+
+    def _stop(_sig: int, _frame: object) -> None:
+        sup.stop = True
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, _stop)
+    return sup.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
