@@ -1,12 +1,15 @@
 """otel_ebpf.emit.emitter: records to SDK spans and metrics, one resource per process, bounded."""
 from __future__ import annotations
 
+import threading
 import time
+from itertools import pairwise
 from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -360,3 +363,142 @@ def test_shutdown_without_start():
     r.emitter.shutdown()
     r.emitter.shutdown()
     assert r.metrics.shutdowns == 1
+
+
+# ---- exporter isolation ---------------------------------------------------------------
+
+
+class HangingSpans(InMemorySpanExporter):
+    """A span exporter whose export blocks until ``release`` (a blackholed collector), or until
+    shutdown (as the SDK's OTLP exporter, whose channel close aborts the call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release, self.entered, self.closed = threading.Event(), threading.Event(), threading.Event()
+
+    def export(self, spans):  # type: ignore[no-untyped-def]
+        self.entered.set()
+        while not self.release.wait(0.01):
+            if self.closed.is_set():
+                return SpanExportResult.FAILURE
+        return super().export(spans)
+
+    def shutdown(self) -> None:
+        self.closed.set()
+
+
+class HangingMetrics(StoringMetricExporter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        self.release.wait(30)
+        return super().export(metrics_data)
+
+
+def two_exporters(**kw: Any) -> tuple[Emitter, Telemetry, HangingSpans, HangingMetrics, Rig]:
+    """'stuck' (spans and metrics hang) and 'mem' (in memory) side by side."""
+    ok = Rig()  # only for its exporters
+    ok.emitter.shutdown()
+    ok.spans, ok.metrics = InMemorySpanExporter(), StoringMetricExporter()
+    stuck_spans, stuck_metrics = HangingSpans(), HangingMetrics()
+    tel = Telemetry()
+    kw.setdefault("metrics_interval", 3600.0)
+    emitter = Emitter([ExporterSpec("stuck", stuck_spans, stuck_metrics, queue_size=100, batch_size=10,
+                                    batch_delay=0.01, metrics_queue_size=2),
+                       ExporterSpec("mem", ok.spans, ok.metrics, queue_size=100_000, batch_delay=0.01)],
+                      tel, resource_of=resource_of, agent_attributes={"service.name": "otel-ebpf"}, **kw)
+    return emitter, tel, stuck_spans, stuck_metrics, ok
+
+
+def test_a_hung_exporter_delays_neither_the_pipeline_nor_the_other_exporter():
+    emitter, tel, stuck, stuck_metrics, ok = two_exporters()
+    try:
+        emitter.consume([span()])
+        assert stuck.entered.wait(5)  # its worker now hangs in export
+        t0 = time.monotonic()
+        for _ in range(50):
+            emitter.consume([span()] * 100)
+        took = time.monotonic() - t0
+        assert took < 5.0, took  # the old 2 s wait for room per span would take 2 s x 4,900 here
+        # the stuck exporter holds at most its queue_size (100), the rest of its 5,000 is counted
+        (q_stuck, q_mem) = emitter.span_queues
+        assert q_stuck.size() == 100 and tel.get(DROPPED, receiver="stuck", reason="export_queue_full") == 4901
+        assert tel.get(DROPPED, receiver="mem") == 0
+        assert q_mem.flush(10) and len(ok.spans.get_finished_spans()) == 5001
+        print(f"\n5,000 spans consumed in {took * 1000:.0f} ms while one exporter hung")
+    finally:
+        stuck.release.set()
+        stuck_metrics.release.set()
+        emitter.shutdown()
+
+
+def test_metrics_are_collected_on_time_while_a_span_and_a_metric_exporter_hang():
+    interval = 0.1
+    emitter, tel, stuck, stuck_metrics, ok = two_exporters(metrics_interval=interval)
+    try:
+        emitter.consume([span(), metric()])
+        assert stuck.entered.wait(5)
+        emitter.start()
+        got: list[float] = []
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:  # the healthy exporter gets every collection
+            if len(ok.metrics.exports) > len(got):
+                got.extend([time.monotonic()] * (len(ok.metrics.exports) - len(got)))
+            # the emitter's lock is never held while an exporter waits: the pipeline can always take it
+            assert emitter._lock.acquire(timeout=0.5)
+            emitter._lock.release()
+            time.sleep(0.005)
+        gaps = [b - a for a, b in pairwise(got)]
+        assert len(got) >= 2.0 / interval * 0.5, len(got)
+        assert max(gaps) < interval * 5, gaps  # shared CPUs: 5x the interval, against a 30 s hang
+        # the hung metric exporter keeps at most 2 collections (one in flight), the older ones dropped, counted
+        stuck_q = emitter.metric_queues[0]
+        assert stuck_q.size() == 2
+        assert tel.get("otel_ebpf.metrics.dropped", exporter="stuck", reason="export_queue_full") >= len(got) - 3
+        print(f"\n{len(got)} collections in 2 s at a {interval}s interval, largest gap {max(gaps) * 1000:.0f} ms")
+    finally:
+        stuck.release.set()
+        stuck_metrics.release.set()
+        emitter.shutdown()
+
+
+def test_queue_depth_and_capacity_are_exported_per_exporter():
+    emitter, _tel, stuck, stuck_metrics, _ok = two_exporters()
+    try:
+        emitter.consume([span()] * 30)
+        assert stuck.entered.wait(5)
+        data = emitter.collect()
+        agent = by_resource(data, "service.name")["otel-ebpf"]
+        size = {(p.attributes["exporter"], p.attributes["signal"]): p.value
+                for p in points(agent["otel_ebpf.exporter.queue.size"])}
+        cap = {(p.attributes["exporter"], p.attributes["signal"]): p.value
+               for p in points(agent["otel_ebpf.exporter.queue.capacity"])}
+        assert cap == {("stuck", "spans"): 100, ("mem", "spans"): 100_000, ("stuck", "metrics"): 2,
+                       ("mem", "metrics"): 4}
+        assert size[("stuck", "spans")] == 30  # 10 in flight + 20 queued
+    finally:
+        stuck.release.set()
+        stuck_metrics.release.set()
+        emitter.shutdown()
+
+
+def test_shutdown_is_bounded_with_a_hung_exporter_and_counts_the_rest():
+    emitter, tel, stuck, stuck_metrics, ok = two_exporters(shutdown_timeout=0.5)
+    stuck_metrics.release.set()  # only its spans hang
+    emitter.consume([span()] * 25)
+    assert stuck.entered.wait(5)
+    t0 = time.monotonic()
+    emitter.shutdown()
+    took = time.monotonic() - t0
+    assert took < 0.5 + 2.0 + 1.0, took
+    # the batch in flight was aborted by the exporter's shutdown (failed), the 15 queued never went
+    expected = {("stuck", "export_failed"): 10, ("stuck", "export_shutdown"): 15}
+    assert {r: tel.get(DROPPED, receiver=r[0], reason=r[1]) for r in expected} == expected
+    assert len(ok.spans.get_finished_spans()) == 25
+    # the last metrics, collected after the span queues closed, carry those counts
+    agent = by_resource(ok.metrics.exports[-1], "service.name")["otel-ebpf"]
+    assert {(dict(p.attributes)["receiver"], dict(p.attributes)["reason"]): p.value
+            for p in points(agent["otel_ebpf.events.dropped"])} == expected
+    print(f"\nshutdown with a hung exporter: {took:.2f}s")
