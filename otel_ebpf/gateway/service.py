@@ -62,8 +62,7 @@ class Gateway:
         for eid in pipe.exporters:
             ecfg = cfg.exporters[eid]
             spans, metrics = build_exporters(ecfg)
-            specs.append(ExporterSpec(eid, spans, metrics, ecfg.batch.queue_size, ecfg.batch.batch_size,
-                                      ecfg.batch.batch_delay))
+            specs.append(ExporterSpec.of(eid, spans, metrics, ecfg))  # batch and retry_on_failure from config
         emitter = Emitter(specs, self.ctx.telemetry, resource_of=lambda pid, comm: {},
                           agent_attributes=gateway_resource_attributes(), max_processes=1,
                           metrics_interval=svc.metrics_interval)
