@@ -290,8 +290,9 @@ def _gateway(args: argparse.Namespace) -> int:
     finally:
         gateway.shutdown()
         n = gateway.summary()
-        print(f"otel-ebpf gateway: {n['requests']} requests ({n['rejected']} rejected), {n['received']} items "
-              f"received, {n['spans']} spans out, {n['dropped']} dropped in {time.monotonic() - started:.1f}s",
+        print(f"otel-ebpf gateway: {n['requests']} requests ({n['rejected']} rejected, {n['refused']} refused for "
+              f"room), {n['received']} items received, {n['spans']} spans out, {n['dropped']} dropped, "
+              f"{n['lost']} lost end to end (agents' drops included) in {time.monotonic() - started:.1f}s",
               file=sys.stderr)
     return 0
 
