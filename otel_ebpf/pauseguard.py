@@ -326,10 +326,21 @@ class _Supervisor:
             bpfsys.update(self.guard_fd, _KEY.pack(0), _VAL.pack(0))
         return 0
 
+    def _last_lease_left(self) -> float:
+        """Seconds until the latest lease of the agent's poll loops runs out (0 when none runs)."""
+        now, latest = _now_ns(), 0
+        for slot in range(1, SLOTS):
+            with contextlib.suppress(OSError):
+                raw = bpfsys.lookup(self.guard_fd, _KEY.pack(slot), _VAL.size)
+                if raw:
+                    latest = max(latest, _VAL.unpack(raw)[0])
+        return max(0.0, min(latest - now, self.lease_ns) / 1e9)
+
     def _after_agent(self) -> None:
-        """The agent exited: its poll loops renew nothing, so no stop is made after one lease
-        (its programs may stay attached a while, until the kernel has released them)."""
-        deadline = time.monotonic() + self.lease_ns / 1e9 + self.tick
+        """The agent exited: its poll loops renew nothing, so no stop is made once their last
+        lease has run out (its programs may stay attached a while, until the kernel has released
+        them); then every recorded stop is resumed and the agent's pins removed."""
+        deadline = time.monotonic() + self._last_lease_left() + self.tick
         while time.monotonic() < deadline:
             self.renew()
             self.sweep(self.timeout_ns)

@@ -116,6 +116,10 @@ class Launcher:
             self.p.wait(timeout=30)
 
 
+def _launch(cudart: Path, out: Path, calls: int = 20) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", _TARGET, str(cudart), str(out), str(calls)])
+
+
 def _held(out: Path) -> float:
     rec = json.loads(out.read_text())
     return float(rec["after"] - rec["before"])
@@ -187,3 +191,168 @@ def test_agent_stopped_while_processes_load_libcudart(bpf_ready, cudart, tmp_pat
     print(f"agent stopped {stopped_s:.0f}s: {n} processes held max {max(held):.2f}s, median "
           f"{sorted(held)[n // 2]:.3f}s; {timed_out} stopped and resumed by the guard, {skipped} not stopped; "
           f"after SIGCONT: held {[round(_held(o), 3) for o in after]} s, copies traced {copies}")
+
+
+def test_agent_killed_in_paused_window_supervisor_resumes_at_once(bpf_ready, cudart, tmp_path):
+    """SIGKILL of the agent while a process it stopped waits: the supervisor resumes it as soon as
+    the dead agent's last lease has run out (pause_timeout 20 s here, lease 10 s: well before the
+    timeout), removes the agent's pins and exits."""
+    err = tmp_path / "agent.err"
+    job = Launcher(cudart)
+    a = agent("--log-level", "info", "run", "--pid", str(job.p.pid), "--config", str(_config(tmp_path, "20s")),
+              "--output", str(tmp_path / "out"), stderr=err)
+    out = tmp_path / "t.json"
+    try:
+        assert wait_until(lambda: _started(err), 180), err.read_text()
+        sup = _supervisor(a.pid)
+        assert sup is not None
+        a.send_signal(signal.SIGSTOP)  # its poll loop's lease (10 s) is still current: the next stop is made
+        job.start(out)
+        assert wait_until(lambda: any(process_state(c.pid) == "T" for c in psutil.Process(job.p.pid).children()),
+                          10, 0.02), "the target was not stopped"
+        a.send_signal(signal.SIGKILL)
+        t_kill = time.monotonic()
+        a.wait(timeout=240)
+        assert wait_until(out.exists, 30, 0.05), err.read_text()[-2000:]
+        resumed_after = time.monotonic() - t_kill
+        assert wait_until(lambda: _supervisor_gone(a.pid), 30)
+        assert _pins_of(a.pid) == []
+        assert job.finish() == 0
+    finally:
+        job.kill()
+        if a.poll() is None:
+            a.kill()
+            a.wait(timeout=240)
+    assert resumed_after < 10.0 + _SLACK_S + 1.0, resumed_after  # the lease, not the 20 s timeout
+    assert _held(out) < 20.0
+    print(f"agent SIGKILLed in the paused window: target resumed {resumed_after:.1f}s after the kill "
+          f"(held {_held(out):.1f}s in all), supervisor exited, no pins left")
+
+
+_PROBE_EVERY_S = 0.25
+
+
+def test_node_agent_interrupted_while_processes_load_libcudart(bpf_ready, cudart, tmp_path):
+    """The case that froze a host: ``run --all-processes`` sent SIGINT while processes load
+    libcudart. It never stops itself, exits within 5 s, and leaves nothing stopped or pinned."""
+    err = tmp_path / "agent.err"
+    a = agent("--log-level", "info", "run", "--all-processes", "--output", str(tmp_path / "out"), stderr=err)
+    states: list[str | None] = []
+    targets: list[tuple[subprocess.Popen[bytes], Path]] = []
+    try:
+        assert wait_until(lambda: _started(err), 240), err.read_text()[-3000:]
+        t0 = time.monotonic()
+        interrupted_at = exited_at = None
+        i = 0
+        while time.monotonic() - t0 < 12.0:
+            out = tmp_path / f"t{i}.json"
+            targets.append((_launch(cudart, out), out))
+            i += 1
+            states.append(process_state(a.pid))
+            if interrupted_at is None and time.monotonic() - t0 > 6.0:
+                a.send_signal(signal.SIGINT)
+                interrupted_at = time.monotonic()
+            if interrupted_at is not None and exited_at is None and a.poll() is not None:
+                exited_at = time.monotonic()
+            time.sleep(_PROBE_EVERY_S)
+        if exited_at is None:
+            a.wait(timeout=60)
+            exited_at = time.monotonic()
+        assert interrupted_at is not None
+        for p, _out in targets:
+            assert p.wait(timeout=30) == 0
+    finally:
+        for p, _out in targets:
+            if p.poll() is None:
+                p.kill()
+        if a.poll() is None:
+            a.kill()
+            a.wait(timeout=240)
+    held = [_held(out) for _p, out in targets]
+    assert "T" not in states, states
+    assert exited_at - interrupted_at <= 5.0 + _PROBE_EVERY_S, (exited_at - interrupted_at, err.read_text()[-3000:])
+    assert max(held) <= 2.0 + _SLACK_S, held
+    assert _pins_of(a.pid) == [] and wait_until(lambda: _supervisor_gone(a.pid), 10)
+    assert not [p.pid for p, _ in targets if process_state(p.pid) == "T"]
+    print(f"node agent: SIGINT after 6 s of {len(targets)} processes loading libcudart, exit in "
+          f"{exited_at - interrupted_at:.1f}s; agent never stopped; held max {max(held):.3f}s")
+
+
+class _CpuCgroup:
+    """A CPU-limited cgroup (v2 cpu.max or v1 cpu.cfs_quota_us), removed on exit."""
+
+    def __init__(self, name: str) -> None:
+        root = Path("/sys/fs/cgroup")
+        self.v2 = (root / "cgroup.controllers").exists() and "cpu" in (root / "cgroup.controllers").read_text().split()
+        if self.v2:
+            if "cpu" not in (root / "cgroup.subtree_control").read_text().split():
+                (root / "cgroup.subtree_control").write_text("+cpu")
+            self.path = root / name
+        elif (root / "cpu" / "cpu.cfs_quota_us").exists():
+            self.path = root / "cpu" / name
+        else:
+            pytest.fail("no cgroup cpu controller (neither v2 nor v1) on this host")
+        self.path.mkdir(exist_ok=True)
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def limit(self, percent: float | None) -> None:
+        period = 100_000
+        if self.v2:
+            (self.path / "cpu.max").write_text("max" if percent is None else f"{int(period * percent / 100)} {period}")
+        else:
+            (self.path / "cpu.cfs_period_us").write_text(str(period))
+            (self.path / "cpu.cfs_quota_us").write_text("-1" if percent is None else str(int(period * percent / 100)))
+
+    def remove(self) -> None:
+        self.limit(None)
+        parent = self.path.parent
+        for pid in (self.path / "cgroup.procs").read_text().split():
+            try:
+                (parent / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
+
+
+def test_starved_agent_does_not_hold_a_starting_job(bpf_ready, cudart, tmp_path):
+    """The agent and its supervisor in a cgroup limited to 1 % of a CPU (a DaemonSet's CPU limit
+    far too low) while a 4-process job starts and loads libcudart: each is held at most
+    pause_timeout; with the limit lifted the agent finishes and exports."""
+    err = tmp_path / "agent.err"
+    cg = _CpuCgroup(f"oe-starve-{os.getpid()}")
+    job = Launcher(cudart)
+    a = agent("--log-level", "info", "run", "--pid", str(job.p.pid), "--config", str(_config(tmp_path, "2s")),
+              "--output", str(tmp_path / "out"), stderr=err)
+    outs = [tmp_path / f"t{i}.json" for i in range(4)]
+    try:
+        cg.add(a.pid)  # before it starts its supervisor: both share the limit, as in a pod
+        assert wait_until(lambda: _started(err), 180), err.read_text()
+        sup = _supervisor(a.pid)
+        assert sup is not None and str(sup.pid) in (cg.path / "cgroup.procs").read_text().split()
+        cg.limit(1.0)
+        time.sleep(1.0)
+        for out in outs:
+            job.start(out)
+        assert wait_until(lambda: all(o.exists() for o in outs), 60), [o.exists() for o in outs]
+        cg.limit(None)
+        assert job.finish() == 0
+        assert a.wait(timeout=120) == 0, err.read_text()[-3000:]
+    finally:
+        job.kill()
+        cg.remove()
+        if a.poll() is None:
+            a.kill()
+            a.wait(timeout=240)
+    held = [_held(o) for o in outs]
+    assert max(held) <= 2.0 + _SLACK_S, held
+    rows = metrics_from_jsonl(tmp_path / "out" / "metrics.jsonl")
+    timed_out = counter_total(rows, "otel_ebpf.pauses.timed_out", receiver="cuda")
+    skipped = sum(counter_total(rows, "otel_ebpf.pauses.skipped", receiver="cuda", reason=r)
+                  for r in ("agent_late", "guard_late"))
+    print(f"agent starved at 1% CPU: 4 processes held {[round(h, 3) for h in held]} s; {timed_out} resumed by "
+          f"the guard, {skipped} not stopped (a lease had run out)")
