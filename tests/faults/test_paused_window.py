@@ -1,10 +1,14 @@
-"""The agent SIGKILLed inside the *paused window* (``pause_on_load``): a process that opened
-libcudart is held with SIGSTOP by the BPF program until the agent attaches and sends SIGCONT.
-The stop is recorded in a map pinned on bpffs (otel_ebpf/paused.py), so the next agent resumes
-exactly that process, and leaves alone a process its user stopped.
+"""The agent *and its pause guard supervisor* SIGKILLed inside the *paused window*
+(``pause_on_load``): a process that opened libcudart is held with SIGSTOP by the BPF program
+until the agent attaches and sends SIGCONT. Either survivor would resume it (the supervisor
+after pause_timeout or once the agent is gone: tests/faults/test_pause_guard.py); with both
+killed together (an OOM kill of their cgroup) the stop, recorded in a map pinned on bpffs
+(otel_ebpf/paused.py), is resumed by the next agent, which leaves alone a process its user
+stopped.
 
-The window is made deterministic: the agent is itself stopped (SIGSTOP) once its probes are
-loaded, so it cannot read the library-open record nor resume the target; then it is SIGKILLed.
+The window is made deterministic: pause_timeout is 60 s (leases of 30 s), the agent is itself
+stopped (SIGSTOP) once its probes are loaded, so it cannot read the library-open record nor
+resume the target; then the supervisor and the agent are SIGKILLed.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from otel_ebpf.paused import PAUSED_DIR
@@ -60,8 +65,11 @@ def test_agent_killed_in_paused_window_next_agent_resumes_only_its_stop(bpf_read
     target = subprocess.Popen([sys.executable, "-c", _TARGET, str(cudart), str(go), str(done)])
     user = subprocess.Popen([sys.executable, "-c", _USER_STOPPED, str(cudart)])
     err1, err2 = tmp_path / "agent1.err", tmp_path / "agent2.err"
-    first = agent("--log-level", "info", "run", "--pid", str(target.pid), "--output", str(tmp_path / "out1"),
-                  stderr=err1)
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("service:\n  pause_timeout: 60s\n")
+    cfg.chmod(0o600)
+    first = agent("--log-level", "info", "run", "--pid", str(target.pid), "--config", str(cfg), "--output",
+                  str(tmp_path / "out1"), stderr=err1)
     second = None
     try:
         assert wait_until(lambda: _started(err1), 120), err1.read_text()
@@ -70,6 +78,10 @@ def test_agent_killed_in_paused_window_next_agent_resumes_only_its_stop(bpf_read
         go.touch()
         assert wait_until(lambda: process_state(target.pid) == "T", 30), process_state(target.pid)
         pins = _pins_of(first.pid)
+        supervisors = [c for c in psutil.Process(first.pid).children() if "otel_ebpf.pauseguard" in
+                       " ".join(c.cmdline())]
+        assert len(supervisors) == 1, supervisors
+        supervisors[0].kill()
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=240)
         user.send_signal(signal.SIGSTOP)
