@@ -31,10 +31,10 @@ class Config:
         True, "Stop (SIGSTOP) a traced process that opens libcudart until the probes are "
               "attached, then continue it (SIGCONT), so even its first CUDA calls are traced. "
               "Trade-off: the process is stopped for the attach time (milliseconds to tens of "
-              "ms); a shell or debugger watching it sees a stop; if the agent dies in that "
-              "window the process stays stopped until the next agent starts (it resumes exactly the "
-              "processes a dead agent stopped, docs/reliability.md) or it gets SIGCONT. Set false to never stop "
-              "processes and accept missing the calls made while probes attach.")
+              "ms), never longer than service.pause_timeout whatever the agent does (stopped, "
+              "hung, starved, killed: docs/reliability.md, 'The pause guard'); a shell or debugger "
+              "watching it sees a stop. Set false to never stop processes and accept missing the "
+              "calls made while probes attach.")
     span_rate_limit: int = doc(
         2000, "Most spans per second per process for cudaMemcpy* and cuda*Synchronize calls (a "
               "token bucket in the kernel, burst one second's worth). Every call is still counted "

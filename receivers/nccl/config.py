@@ -25,9 +25,9 @@ class Config:
         True, "Stop (SIGSTOP) a traced process that opens libnccl until the probes are attached, "
               "then continue it (SIGCONT), so its first ncclCommInitRank is seen: without it the "
               "communicator has no id and its collectives cannot be joined across ranks. "
-              "Trade-off: the process is stopped for the attach time (tens of ms); if the agent "
-              "dies in that window the process stays stopped until the next agent starts (it "
-              "resumes it, docs/reliability.md) or it gets SIGCONT.")
+              "Trade-off: the process is stopped for the attach time (tens of ms), never longer "
+              "than service.pause_timeout whatever the agent does (docs/reliability.md, 'The pause "
+              "guard').")
     poll_interval: float = doc(0.1, "Longest wait for ring-buffer records per poll round.", duration=True)
     max_inflight: int = doc(
         10240, "Calls in progress tracked at once (entry seen, return not yet), over all threads. "

@@ -139,6 +139,14 @@ def test_service_config_validation():
         "service.pipelines.p.recievers"
 
 
+def test_pause_timeout_is_a_bounded_duration_named_by_its_key():
+    assert ServiceConfig().pause_timeout == 2.0
+    assert build(ServiceConfig, {"pause_timeout": "500ms"}, "service").pause_timeout == 0.5
+    for bad in ("100ms", "10m"):
+        err = error_at(ServiceConfig, {"pause_timeout": bad}, "service")
+        assert err.path == "service.pause_timeout" and "between 200ms and 300s" in str(err)
+
+
 def test_to_plain_round_trips_through_build():
     cfg = build(Outer, {"inner": {"mode": "slow", "tags": {"a": "b"}}, "count": 3})
     plain = to_plain(cfg)
