@@ -13,7 +13,8 @@ Metric names (all on the agent's own resource, ``service.name=otel-ebpf``):
 * ``otel_ebpf.events.lost`` {layer, receiver, reason}: the gateway's end-to-end loss count, its own
   drops (layer=gateway) plus the drops its agents report (layer=agent): otel_ebpf/gateway/losses.py.
 * ``otel_ebpf.probes.attached`` / ``otel_ebpf.probes.failed`` {receiver, library}.
-* ``otel_ebpf.export.failed`` {signal}: export batches the exporters could not send.
+* ``otel_ebpf.export.failed`` {signal, exporter}: export attempts that failed (retries included).
+* ``otel_ebpf.metrics.dropped`` {exporter, reason}: metric collections an exporter never sent.
 * ``otel_ebpf.nvml.scrape.errors`` {function, error}: NVML calls that failed (receivers/nvml).
 """
 from __future__ import annotations
@@ -36,7 +37,9 @@ _DESCRIPTIONS = {
           "the drops its agents report in their otel_ebpf.events.dropped (layer=agent).",
     "otel_ebpf.probes.attached": "Probes attached, by receiver and library.",
     "otel_ebpf.probes.failed": "Probes that failed to attach, by receiver and library.",
-    "otel_ebpf.export.failed": "Spans or metric batches the exporters failed to send.",
+    "otel_ebpf.export.failed": "Export attempts (span batches or metric collections) that failed, retries included.",
+    "otel_ebpf.metrics.dropped": "Metric collections an exporter never sent, by exporter and reason "
+                                 "(export_queue_full, export_failed, export_shutdown).",
     "otel_ebpf.spans.rate_limited": "Calls left without a span by a receiver's span budget (span_rate_limit); "
                                     "they are still counted in that receiver's metrics, so nothing is lost.",
     "otel_ebpf.nvml.scrape.errors": "NVML calls that failed during a scrape, by function and error; "

@@ -126,17 +126,12 @@ def _metric_sender(spec: ExporterSpec) -> Callable[[list[MetricsData]], bool]:
     return send
 
 
-def _quietly(fn: Callable[[], object], what: str) -> Callable[[], None]:
-    def call() -> None:
-        try:
-            fn()
-        except Exception:
-            log.debug("%s failed", what, exc_info=True)
-    return call
-
-
 class Emitter:
-    """Consumer of SpanRecord, MetricRecord and ProcessExit; passes nothing on."""
+    """Consumer of SpanRecord, MetricRecord and ProcessExit; passes nothing on.
+
+    Owns the exporters of ``exporters`` (shut down in :meth:`shutdown`). ``span_queues`` (one per
+    exporter with spans) and ``metric_queues`` (one per exporter) are public for readers of
+    their room (the gateway's ExportGate); only the Emitter puts to them."""
 
     def __init__(self, exporters: Sequence[ExporterSpec], telemetry: Telemetry, *,
                  resource_of: Callable[[int, str | None], Mapping[str, Any]],
@@ -162,13 +157,11 @@ class Emitter:
         self._agent = self._make_proc(Resource.create(dict(agent_attributes)))
         # Prometheus has no spans: no span queue (and no thread) for it
         self.span_queues: list[SendingQueue[ReadableSpan]] = [
-            SendingQueue(e.name, "spans", _span_sender(e), _quietly(e.spans.shutdown, f"{e.name} span exporter"),
-                         telemetry, capacity=e.queue_size, batch_size=e.batch_size, batch_delay=e.batch_delay,
-                         retry=e.retry)
+            SendingQueue(e.name, "spans", _span_sender(e), e.spans.shutdown, telemetry, capacity=e.queue_size,
+                         batch_size=e.batch_size, batch_delay=e.batch_delay, retry=e.retry)
             for e in self._exporters if not isinstance(e.spans, NoSpanExporter)]
         self.metric_queues: list[SendingQueue[MetricsData]] = [
-            SendingQueue(e.name, "metrics", _metric_sender(e),
-                         _quietly(e.metrics.shutdown, f"{e.name} metric exporter"), telemetry,
+            SendingQueue(e.name, "metrics", _metric_sender(e), e.metrics.shutdown, telemetry,
                          capacity=e.metrics_queue_size, retry=e.retry, drop_oldest=True)
             for e in self._exporters]
         for spec in self._exporters:
