@@ -20,8 +20,9 @@ guard"):
   recorded in the agent's ``oe_paused`` maps (pinned on bpffs) that has been stopped longer
   than ``pause_timeout`` (same process, still stopped: otel_ebpf.paused.resume) and removes
   its entry; the agent later finds the entry gone and counts ``otel_ebpf.pauses.timed_out``.
-  When the agent exits (pidfd), the supervisor waits one lease (no stop can be made after it),
-  resumes every recorded stop, removes the agent's pins and exits.
+  When the agent exits (pidfd), the supervisor revokes every lease (its programs, still
+  attached while the kernel releases them, make no stop after that), resumes every recorded
+  stop, removes the agent's pins and exits.
 
 What is left: the agent and its supervisor frozen together (the cgroup freezer, ``docker
 pause``) holds the processes stopped in the last lease before the freeze until the thaw; both
@@ -315,7 +316,7 @@ class _Supervisor:
             self.renew()
             self.sweep(self.timeout_ns)
             try:
-                agent_gone = bool(select.select([pidfd], [], [], self.tick)[0])
+                agent_gone = bool(select.select([pidfd], [], [], self.tick)[0]) or self._agent_dying()
             except InterruptedError:
                 continue
             if agent_gone:
@@ -326,27 +327,21 @@ class _Supervisor:
             bpfsys.update(self.guard_fd, _KEY.pack(0), _VAL.pack(0))
         return 0
 
-    def _last_lease_left(self) -> float:
-        """Seconds until the latest lease of the agent's poll loops runs out (0 when none runs)."""
-        now, latest = _now_ns(), 0
-        for slot in range(1, SLOTS):
-            with contextlib.suppress(OSError):
-                raw = bpfsys.lookup(self.guard_fd, _KEY.pack(slot), _VAL.size)
-                if raw:
-                    latest = max(latest, _VAL.unpack(raw)[0])
-        return max(0.0, min(latest - now, self.lease_ns) / 1e9)
+    def _agent_dying(self) -> bool:
+        """Killed, not yet gone: a SIGKILLed agent is a zombie (state Z) while the kernel releases
+        its uprobes, tens of seconds with many probes; its pidfd is readable only after that."""
+        st = process_stat(self.agent_pid)
+        return st is None or st[1] != self.agent_start or st[0] in ("Z", "X")
 
     def _after_agent(self) -> None:
-        """The agent exited: its poll loops renew nothing, so no stop is made once their last
-        lease has run out (its programs may stay attached a while, until the kernel has released
-        them); then every recorded stop is resumed and the agent's pins removed."""
-        deadline = time.monotonic() + self._last_lease_left() + self.tick
-        while time.monotonic() < deadline:
-            self.renew()
-            self.sweep(self.timeout_ns)
-            time.sleep(self.tick)
-        with contextlib.suppress(OSError):
-            bpfsys.update(self.guard_fd, _KEY.pack(0), _VAL.pack(0))
+        """The agent exited. Its programs may stay attached a while (the kernel releases its
+        uprobes ~0.1 s each), so first every lease is revoked: from then on they make no stop.
+        One tick later (a program that passed its lease check records and stops within
+        microseconds) every recorded stop is resumed and the agent's pins removed."""
+        for slot in range(SLOTS):
+            with contextlib.suppress(OSError):
+                bpfsys.update(self.guard_fd, _KEY.pack(slot), _VAL.pack(0))
+        time.sleep(self.tick)
         self.sweep(0)
         for name in self._pins():
             with contextlib.suppress(OSError):
