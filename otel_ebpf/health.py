@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from otel_ebpf import pauseguard
 from otel_ebpf.errors import ConfigError, OtelEbpfError
 
 __all__ = ["AGENT_DEFAULT", "GATEWAY_DEFAULT", "Check", "HealthBindError", "HealthServer", "agent_checks",
@@ -128,6 +129,9 @@ def agent_checks(agent: Any, stuck_after: float = 30.0) -> Callable[[], list[Che
     def run() -> list[Check]:
         out = [receiver_check(f"receiver/{rid}", r) for rid, r in agent.receivers.items()]
         out += [watch.check(f"pipeline/{p.name}", p.queue) for p in agent.pipelines]
+        guard = pauseguard.health(agent.ctx)
+        if guard is not None:  # not ready without its supervisor: pause_on_load is then off
+            out.append(Check("pause_guard", True, guard[0], guard[1]))
         return out
     return run
 

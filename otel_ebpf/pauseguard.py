@@ -54,7 +54,7 @@ from otel_ebpf import bpfsys
 from otel_ebpf.paused import PAUSED_DIR, entries, forget_entry, owner_alive, parse_pin, process_stat, resume
 from otel_ebpf.threadctx import BPFFS, ensure_bpffs
 
-__all__ = ["GUARD_DIR", "SLOTS", "PauseGuard", "acquire", "main", "release", "unpin"]
+__all__ = ["GUARD_DIR", "SLOTS", "PauseGuard", "acquire", "health", "main", "release", "unpin"]
 
 log = logging.getLogger(__name__)
 GUARD_DIR = BPFFS / "otel_ebpf" / "guard"
@@ -218,6 +218,19 @@ def acquire(ctx: object, timeout: float) -> PauseGuard:
             _guards[id(ctx)] = guard
         _refs[id(ctx)] = _refs.get(id(ctx), 0) + 1
         return guard
+
+
+def health(ctx: object) -> tuple[bool, str] | None:
+    """(supervisor running, detail) of ``ctx``'s guard; None when no receiver pauses."""
+    with _lock:
+        guard = _guards.get(id(ctx))
+    if guard is None:
+        return None
+    sup = guard.supervisor
+    if sup is not None and sup.poll() is None:
+        return True, f"supervisor pid {sup.pid} running; pause_timeout {guard.timeout:g}s"
+    return False, ("supervisor not running: no process is stopped by pause_on_load (first library calls may be "
+                   "missed); the agent restarts it at most every 10 s")
 
 
 def unpin(ctx: object) -> None:
