@@ -325,6 +325,8 @@ class BpfReceiver:
             self.attach_library(lib)
         self._bpf["events"].open_ring_buffer(self._on_record)
         self._bpf["lifecycle"].open_ring_buffer(self._on_record)
+        if self._guard is not None:  # the poll loop starts now: a library opened from here on is paused
+            self._guard.renew(self._guard_slot)
         self._thread = threading.Thread(target=self._run, name=f"otel-ebpf-{self.name}", daemon=True)
         self._thread.start()
 
