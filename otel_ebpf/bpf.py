@@ -46,6 +46,7 @@ DROP_REASONS = ("ringbuf_full", "pid_map_full", "state_map_full", "stats_map_ful
 _EXIT = struct.Struct("<B3xIQ16s")
 _LIBOPEN = struct.Struct("<BB2xII4xQ256s")
 PAUSES_TIMED_OUT = "otel_ebpf.pauses.timed_out"
+_MAX_UNCONFIRMED = 4096
 PAUSES_SKIPPED = "otel_ebpf.pauses.skipped"
 HEADERS_HINT = ("install the headers of the running kernel (Debian/Ubuntu: apt install "
                 "linux-headers-$(uname -r)); when the distribution has none for this kernel, install "
@@ -192,6 +193,7 @@ class BpfReceiver:
         self._batch: list[object] = []
         self._attached: set[str] = set()
         self._paused: set[int] = set()
+        self._unconfirmed: dict[tuple[int, int], int] = {}  # (pid, stop ts) resumed -> rounds seen stopped
         self._paused_pin: str | None = None  # oe_paused's bpffs pin while loaded (otel_ebpf.paused)
         self._guard: pauseguard.PauseGuard | None = None  # while loaded with pause_on_load
         self._guard_slot = 0
@@ -394,9 +396,14 @@ class BpfReceiver:
         return LibraryLoaded(pid, tid, self.clock.to_epoch_ns(ts), path)
 
     def _resume(self, pid: int, ts: int | None = None) -> None:
-        """SIGCONT, then forget the stop (``ts``: that stop only) in oe_paused (otel_ebpf.paused).
-        A stop that is no longer recorded was resumed by the pause guard (pause_timeout ran out
-        first): counted in otel_ebpf.pauses.timed_out and logged."""
+        """SIGCONT ``pid`` stopped at ``ts`` (None: every stop of it, at shutdown). Its record in
+        oe_paused (otel_ebpf.paused) is forgotten only once the process is seen running
+        (:meth:`_confirm_resumed`, next poll round): the kernel may deliver the program's SIGSTOP
+        after this SIGCONT (bpf_send_signal defers it to irq_work when preemption is off), and
+        while the record stays the pause guard resumes a late stop after pause_timeout. A stop no
+        longer recorded was resumed by the pause guard (pause_timeout ran out first): counted in
+        otel_ebpf.pauses.timed_out, logged, and not continued again (its user may have stopped
+        it since)."""
         self._paused.discard(pid)
         if ts is not None and not paused_map.recorded(self._bpf, pid, ts):
             held_s = (time.clock_gettime_ns(time.CLOCK_MONOTONIC) - ts) / 1e9
@@ -404,12 +411,33 @@ class BpfReceiver:
             log.warning("%s: pid %d was resumed by the pause guard after pause_timeout (%.1fs), before its "
                         "probes were attached (%.1fs after its stop): its first calls were not traced",
                         self.name, pid, self.ctx.pause_timeout, held_s)
-            return  # not ours to continue any more (its user may have stopped it since)
+            return
         try:
-            os.kill(pid, signal.SIGCONT)  # before forgetting: a stop is never unrecorded while it holds
+            os.kill(pid, signal.SIGCONT)
         except OSError:
-            pass
-        paused_map.forget(self._bpf, pid, ts)
+            paused_map.forget(self._bpf, pid, ts)
+            return
+        if ts is None:
+            paused_map.forget(self._bpf, pid, None)
+        elif len(self._unconfirmed) < _MAX_UNCONFIRMED:
+            self._unconfirmed[(pid, ts)] = 0
+        else:  # bounded: forget at once (a late SIGSTOP of this stop is then not covered)
+            paused_map.forget(self._bpf, pid, ts)
+
+    def _confirm_resumed(self) -> None:
+        """Forget the stops resumed in earlier rounds whose process runs (or is gone); send
+        SIGCONT again to one still stopped (its SIGSTOP landed after ours), up to 3 rounds,
+        then leave its record to the pause guard."""
+        for (pid, ts), rounds in list(self._unconfirmed.items()):
+            st = paused_map.process_stat(pid)
+            if st is not None and st[0] == "T" and rounds < 3:
+                self._unconfirmed[(pid, ts)] = rounds + 1
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGCONT)
+                continue
+            del self._unconfirmed[(pid, ts)]
+            if st is None or st[0] != "T":
+                paused_map.forget(self._bpf, pid, ts)
 
     def _flush(self, with_maps: bool = True) -> None:
         extra = self.poll_maps() if with_maps else None
@@ -445,6 +473,8 @@ class BpfReceiver:
                 if self._guard is not None:  # this loop resumes: while it turns, stops may be made
                     self._guard.renew(self._guard_slot)
                 self._bpf.ring_buffer_poll(self._poll_ms)
+                if self._unconfirmed:
+                    self._confirm_resumed()
                 exits, self._exits = self._exits, []
                 self._bpf.ring_buffer_consume()  # records submitted without a wakeup
                 self._batch.extend(exits)  # after every call record submitted before them

@@ -27,7 +27,6 @@ Thread-safe (one lock); never raises: problems are logged with the pin path.
 from __future__ import annotations
 
 import contextlib
-import ctypes as ct
 import itertools
 import logging
 import os
@@ -40,9 +39,29 @@ from typing import Any
 from otel_ebpf import bpfsys
 from otel_ebpf.threadctx import BPFFS, ensure_bpffs
 
-__all__ = ["PAUSED_DIR", "RECOVERED", "VALUE", "entries", "forget", "forget_entry", "hold", "is_same_process",
-           "map_info", "new_pin", "owner_alive", "parse_pin", "pinned_map_id", "process_stat", "recorded",
-           "recover_stale", "release", "resume", "resume_recorded", "unpin"]
+__all__ = [
+    "KEY",
+    "PAUSED_DIR",
+    "RECOVERED",
+    "VALUE",
+    "entries",
+    "forget",
+    "forget_entry",
+    "hold",
+    "is_same_process",
+    "map_info",
+    "new_pin",
+    "owner_alive",
+    "parse_pin",
+    "pinned_map_id",
+    "process_stat",
+    "recorded",
+    "recover_stale",
+    "release",
+    "resume",
+    "resume_recorded",
+    "unpin",
+]
 
 log = logging.getLogger(__name__)
 PAUSED_DIR = BPFFS / "otel_ebpf" / "paused"
@@ -50,7 +69,8 @@ RECOVERED = "otel_ebpf.pauses.recovered"
 #: struct oe_paused (common.bpf.c): u64 boot_ns (bpf_ktime_get_boot_ns at the stop), u64 ts
 #: (bpf_ktime_get_ns, the same as the library-open record's ts)
 VALUE = struct.Struct("<QQ")
-_KEY_SIZE = 4
+#: struct oe_paused_key: u32 tgid, u32 pad, u64 ts (the stop's library-open record ts)
+KEY = struct.Struct("<I4xQ")
 _BPF_MAP_TYPE_HASH = 1
 _lock = threading.Lock()
 _instances = itertools.count(1)
@@ -134,22 +154,17 @@ def entries(fd: int) -> list[tuple[int, int, int]]:
     """(pid, stop boot ns, stop ts) of every entry of an ``oe_paused`` map fd (bpf(2) directly:
     the pause guard's supervisor reads these maps without BCC)."""
     out: list[tuple[int, int, int]] = []
-    for key in bpfsys.keys(fd, _KEY_SIZE):
+    for key in bpfsys.keys(fd, KEY.size):
         raw = bpfsys.lookup(fd, key, VALUE.size)
         if raw is not None:
-            boot_ns, ts = VALUE.unpack(raw)
-            out.append((struct.unpack("<I", key)[0], boot_ns, ts))
+            pid, ts = KEY.unpack(key)
+            out.append((pid, VALUE.unpack(raw)[0], ts))
     return out
 
 
 def forget_entry(fd: int, pid: int, ts: int) -> bool:
-    """Delete ``pid``'s entry of ``fd`` if it still records the stop at ``ts``; True when deleted.
-    Lookup and delete are two calls: a new stop of the same pid recorded between them is lost."""
-    key = struct.pack("<I", pid)
-    raw = bpfsys.lookup(fd, key, VALUE.size)
-    if raw is None or VALUE.unpack(raw)[1] != ts:
-        return False
-    return bpfsys.delete(fd, key)
+    """Delete the record of ``pid``'s stop at ``ts`` from ``fd``; True when it was there."""
+    return bpfsys.delete(fd, KEY.pack(pid, ts))
 
 
 def resume(pid: int, boot_ns: int) -> bool:
@@ -214,7 +229,7 @@ def _recover_one(path: str, receiver: str, agent_pid: int) -> int:
     try:
         info = map_info(fd)
         if (info.get("map_type"), info.get("key_size"), info.get("value_size")) != (
-                _BPF_MAP_TYPE_HASH, _KEY_SIZE, VALUE.size):
+                _BPF_MAP_TYPE_HASH, KEY.size, VALUE.size):
             log.warning("%s: %s is not a map of paused processes of this version (%s); left in place",
                         receiver, path, info)
             return 0
@@ -227,20 +242,26 @@ def _recover_one(path: str, receiver: str, agent_pid: int) -> int:
     return len(resumed)
 
 
+def _key(table: Any, pid: int, ts: int) -> Any:
+    key = table.Key()
+    key.tgid, key.ts = pid, ts
+    return key
+
+
 def forget(bpf: Any, pid: int, ts: int | None) -> bool:
-    """Delete ``pid``'s entry from ``bpf``'s ``oe_paused`` after the agent's SIGCONT (in this
-    order: an agent killed in between leaves an entry whose process is no longer stopped, which
-    the next agent skips). With ``ts``, only the entry of that stop (the library-open record's
-    ts) goes: another thread may have opened the library again and been stopped since. True
-    when the entry was there: False means someone else resumed it first (the pause guard's
-    supervisor, after ``pause_timeout``). Lookup and delete are two calls; a stop recorded
-    between them is lost (microseconds). Never raises."""
+    """Delete the record of ``pid``'s stop at ``ts`` (None: every stop of ``pid``) from ``bpf``'s
+    ``oe_paused``, after the agent's SIGCONT (in this order: an agent killed in between leaves a
+    record whose process is no longer stopped, which the next agent skips). True when a record was
+    deleted. Never raises."""
     try:
-        table, key = bpf["oe_paused"], ct.c_uint32(pid)
-        if ts is not None and table[key].ts != ts:
-            return False
-        del table[key]
-        return True
+        table = bpf["oe_paused"]
+        if ts is not None:
+            del table[_key(table, pid, ts)]
+            return True
+        keys = [k for k in list(table.keys()) if k.tgid == pid]
+        for k in keys:
+            del table[k]
+        return bool(keys)
     except Exception:  # no such map (pause off, no program) or entry (already gone)
         return False
 
@@ -249,7 +270,9 @@ def recorded(bpf: Any, pid: int, ts: int) -> bool:
     """``bpf``'s ``oe_paused`` still records the stop of ``pid`` at ``ts``: nobody (the pause
     guard's supervisor) has resumed it yet. Never raises."""
     try:
-        return bool(bpf["oe_paused"][ct.c_uint32(pid)].ts == ts)
+        table = bpf["oe_paused"]
+        table[_key(table, pid, ts)]
+        return True
     except Exception:
         return False
 

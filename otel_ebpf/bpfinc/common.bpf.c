@@ -242,14 +242,23 @@ BPF_PERCPU_ARRAY(oe_path_scratch, struct oe_path_buf, 1);
  * SIGKILLed agent (otel_ebpf/paused.py reads them; its VALUE mirrors this struct). boot_ns is
  * CLOCK_BOOTTIME at the stop, comparable with /proc/PID/stat's start time: a process that
  * started later is not the one stopped (pid reuse). ts is the library-open record's ts. */
+/* Key: the stop itself (tgid and the library-open record's ts), so every delete names exactly
+ * one stop: with a key of the tgid alone, the agent's lookup-then-delete of stop k raced with the
+ * same process's next stop (an exec'ing process stops again within a millisecond of SIGCONT) and
+ * deleted the record of stop k+1, which no one then resumed. */
+struct oe_paused_key {
+    u32 tgid;
+    u32 _pad;
+    u64 ts;
+};
 struct oe_paused {
     u64 boot_ns;
     u64 ts;
 };
 #ifdef OE_PAUSED_PIN
-BPF_TABLE_PINNED("hash", u32, struct oe_paused, oe_paused, OE_MAX_PIDS, OE_PAUSED_PIN);
+BPF_TABLE_PINNED("hash", struct oe_paused_key, struct oe_paused, oe_paused, OE_MAX_PIDS, OE_PAUSED_PIN);
 #else
-BPF_HASH(oe_paused, u32, struct oe_paused, OE_MAX_PIDS);
+BPF_HASH(oe_paused, struct oe_paused_key, struct oe_paused, OE_MAX_PIDS);
 #endif
 
 /* The pause guard (otel_ebpf/pauseguard.py): a process is stopped only while two leases are
@@ -328,15 +337,18 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
      * counted in drops[OE_DROP_PAUSEDMAP]): nothing could resume it if the agent died. Without
      * current leases (oe_may_pause) the process is not stopped; probes attach while it runs. */
     if (oe_may_pause(tgid)) {
+        struct oe_paused_key k = {};
+        k.tgid = tgid;
+        k.ts = e->ts;
         struct oe_paused p = {};
         p.boot_ns = bpf_ktime_get_boot_ns();
         p.ts = e->ts;
-        if (oe_paused.update(&tgid, &p) != 0)
+        if (oe_paused.update(&k, &p) != 0)
             oe_drop(OE_DROP_PAUSEDMAP);
         else if (bpf_send_signal(19 /* SIGSTOP */) == 0)
             e->paused = 1;
-        else
-            oe_paused.delete(&tgid);
+        else /* -EBUSY: the CPU's deferred-signal slot is taken (kernel/trace/bpf_trace.c) */
+            oe_paused.delete(&k);
     }
 #endif
     lifecycle.ringbuf_submit(e, BPF_RB_FORCE_WAKEUP); /* at once: the process may be paused */

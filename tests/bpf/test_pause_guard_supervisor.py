@@ -13,7 +13,7 @@ import time
 import pytest
 
 from otel_ebpf import bpfsys
-from otel_ebpf.paused import PAUSED_DIR, VALUE, entries, process_stat
+from otel_ebpf.paused import KEY, PAUSED_DIR, VALUE, entries, process_stat
 from otel_ebpf.pauseguard import SLOTS, _Supervisor
 from otel_ebpf.threadctx import ensure_bpffs
 from tests.faults.agentproc import process_state, wait_until
@@ -42,7 +42,7 @@ class _Agent:
         st = process_stat(self.proc.pid)
         assert st is not None
         self.start = st[1]
-        self.paused = bpfsys.map_create(bpfsys.HASH, 4, VALUE.size, 64)
+        self.paused = bpfsys.map_create(bpfsys.HASH, KEY.size, VALUE.size, 64)
         self.pin = PAUSED_DIR / f"cuda-{self.proc.pid}-{self.start}-1"
         bpfsys.obj_pin(self.paused, str(self.pin))
         self.guard = bpfsys.map_create(bpfsys.ARRAY, 4, 8, SLOTS)
@@ -50,7 +50,7 @@ class _Agent:
     def record(self, pid: int, age_s: float, *, boot_ns: int | None = None) -> int:
         ts = _now() - int(age_s * 1e9)
         boot = time.clock_gettime_ns(time.CLOCK_BOOTTIME) if boot_ns is None else boot_ns
-        bpfsys.update(self.paused, struct.pack("<I", pid), VALUE.pack(boot, ts))
+        bpfsys.update(self.paused, KEY.pack(pid, ts), VALUE.pack(boot, ts))
         return ts
 
     def lease(self, slot: int) -> int:

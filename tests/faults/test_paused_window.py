@@ -120,13 +120,13 @@ def test_agent_killed_in_paused_window_next_agent_resumes_only_its_stop(bpf_read
 
 def test_only_recorded_stopped_same_processes_are_resumed(bpf_ready):
     """resume_recorded on a real BPF hash map laid out as oe_paused: one process per case."""
-    import ctypes as ct
 
     from otel_ebpf.bpf import import_bcc
     from otel_ebpf.paused import resume_recorded
 
-    b = import_bcc().BPF(text="struct oe_paused { u64 boot_ns; u64 ts; };\n"
-                              "BPF_HASH(oe_paused, u32, struct oe_paused, 16);\n")
+    b = import_bcc().BPF(text="struct oe_paused_key { u32 tgid; u32 _pad; u64 ts; };\n"
+                              "struct oe_paused { u64 boot_ns; u64 ts; };\n"
+                              "BPF_HASH(oe_paused, struct oe_paused_key, struct oe_paused, 16);\n")
     kids = {k: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
             for k in ("ours", "reused_pid", "running", "user_stopped")}
     try:
@@ -136,9 +136,9 @@ def test_only_recorded_stopped_same_processes_are_resumed(bpf_ready):
             os.kill(kids[k].pid, signal.SIGSTOP)
         assert wait_until(lambda: all(process_state(kids[k].pid) == "T"
                                       for k in ("ours", "reused_pid", "user_stopped")), 10)
-        table[ct.c_uint32(kids["ours"].pid)] = table.Leaf(now, 1)
-        table[ct.c_uint32(kids["running"].pid)] = table.Leaf(now, 2)
-        table[ct.c_uint32(kids["reused_pid"].pid)] = table.Leaf(1, 3)  # stopped at boot: before this process
+        table[table.Key(kids["ours"].pid, 0, 1)] = table.Leaf(now, 1)
+        table[table.Key(kids["running"].pid, 0, 2)] = table.Leaf(now, 2)
+        table[table.Key(kids["reused_pid"].pid, 0, 3)] = table.Leaf(1, 3)  # stopped at boot: before this process
         assert resume_recorded(table.map_fd, "cuda", why="test") == [kids["ours"].pid]
         assert wait_until(lambda: process_state(kids["ours"].pid) in ("R", "S"), 10)
         assert process_state(kids["reused_pid"].pid) == "T"

@@ -36,6 +36,22 @@ def test_oe_paused_layout_matches_its_mirror(tmp_path: Path) -> None:
     assert paused.VALUE.unpack(paused.VALUE.pack(1, 2)) == (1, 2)  # boot_ns first, then ts
 
 
+def test_oe_paused_key_layout_matches_its_mirror(tmp_path: Path) -> None:
+    if shutil.which("gcc") is None:
+        if os.environ.get("CI"):
+            pytest.fail("gcc is needed to check struct oe_paused_key against paused.KEY")
+        pytest.skip("gcc not found")
+    struct_src = re.search(r"struct oe_paused_key \{.*?\};", COMMON_SRC.read_text(), re.S)
+    assert struct_src is not None
+    src = tmp_path / "key.c"
+    src.write_text("#include <stdio.h>\n#include <stddef.h>\ntypedef unsigned long long u64;\ntypedef unsigned u32;\n"
+                   f"{struct_src.group(0)}\nint main(void) {{ printf(\"%zu %zu %zu\\n\", sizeof(struct oe_paused_key), "
+                   "offsetof(struct oe_paused_key, tgid), offsetof(struct oe_paused_key, ts)); return 0; }\n")
+    subprocess.run(["gcc", "-Wall", "-Werror", "-o", str(tmp_path / "key"), str(src)], check=True, timeout=60)
+    out = subprocess.run([str(tmp_path / "key")], check=True, capture_output=True, text=True).stdout.split()
+    assert [int(x) for x in out] == [paused.KEY.size, 0, 8]
+
+
 def test_full_paused_map_has_its_drop_reason() -> None:
     defines = dict(re.findall(r"#define (OE_DROP_\w+) (\d+)", COMMON_SRC.read_text()))
     assert int(defines["OE_DROP_SLOTS"]) == len(DROP_REASONS)
