@@ -94,6 +94,12 @@ class ExporterSpec:
                    b.metrics_queue_size)
 
 
+#: the sending queues' gauges: name -> (kind, unit, description) (tests/unit/test_deploy.py's catalog reads it)
+QUEUE_METRICS = {
+    "otel_ebpf.exporter.queue.size": ("gauge", "1", "Items held by an exporter's sending queue (queued or being "
+                                                    "sent): spans, or metric collections."),
+    "otel_ebpf.exporter.queue.capacity": ("gauge", "1", "Most items an exporter's sending queue holds."),
+}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _OK = Status(StatusCode.UNSET)
 
@@ -297,11 +303,11 @@ class Emitter:
                 return [Observation(read(q), {"exporter": q.name, "signal": q.signal}) for q in queues]
             return callback
         meter = self._agent.meters.get_meter("otel_ebpf.agent")
-        meter.create_observable_gauge("otel_ebpf.exporter.queue.size", [observe(lambda q: q.size())], unit="1",
-                                      description="Items held by an exporter's sending queue (queued or being "
-                                                  "sent): spans, or metric collections.")
-        meter.create_observable_gauge("otel_ebpf.exporter.queue.capacity", [observe(lambda q: q.capacity)],
-                                      unit="1", description="Most items an exporter's sending queue holds.")
+        reads: dict[str, Callable[[SendingQueue[Any]], int]] = {
+            "otel_ebpf.exporter.queue.size": lambda q: q.size(),
+            "otel_ebpf.exporter.queue.capacity": lambda q: q.capacity}
+        for name, (_kind, unit, description) in QUEUE_METRICS.items():
+            meter.create_observable_gauge(name, [observe(reads[name])], unit=unit, description=description)
 
     def _collect_proc(self, proc: _Proc, now_ns: int) -> ResourceMetrics | None:
         proc.flush_pending()

@@ -476,8 +476,10 @@ _KINDS = ("counter", "updown", "gauge", "histogram")
 def metric_catalog() -> set[tuple[str, str, str]]:
     """(name, kind, unit) of every metric declared by a receiver, processor or the agent itself."""
     from otel_ebpf import processors, receivers, telemetry
+    from otel_ebpf.emit.emitter import QUEUE_METRICS
 
     found = {(name, "counter", "1") for name in telemetry._DESCRIPTIONS}
+    found |= {(name, kind, unit) for name, (kind, unit, _description) in QUEUE_METRICS.items()}
     for pkg in (receivers, processors):
         for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
             module = importlib.import_module(info.name)
