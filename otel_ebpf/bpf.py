@@ -46,8 +46,9 @@ DROP_REASONS = ("ringbuf_full", "pid_map_full", "state_map_full", "stats_map_ful
 _EXIT = struct.Struct("<B3xIQ16s")
 _LIBOPEN = struct.Struct("<BB2xII4xQ256s")
 PAUSES_TIMED_OUT = "otel_ebpf.pauses.timed_out"
-_MAX_UNCONFIRMED = 4096
 PAUSES_SKIPPED = "otel_ebpf.pauses.skipped"
+_SKIP_REASONS = ("agent_late", "guard_late")  # oe_pause_skips[] indexes in common.bpf.c
+_MAX_UNCONFIRMED = 4096
 HEADERS_HINT = ("install the headers of the running kernel (Debian/Ubuntu: apt install "
                 "linux-headers-$(uname -r)); when the distribution has none for this kernel, install "
                 "the generic ones (linux-headers-amd64) and link them: ln -s /usr/src/linux-headers-X-amd64 "
@@ -197,7 +198,7 @@ class BpfReceiver:
         self._paused_pin: str | None = None  # oe_paused's bpffs pin while loaded (otel_ebpf.paused)
         self._guard: pauseguard.PauseGuard | None = None  # while loaded with pause_on_load
         self._guard_slot = 0
-        self._skips_seen = [0, 0]
+        self._skips_seen = [0] * len(_SKIP_REASONS)
         self._drops_seen = [0] * len(DROP_REASONS)
         self._attach_lock = threading.Lock()
         self._seen_pids: OrderedDict[int, None] = OrderedDict()
@@ -452,20 +453,21 @@ class BpfReceiver:
                 self.next.consume(batch)
 
     def _read_drops(self) -> None:
-        drops = self._bpf["drops"]
-        for i, reason in enumerate(DROP_REASONS):
-            total = drops[ct.c_int(i)].value
-            if total > self._drops_seen[i]:
-                self.ctx.telemetry.dropped(self.name, reason, total - self._drops_seen[i])
-                self._drops_seen[i] = total
+        for reason, n in self._array_deltas("drops", DROP_REASONS, self._drops_seen):
+            self.ctx.telemetry.dropped(self.name, reason, n)
         if self._guard is not None:
-            skips = self._bpf["oe_pause_skips"]
-            for i, reason in enumerate(("agent_late", "guard_late")):
-                total = skips[ct.c_int(i)].value
-                if total > self._skips_seen[i]:
-                    self.ctx.telemetry.add(PAUSES_SKIPPED, total - self._skips_seen[i], receiver=self.name,
-                                           reason=reason)
-                    self._skips_seen[i] = total
+            for reason, n in self._array_deltas("oe_pause_skips", _SKIP_REASONS, self._skips_seen):
+                self.ctx.telemetry.add(PAUSES_SKIPPED, n, receiver=self.name, reason=reason)
+
+    def _array_deltas(self, table: str, names: Sequence[str], seen: list[int]) -> list[tuple[str, int]]:
+        """(name, growth since the last read) of each counter of BPF array ``table`` that grew."""
+        counters, out = self._bpf[table], []
+        for i, name in enumerate(names):
+            total = counters[ct.c_int(i)].value
+            if total > seen[i]:
+                out.append((name, total - seen[i]))
+                seen[i] = total
+        return out
 
     def _run(self) -> None:
         while not self._stop.is_set():

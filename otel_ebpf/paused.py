@@ -1,17 +1,21 @@
 """Processes held stopped by ``pause_on_load``, recorded where they outlive the agent.
 
 A BPF program with ``OE_PAUSE_ON_LOAD=1`` stops (SIGSTOP) a traced process that opens its
-library and records it in the hash map ``oe_paused`` (otel_ebpf/bpfinc/common.bpf.c) before
-the agent attaches and sends SIGCONT. The map is pinned on bpffs while the agent runs::
+library and records the stop (key: tgid and the stop's timestamp, so each delete names one
+stop) in the hash map ``oe_paused`` (otel_ebpf/bpfinc/common.bpf.c) before the agent attaches
+and sends SIGCONT. The agent's pause guard (otel_ebpf/pauseguard.py) reads the same records to
+resume any stop older than ``pause_timeout``. The map is pinned on bpffs while the agent runs::
 
     /sys/fs/bpf/otel_ebpf/paused/<receiver>-<agent pid>-<agent start ticks>-<n>
 
 (``<agent start ticks>``: field 22 of /proc/<agent pid>/stat, so a reused agent pid is not
 mistaken for the owner; ``<n>``: the receiver instance in that process). A clean shutdown
-removes the pin; only an agent that died without cleanup (SIGKILL, OOM kill) leaves it. The
-next agent (:func:`recover_stale`, called before any program loads) resumes every process
-the dead agent recorded that is still the same process and still stopped (state T), logs a
-warning naming it and counts ``otel_ebpf.pauses.recovered{receiver}``, then removes the pin.
+removes the pin; an agent that died without cleanup (SIGKILL) leaves it to its supervisor,
+which resumes what it records and removes it; only when both die together (an OOM kill of
+their cgroup) is it left for the next agent (:func:`recover_stale`, called before any program
+loads), which resumes every process the dead agent recorded that is still the same process and
+still stopped (state T), logs a warning naming it and counts
+``otel_ebpf.pauses.recovered{receiver}``, then removes the pin.
 A process stopped by anyone else (Ctrl+Z, a debugger, a scheduler's suspend) is never in the
 map and is left alone.
 
@@ -248,22 +252,17 @@ def _key(table: Any, pid: int, ts: int) -> Any:
     return key
 
 
-def forget(bpf: Any, pid: int, ts: int | None) -> bool:
+def forget(bpf: Any, pid: int, ts: int | None) -> None:
     """Delete the record of ``pid``'s stop at ``ts`` (None: every stop of ``pid``) from ``bpf``'s
     ``oe_paused``, after the agent's SIGCONT (in this order: an agent killed in between leaves a
-    record whose process is no longer stopped, which the next agent skips). True when a record was
-    deleted. Never raises."""
+    record whose process is no longer stopped, which the next agent skips). Never raises."""
     try:
         table = bpf["oe_paused"]
-        if ts is not None:
-            del table[_key(table, pid, ts)]
-            return True
-        keys = [k for k in list(table.keys()) if k.tgid == pid]
+        keys = [_key(table, pid, ts)] if ts is not None else [k for k in list(table.keys()) if k.tgid == pid]
         for k in keys:
             del table[k]
-        return bool(keys)
     except Exception:  # no such map (pause off, no program) or entry (already gone)
-        return False
+        pass
 
 
 def recorded(bpf: Any, pid: int, ts: int) -> bool:

@@ -81,17 +81,18 @@ class PauseGuard:
         self.fd: int | None = None
         self.pin: str | None = None
         self.supervisor: subprocess.Popen[bytes] | None = None
+        st = process_stat(os.getpid())
+        self._agent = f"{os.getpid()}-{st[1] if st else 0}"  # pid and start ticks: names it for good
         self._next_slot = 1
         self._respawned_at = 0.0
 
     # ---- made by acquire() -----------------------------------------------------------
     def _open(self) -> None:
-        st = process_stat(os.getpid())
         ensure_bpffs()
         GUARD_DIR.mkdir(parents=True, exist_ok=True)
         _remove_stale_pins()
         self.fd = bpfsys.map_create(bpfsys.ARRAY, _KEY.size, _VAL.size, SLOTS)
-        pin = GUARD_DIR / f"{os.getpid()}-{st[1] if st else 0}-{id(self):x}"
+        pin = GUARD_DIR / f"{self._agent}-{id(self):x}"
         bpfsys.obj_pin(self.fd, str(pin))
         self.pin = str(pin)
         self._spawn()
@@ -103,9 +104,9 @@ class PauseGuard:
                         "by pause_on_load (its first library calls may be missed)", _READY_S)
 
     def _spawn(self) -> None:
-        st = process_stat(os.getpid())
-        argv = [sys.executable, "-m", "otel_ebpf.pauseguard", "--agent-pid", str(os.getpid()),
-                "--agent-start", str(st[1] if st else 0), "--guard-fd", str(self.fd),
+        pid, start = self._agent.split("-")
+        argv = [sys.executable, "-m", "otel_ebpf.pauseguard", "--agent-pid", pid, "--agent-start", start,
+                "--guard-fd", str(self.fd),
                 "--timeout", repr(self.timeout), "--lease-ns", str(self.lease_ns)]
         try:
             self.supervisor = subprocess.Popen(argv, pass_fds=(self.fd,) if self.fd is not None else (),
