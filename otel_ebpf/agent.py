@@ -11,6 +11,7 @@ processes, which follows fork() in the kernel.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -186,11 +187,22 @@ class Agent:
             health.shutdown()
         for rid, r in self.receivers.items():
             _quietly(r.shutdown, f"receiver {rid}")
+        # one budget for handing on the backlog: pipelines, then exporters (service.shutdown_timeout)
+        deadline = time.monotonic() + self.cfg.service.shutdown_timeout
         for p in self.pipelines:
-            _quietly(p.queue.shutdown, f"pipeline {p.name} queue")
+            _quietly(functools.partial(p.queue.shutdown, deadline), f"pipeline {p.name} queue")
             for proc in p.processors:
                 _quietly(proc.shutdown, f"pipeline {p.name} processor")
-            _quietly(p.emitter.shutdown, f"pipeline {p.name} emitter")
+            _quietly(functools.partial(p.emitter.shutdown, deadline), f"pipeline {p.name} emitter")
+
+    def drops(self) -> dict[str, int]:
+        """{'<where>/<reason>': count} of every drop so far (otel_ebpf.events.dropped)."""
+        out: dict[str, int] = {}
+        for name, attrs, value in self.ctx.telemetry.snapshot():
+            if name == "otel_ebpf.events.dropped" and value:
+                key = f"{attrs.get('receiver', '?')}/{attrs.get('reason', '?')}"
+                out[key] = out.get(key, 0) + value
+        return out
 
     def summary(self) -> dict[str, int]:
         tel = self.ctx.telemetry

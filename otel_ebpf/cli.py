@@ -199,7 +199,9 @@ def _report(agent, started: float) -> None:  # type: ignore[no-untyped-def]
     used = {e for p in agent.cfg.service.pipelines.values() for e in p.exporters}
     outs = [f"{eid} -> {getattr(c, 'directory', None) or getattr(c, 'endpoint', '')}"
             for eid, c in agent.cfg.exporters.items() if eid in used]
-    print(f"otel-ebpf: {s['events']} events, {s['spans']} spans, {s['dropped']} dropped, "
+    drops = agent.drops()
+    where = f" ({', '.join(f'{k}={v}' for k, v in sorted(drops.items()))})" if drops else ""
+    print(f"otel-ebpf: {s['events']} events, {s['spans']} spans, {s['dropped']} dropped{where}, "
           f"{s['probes']} probes attached ({s['probe_failures']} failed) in {time.monotonic() - started:.1f}s; "
           f"exported to {', '.join(outs)}", file=sys.stderr)
 

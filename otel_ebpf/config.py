@@ -237,6 +237,10 @@ class ServiceConfig:
              "while the agent's poll loops and the supervisor renew their leases (half this time). A process "
              "resumed that way runs untraced until its probes attach; counted in "
              "otel_ebpf.pauses.timed_out (docs/reliability.md, 'The pause guard').", duration=True)
+    shutdown_timeout: float = doc(
+        60.0, "Longest the agent spends, once tracing stops, handing on what it collected: the pipeline's "
+              "backlog, then each exporter's queue (the last metrics get 5s more). What is left then is counted "
+              "dropped (reasons shutdown, export_shutdown) and named in the run's summary.", duration=True)
 
     def validate(self, path: str) -> None:
         if self.health_endpoint:
@@ -248,6 +252,8 @@ class ServiceConfig:
                 raise ConfigError(f"{path}.{key}", f"must be >= 1, got {value}")
         if self.metrics_interval < 0.05:
             raise ConfigError(f"{path}.metrics_interval", "must be at least 50ms")
+        if not 1 <= self.shutdown_timeout <= 3600:
+            raise ConfigError(f"{path}.shutdown_timeout", f"must be between 1s and 1h, got {self.shutdown_timeout}s")
         if not 0.2 <= self.pause_timeout <= 300:
             raise ConfigError(f"{path}.pause_timeout", f"must be between 200ms and 300s, got {self.pause_timeout}s")
 

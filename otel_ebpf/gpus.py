@@ -276,6 +276,7 @@ class GpuResolver:
         self._procs: dict[int, frozenset[str]] = {}
         self._procs_at = float("-inf")
         self._cache: OrderedDict[tuple[int, int], tuple[str | None, float]] = OrderedDict()
+        self._ordinals: dict[int, set[int]] = {}  # pid -> ordinals in _cache: forget() without a scan
 
     @property
     def gpus(self) -> list[GpuInfo]:
@@ -299,15 +300,24 @@ class GpuResolver:
                 uuid = None
             self._cache[key] = (uuid, now + (self._ttl if uuid else self._neg_ttl))
             self._cache.move_to_end(key)
+            self._ordinals.setdefault(pid, set()).add(ordinal)
             while len(self._cache) > self._max:
-                self._cache.popitem(last=False)
+                (old_pid, old_ordinal), _ = self._cache.popitem(last=False)
+                self._unindex(old_pid, old_ordinal)
         return uuid
 
     def forget(self, pid: int) -> None:
         """Drop the answers for ``pid`` (its process exited)."""
         with self._lock:
-            for key in [k for k in self._cache if k[0] == pid]:
-                del self._cache[key]
+            for ordinal in self._ordinals.pop(pid, ()):
+                self._cache.pop((pid, ordinal), None)
+
+    def _unindex(self, pid: int, ordinal: int) -> None:
+        ordinals = self._ordinals.get(pid)
+        if ordinals is not None:
+            ordinals.discard(ordinal)
+            if not ordinals:
+                del self._ordinals[pid]
 
     def close(self) -> None:
         """Release NVML; later lookups answer None. Safe twice and before any lookup."""
@@ -316,6 +326,7 @@ class GpuResolver:
                 self.source.close()
             self._state = "closed"
             self._cache.clear()
+            self._ordinals.clear()
 
     # ---- under the lock -----------------------------------------------------------------
     def _load(self) -> bool:

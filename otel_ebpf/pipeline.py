@@ -15,6 +15,7 @@ from __future__ import annotations
 import builtins
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -148,7 +149,8 @@ class BoundedQueue:
     ``otel_ebpf.events.dropped{reason=queue_full}``. A batch larger than the whole queue is
     accepted when the queue is empty, so one big poll round never starves. The worker calls
     ``next.consume`` with merged batches; an exception there is logged and counted, and
-    the worker goes on. ``shutdown`` drains what is queued before returning.
+    the worker goes on. ``shutdown`` drains what is queued before returning, until its deadline:
+    what is still queued then is counted ``otel_ebpf.events.dropped{reason=shutdown}``.
     """
 
     backpressure = True  # consume() accepts block_s
@@ -238,12 +240,23 @@ class BoundedQueue:
                     return
             deadline.wait(0.01)
 
-    def shutdown(self) -> None:
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Hand on what is queued, until ``deadline`` (time.monotonic(); default 30 s from now).
+        Events still queued then are counted dropped (reason ``shutdown``); the batch the worker
+        holds goes on downstream, whose own shutdown counts what it cannot send."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            wait = 30.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            self._thread.join(timeout=wait)
+            if self._thread.is_alive():
+                with self._cond:
+                    left, self._size = self._size, 0
+                    self._items.clear()
+                if left:
+                    log.warning("%s: %d events still queued at the shutdown deadline: dropped", self._name, left)
+                    self._telemetry.dropped(self._name, "shutdown", left)
             self._thread = None
         elif self._items:  # never started: drain synchronously so nothing is lost
             self._run()

@@ -161,6 +161,9 @@ class Emitter:
         self._thread: threading.Thread | None = None
         self._shut = False
         self._agent = self._make_proc(Resource.create(dict(agent_attributes)))
+        # Resource.create runs the SDK's resource detectors (a thread pool each time): run them
+        # once; base.merge(Resource(attrs)) equals Resource.create(attrs) (tests/unit/test_emitter.py)
+        self._base_resource = Resource.create({})
         # Prometheus has no spans: no span queue (and no thread) for it
         self.span_queues: list[SendingQueue[ReadableSpan]] = [
             SendingQueue(e.name, "spans", _span_sender(e), e.spans.shutdown, telemetry, capacity=e.queue_size,
@@ -196,7 +199,7 @@ class Emitter:
             self._telemetry.add("otel_ebpf.processes.evicted", 1)
         attrs = dict(self._resource_of(pid, comm))
         attrs.update(self._extra)
-        proc = self._make_proc(Resource.create(attrs))
+        proc = self._make_proc(self._base_resource.merge(Resource(attrs)))
         self._procs[pid] = proc
         return proc
 
@@ -378,17 +381,19 @@ class Emitter:
         with self._lock:
             return len(self._procs)
 
-    def shutdown(self) -> None:
-        """Send the queued spans (all exporters at once, until ``shutdown_timeout``), then the last
-        metrics (until that deadline, or ``_METRICS_GRACE_S`` from then if later); count the rest
-        and shut every exporter down. Safe twice and without start."""
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Send the queued spans (all exporters at once, until ``deadline``, time.monotonic(),
+        default ``shutdown_timeout`` from now), then the last metrics (until that deadline, or
+        ``_METRICS_GRACE_S`` from then if later); count the rest and shut every exporter down.
+        Safe twice and without start."""
         if self._shut:
             return
         self._shut = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=15)
-        deadline = time.monotonic() + self._shutdown_timeout
+        if deadline is None:
+            deadline = time.monotonic() + self._shutdown_timeout
         try:
             for q in self.span_queues:
                 q.close()

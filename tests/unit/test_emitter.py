@@ -136,6 +136,37 @@ def test_extra_attributes_join_every_process_resource():
         r.emitter.shutdown()
 
 
+@pytest.mark.parametrize("env", [{}, {"OTEL_RESOURCE_ATTRIBUTES": "team=ml,service.name=from-env"},
+                                 {"OTEL_SERVICE_NAME": "named"}])
+@pytest.mark.parametrize("with_name", [True, False])
+def test_process_resource_equals_the_sdks_resource_create(monkeypatch, env, with_name):
+    """Golden: the detectors run once per emitter, yet each process's resource is what the
+    SDK's own Resource.create(attributes) gives (env attributes, default service.name)."""
+    from opentelemetry.sdk.resources import Resource
+
+    for k in ("OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+
+    def attrs(pid: int, comm: str | None) -> dict[str, Any]:
+        a = resource_of(pid, comm)
+        if not with_name:
+            del a["service.name"]
+        return a
+
+    r = Rig()
+    r.emitter._resource_of = attrs
+    try:
+        r.emitter.consume([span(7, comm="python")])
+        (s,) = r.finished()
+        want = Resource.create({**attrs(7, "python")})
+        assert dict(s.resource.attributes) == dict(want.attributes)
+        assert s.resource.schema_url == want.schema_url
+    finally:
+        r.emitter.shutdown()
+
+
 def test_explicit_times_kind_scope_and_attributes(rig):
     rig.emitter.consume([span(start_ns=T0 + 5, end_ns=T0 + 905, kind="client", scope="otel_ebpf.cuda",
                               attributes={"cuda.stream": 7, "cuda.kernel": "gemm"})])

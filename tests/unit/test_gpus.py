@@ -175,8 +175,12 @@ def test_answers_are_cached_with_ttls_bounded_and_forgotten_at_exit() -> None:
     for pid in range(1, 10):
         r.hw_id(pid, 0)
     assert len(r._cache) == 4
+    assert r._ordinals == {6: {0}, 7: {0}, 8: {0}, 9: {0}}  # the per-pid index follows the evictions
     r.forget(9)
-    assert (9, 0) not in r._cache and len(r._cache) == 3
+    assert (9, 0) not in r._cache and len(r._cache) == 3 and 9 not in r._ordinals
+    r.hw_id(8, 1)
+    r.forget(8)
+    assert not any(k[0] == 8 for k in r._cache) and 8 not in r._ordinals
     assert nvml.opens == 1
 
 

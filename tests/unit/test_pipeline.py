@@ -118,6 +118,37 @@ def test_shutdown_drains_what_is_queued(telemetry):
     assert sink.events == list(range(20))
 
 
+def test_shutdown_deadline_counts_what_is_left_and_loses_nothing_silently(telemetry):
+    """A stage slower than the shutdown budget: what the worker holds goes on, what is still
+    queued at the deadline is counted dropped (reason shutdown): handed on + counted = all."""
+    gate = threading.Event()
+
+    class Held(Recorder):
+        def consume(self, events: Sequence[object]) -> None:
+            self.called.set()
+            gate.wait(10)
+            self.batches.append(list(events))
+
+    sink = Held()
+    q = BoundedQueue(sink, telemetry, name="default")
+    q.start()
+    q.consume([0])
+    assert sink.called.wait(5)  # the worker holds [0]
+    for i in range(1, 21):
+        q.consume([i])
+    t0 = time.monotonic()
+    q.shutdown(time.monotonic() + 0.2)
+    assert time.monotonic() - t0 < 5
+    assert telemetry.get(DROPPED, receiver="default", reason="shutdown") == 20
+    gate.set()
+    for _ in range(500):
+        if sink.batches:
+            break
+        time.sleep(0.01)
+    assert sink.events == [0]
+    assert q.progress[0] == 0
+
+
 def test_shutdown_twice_and_without_start_is_safe(telemetry):
     BoundedQueue(Recorder(), telemetry).shutdown()
     q = BoundedQueue(Recorder(), telemetry)
