@@ -68,11 +68,11 @@ class EacgmStylePipeline:
     def __init__(self, library: str, symbol: str, out_dir: str | None = None, pid: int | None = None) -> None:
         from bcc import BPF
 
-        from otel_ebpf.clock import KernelClock
+        from otel_ebpf.bpf.clock import KernelClock
         from otel_ebpf.emit.emitter import Emitter, ExporterSpec
         from otel_ebpf.emit.jsonfile import JsonLinesMetricExporter, JsonLinesSpanExporter
-        from otel_ebpf.resources import ResourceCache, agent_resource_attributes
-        from otel_ebpf.telemetry import Telemetry
+        from otel_ebpf.host.processes import ResourceCache, agent_resource_attributes
+        from otel_ebpf.core.telemetry import Telemetry
 
         self._saved_kb = _BUFFER.read_text().split()[0]
         if int(self._saved_kb) < _DEFAULT_KB:
@@ -104,7 +104,7 @@ class EacgmStylePipeline:
         self._thread.start()
 
     def _run(self, time_stamp: float = 1.0) -> None:
-        from otel_ebpf.events import SpanRecord
+        from otel_ebpf.core.events import SpanRecord
 
         open_calls: dict[tuple[int, str], int] = defaultdict(int)
         batch: list[SpanRecord] = []

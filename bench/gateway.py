@@ -34,8 +34,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from otel_ebpf.events import Tick
-from otel_ebpf.pipeline import Context
+from otel_ebpf.core.events import Tick
+from otel_ebpf.core.pipeline import Context
 from otel_ebpf.processors.collective_join import CollectiveJoin, Config
 from otel_ebpf.processors.nccl.comms import collective_ids
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 _NO_NVML = """
 import time; t0 = time.perf_counter()
-from otel_ebpf.receivers import nvml; from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.receivers import nvml; from otel_ebpf.core.pipeline import Context, ListConsumer
 r = nvml.factory.create(nvml.Config(), Context(), ListConsumer()); r.start(); r.ready.wait(30); r.shutdown()
 print(time.perf_counter() - t0, r.disabled is not None)
 """
@@ -48,7 +48,7 @@ def scenario(gpus: int, procs: int, links: int) -> str:
 def measure(gpus: int, procs: int, links: int, scrapes: int) -> dict[str, float]:
     from otel_ebpf.receivers.nvml.nvml import load
     from otel_ebpf.receivers.nvml.scrape import Scraper
-    from otel_ebpf.telemetry import Telemetry
+    from otel_ebpf.core.telemetry import Telemetry
 
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
         fh.write(scenario(gpus, procs, links))

@@ -93,8 +93,8 @@ CUDA_CONFIG: dict = {}  # --no-launch-context: {"launch_context": False}
 
 
 def agent_for(pid: int, out_dir: str, receivers: list[str], **cuda: object):
-    from otel_ebpf import settings
-    from otel_ebpf.agent import Agent
+    from otel_ebpf.service import settings
+    from otel_ebpf.service.agent import Agent
 
     procs = [r for r in receivers]
     cfg = settings.load(None, output=out_dir, extra={"receivers": {"cuda": CUDA_CONFIG | cuda}, "service": {

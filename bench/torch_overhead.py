@@ -39,8 +39,7 @@ def _pin() -> list[str]:
 def _config(path: Path, with_torch: bool) -> Path:
     import yaml
 
-    from otel_ebpf import settings
-
+    from otel_ebpf.service import settings
     pipe = settings.default_data()["service"]["pipelines"]["default"]
     if with_torch:
         pipe = {**pipe, "receivers": [*pipe["receivers"], "torch"], "processors": [*pipe["processors"], "torch"]}

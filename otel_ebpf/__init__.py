@@ -11,6 +11,5 @@ __all__ = ["Session", "__version__", "read_otlp_json"]
 def __getattr__(name: str) -> Any:  # the Python API, imported on first use (the CLI does not need it)
     if name in ("Session", "read_otlp_json"):
         from otel_ebpf import api
-
         return getattr(api, name)
     raise AttributeError(f"module 'otel_ebpf' has no attribute {name!r}")

@@ -7,7 +7,7 @@
         events = s.sample(seconds=2.0)      # MemcpyCall, SyncCall, NcclCall... (frozen dataclasses)
         s.to_parquet("out/")                # one <TypeName>.parquet per event type sampled so far
 
-A :class:`Session` composes the registered receivers (``otel_ebpf.components``) with an
+A :class:`Session` composes the registered receivers (``otel_ebpf.service.components``) with an
 in-memory bounded buffer instead of exporters; no OTel SDK, no files unless asked.
 ``processed=False`` (default): :meth:`Session.sample` returns the receivers' raw typed events
 (``receivers/<name>/events.py``) plus ProcessExit / LibraryLoaded. ``processed=True``: the
@@ -35,12 +35,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from otel_ebpf import components
-from otel_ebpf.config import build
-from otel_ebpf.errors import ConfigError, OtelEbpfError, TargetError
-from otel_ebpf.pipeline import BoundedQueue, Consumer, Context
+from otel_ebpf.service import components
+from otel_ebpf.core.config import build
+from otel_ebpf.core.errors import ConfigError, OtelEbpfError, TargetError
+from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context
 from otel_ebpf.report.otlpfiles import read_otlp_json
-from otel_ebpf.telemetry import DROPPED
+from otel_ebpf.core.telemetry import DROPPED
 
 __all__ = ["Session", "read_otlp_json"]
 
@@ -120,8 +120,8 @@ class Session:
         """Load and attach; then release the command. On failure, undo and re-raise."""
         if self._started:
             return
-        from otel_ebpf.agent import PausedChild
-        from otel_ebpf.resources import ResourceCache
+        from otel_ebpf.service.agent import PausedChild
+        from otel_ebpf.host.processes import ResourceCache
 
         for pid in self.pids:
             if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
@@ -138,7 +138,7 @@ class Session:
                 stage.start()
             for r in self.receivers.values():
                 r.start()
-            from otel_ebpf.bpf import programs_loaded
+            from otel_ebpf.bpf.receiver import programs_loaded
 
             programs_loaded(self.ctx)
             if self._child is not None:
@@ -193,7 +193,7 @@ class Session:
     # ---- targets -----------------------------------------------------------------------
     def _reap(self) -> bool:
         """Whether the command has exited (reaping it and keeping its exit code)."""
-        from otel_ebpf.agent import exit_status
+        from otel_ebpf.service.agent import exit_status
 
         if self.exit_code is not None:
             return True
@@ -274,8 +274,8 @@ class Session:
 
     def to_parquet(self, directory: str | os.PathLike[str]) -> dict[str, Path]:
         """Write :attr:`collected` (everything sample() returned, up to ``max_events``) as one
-        ``<TypeName>.parquet`` per event type (otel_ebpf.parquet.write_events). Needs pyarrow."""
-        from otel_ebpf.parquet import write_events
+        ``<TypeName>.parquet`` per event type (otel_ebpf.formats.parquet.write_events). Needs pyarrow."""
+        from otel_ebpf.formats.parquet import write_events
 
         return write_events(self.collected, directory)
 

@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from otel_ebpf import __version__
-from otel_ebpf.config import ENV_PREFIX
-from otel_ebpf.errors import ConfigError, EnvironmentError_, OtelEbpfError, TargetError
+from otel_ebpf.core.config import ENV_PREFIX
+from otel_ebpf.core.errors import ConfigError, EnvironmentError_, OtelEbpfError, TargetError
 from otel_ebpf.report import cli as report_cli
 
 __all__ = ["main"]
@@ -177,8 +177,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load_cfg(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from otel_ebpf import settings
-
+    from otel_ebpf.service import settings
     extra: dict = {}
     if args.service_name:
         extra.setdefault("service", {})["service_name"] = args.service_name
@@ -207,7 +206,7 @@ def _report(agent, started: float) -> None:  # type: ignore[no-untyped-def]
 
 
 def _run(args: argparse.Namespace) -> int:
-    from otel_ebpf.agent import Agent, PausedChild, wait_child, wait_pids
+    from otel_ebpf.service.agent import Agent, PausedChild, wait_child, wait_pids
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -231,7 +230,7 @@ def _run(args: argparse.Namespace) -> int:
             child.abort()
         raise
     log.info("tracing started in %.2fs", time.monotonic() - started)
-    from otel_ebpf.progress import Progress
+    from otel_ebpf.service.progress import Progress
 
     progress = Progress(agent.summary, sys.stderr)
     if not args.quiet:
@@ -254,8 +253,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from otel_ebpf import settings
-    from otel_ebpf.config import to_plain
+    from otel_ebpf.service import settings
+    from otel_ebpf.core.config import to_plain
 
     if args.defaults:
         sys.stdout.write(settings.dump_defaults())
@@ -314,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="otel-ebpf %(levelname)s %(name)s: %(message)s")
     try:
         if args.cmd == "check":
-            from otel_ebpf.check import render, run_checks
+            from otel_ebpf.service.check import render, run_checks
 
             rows = run_checks()
             print(render(rows))

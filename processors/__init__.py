@@ -1,4 +1,4 @@
-"""Processors: one folder per component, listed by hand in otel_ebpf.components.
+"""Processors: one folder per component, listed by hand in otel_ebpf.service.components.
 
 Installed as ``otel_ebpf.processors`` (see setup.py). Imported under any other name (e.g. as a
 top-level ``processors`` because the repository root is on sys.path) its modules would load twice

@@ -1,4 +1,4 @@
-"""Receivers: one folder per component, listed by hand in otel_ebpf.components.
+"""Receivers: one folder per component, listed by hand in otel_ebpf.service.components.
 
 Installed as ``otel_ebpf.receivers`` (see setup.py). Imported under any other name (e.g. as a
 top-level ``receivers`` because the repository root is on sys.path) its modules would load twice

@@ -14,10 +14,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def _bpf_problem() -> str | None:
-    from otel_ebpf.errors import OtelEbpfError
+    from otel_ebpf.core.errors import OtelEbpfError
 
     try:
-        from otel_ebpf.bpf import require_bpf
+        from otel_ebpf.bpf.receiver import require_bpf
 
         require_bpf()
     except OtelEbpfError as exc:

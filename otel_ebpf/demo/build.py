@@ -5,7 +5,7 @@
 demo probe the same library built with the same flags. It recompiles only when the source (or
 this file, which holds the flags) is newer than the output, writes to a temporary name and
 renames it into place (concurrent builders never load a half-written library), and raises
-:class:`~otel_ebpf.errors.EnvironmentError_` naming the command when gcc is missing or fails.
+:class:`~otel_ebpf.core.errors.EnvironmentError_` naming the command when gcc is missing or fails.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from otel_ebpf.errors import EnvironmentError_
+from otel_ebpf.core.errors import EnvironmentError_
 
 __all__ = ["COMMON_FLAGS", "COMPILER", "STAND_IN_FLAGS", "STAND_IN_SOURCE", "build_stand_in_nccl", "compile_c",
            "find_cudart", "find_wheel_library"]

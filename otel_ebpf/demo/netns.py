@@ -10,7 +10,7 @@ recognised and removed by the next run):
 Nothing else is ever configured: no default route, no forwarding, no other address, so a
 node can talk to the root namespace's ``10.213.i.1`` and to its own loopback only. Every
 function here shells out to iproute2 (``ip``) with a timeout and raises
-:class:`~otel_ebpf.errors.OtelEbpfError` naming the command and its stderr; :func:`destroy`
+:class:`~otel_ebpf.core.errors.OtelEbpfError` naming the command and its stderr; :func:`destroy`
 never raises (it is called from ``finally``).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_ebpf.errors import EnvironmentError_, OtelEbpfError
+from otel_ebpf.core.errors import EnvironmentError_, OtelEbpfError
 
 __all__ = ["MAX_NODES", "NETNS_PREFIX", "NodeNet", "create", "destroy", "remove_stale", "run_alive", "run_id"]
 

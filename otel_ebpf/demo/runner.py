@@ -40,7 +40,7 @@ import yaml
 from otel_ebpf.demo import netns, summary, worker
 from otel_ebpf.demo.procs import Child
 from otel_ebpf.demo.build import build_stand_in_nccl, find_cudart
-from otel_ebpf.errors import ConfigError, EnvironmentError_, OtelEbpfError
+from otel_ebpf.core.errors import ConfigError, EnvironmentError_, OtelEbpfError
 
 __all__ = ["DemoOptions", "run"]
 
@@ -121,7 +121,7 @@ def _write_yaml(path: Path, data: dict[str, Any]) -> Path:
 
 def _preflight() -> Path:
     """The CUDA runtime's path; raises EnvironmentError_ for what the host lacks."""
-    from otel_ebpf.bpf import require_bpf
+    from otel_ebpf.bpf.receiver import require_bpf
 
     require_bpf()
     for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"), ("nsenter", "util-linux")):

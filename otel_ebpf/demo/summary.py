@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_ebpf.hostctx import straggler_figures, why_late
+from otel_ebpf.host.timeline import straggler_figures, why_late
 from otel_ebpf.report.otlpfiles import decode_attributes
 
 __all__ = ["Collective", "Desync", "Summary", "decode_attributes", "html_report", "read", "render"]
@@ -46,7 +46,7 @@ class Collective:
     straggler_rank: int | None
     straggler_host: str | None
     desyncs: tuple[Desync, ...] = ()
-    # the straggler's step figures and the other ranks' median (otel_ebpf.hostctx.straggler_figures)
+    # the straggler's step figures and the other ranks' median (otel_ebpf.host.timeline.straggler_figures)
     figures: tuple[tuple[str, float, float], ...] = ()
 
 

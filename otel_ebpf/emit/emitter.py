@@ -59,8 +59,8 @@ from otel_ebpf.emit.exporters import BatchConfig, RetryConfig
 from otel_ebpf.emit.histograms import HistogramStore
 from otel_ebpf.emit.prometheus import NoSpanExporter
 from otel_ebpf.emit.sending import SendingQueue
-from otel_ebpf.events import MetricRecord, ProcessExit, SpanRecord
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.events import MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = ["Emitter", "ExporterSpec"]
 
@@ -289,7 +289,7 @@ class Emitter:
         return callback
 
     def _register_telemetry(self) -> None:
-        meter = self._agent.meters.get_meter("otel_ebpf.agent")
+        meter = self._agent.meters.get_meter("otel_ebpf.service.agent")
         for name, _attrs, _v in self._telemetry.snapshot():
             if name not in self._observed:
                 self._observed.add(name)
@@ -305,7 +305,7 @@ class Emitter:
                 queues: list[SendingQueue[Any]] = [*self.span_queues, *self.metric_queues]
                 return [Observation(read(q), {"exporter": q.name, "signal": q.signal}) for q in queues]
             return callback
-        meter = self._agent.meters.get_meter("otel_ebpf.agent")
+        meter = self._agent.meters.get_meter("otel_ebpf.service.agent")
         reads: dict[str, Callable[[SendingQueue[Any]], int]] = {
             "otel_ebpf.exporter.queue.size": lambda q: q.size(),
             "otel_ebpf.exporter.queue.capacity": lambda q: q.capacity}

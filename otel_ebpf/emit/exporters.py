@@ -21,11 +21,11 @@ from urllib.parse import urlparse
 from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from otel_ebpf.config import doc
+from otel_ebpf.core.config import doc
 from otel_ebpf.emit.jsonfile import JsonLinesMetricExporter, JsonLinesSpanExporter
 from otel_ebpf.emit.prometheus import DEFAULT_RESOURCE_LABELS
 from otel_ebpf.emit.sending import RetryConfig
-from otel_ebpf.errors import ConfigError, OtelEbpfError
+from otel_ebpf.core.errors import ConfigError, OtelEbpfError
 
 __all__ = ["EXPORTER_TYPES", "BatchConfig", "FileExporterConfig", "OtlpExporterConfig", "PrometheusExporterConfig",
            "RetryConfig", "build_exporters"]

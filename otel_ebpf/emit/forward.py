@@ -20,7 +20,7 @@ from opentelemetry.sdk.metrics.export import MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = ["Forwarder"]
 

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
-from otel_ebpf.events import SpanEventRecord
+from otel_ebpf.core.events import SpanEventRecord
 
 __all__ = ["ReadableSpan", "SpanMaker", "resource_attribute", "with_changes"]
 

@@ -40,9 +40,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from otel_ebpf.config import doc
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.config import doc
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = ["METRICS_DROPPED", "RetryConfig", "SendingQueue"]
 

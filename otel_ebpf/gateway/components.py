@@ -1,8 +1,8 @@
-"""The gateway's registries, listed by hand (the agent's are in :mod:`otel_ebpf.components`;
+"""The gateway's registries, listed by hand (the agent's are in :mod:`otel_ebpf.service.components`;
 the gateway's processors are not offered to the agent and the other way round)."""
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Factory
+from otel_ebpf.core.pipeline import Factory
 
 __all__ = ["processors", "receivers"]
 

@@ -1,6 +1,6 @@
 """The gateway config: defaults, file, environment and CLI overrides, validated at once.
 
-Shaped like the agent's (:mod:`otel_ebpf.settings`) and a Collector's::
+Shaped like the agent's (:mod:`otel_ebpf.service.settings`) and a Collector's::
 
     receivers:  {otlp: {grpc_endpoint: 127.0.0.1:4327, http_endpoint: 127.0.0.1:4328, ...}}
     processors: {collective_join: {timeout: 5s, ...}}
@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ebpf.config import (
+from otel_ebpf.core.config import (
     ENV_PREFIX,
     PipelineConfig,
     build,
@@ -30,11 +30,11 @@ from otel_ebpf.config import (
     to_plain,
 )
 from otel_ebpf.emit.exporters import EXPORTER_TYPES, FileExporterConfig, OtlpExporterConfig
-from otel_ebpf.errors import ConfigError
+from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.gateway import components
 from otel_ebpf.gateway.receiver import OtlpReceiverConfig
 from otel_ebpf.receivers.otlp.server import parse_endpoint
-from otel_ebpf.settings import _build_section, _merge
+from otel_ebpf.service.settings import _build_section, _merge
 
 __all__ = ["ENV_VARS", "GATEWAY_ENV_PREFIX", "GatewayConfig", "GatewayServiceConfig", "OtlpReceiverConfig",
            "default_data", "dump_defaults", "load"]
@@ -68,12 +68,12 @@ class GatewayServiceConfig:
                                         "300s: an exporter's retry_on_failure.max_elapsed_time.", duration=True)
     tick_interval: float = doc(0.1, "How often the join is woken while no spans arrive, so timeouts and "
                                     "desync reports fire during a hang.", duration=True)
-    health_endpoint: str = doc("127.0.0.1:13134", "HOST:PORT serving /healthz and /readyz (otel_ebpf.health); "
+    health_endpoint: str = doc("127.0.0.1:13134", "HOST:PORT serving /healthz and /readyz (otel_ebpf.service.health); "
                                                   "'' disables it. 13134, not 13133, so an agent fits on the host.")
 
     def validate(self, path: str) -> None:
         if self.health_endpoint:
-            from otel_ebpf.health import parse_host_port
+            from otel_ebpf.service.health import parse_host_port
 
             parse_host_port(self.health_endpoint, f"{path}.health_endpoint")
         for key in ("max_queue", "max_metric_queue"):
@@ -192,7 +192,7 @@ def load(path: str | None = None, *, output: str | None = None, endpoint: str | 
 
 def dump_defaults() -> str:
     """The default gateway config as commented YAML: every key with its documentation."""
-    from otel_ebpf.configdoc import _emit, _scalar, _section
+    from otel_ebpf.service.config_reference import _emit, _scalar, _section
 
     lines = ["# otel-ebpf gateway default configuration (otel-ebpf gateway --defaults).",
              "# Any subset of it in a file given with --config is merged over these defaults.", ""]

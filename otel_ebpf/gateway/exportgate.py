@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from otel_ebpf.pipeline import Consumer
+from otel_ebpf.core.pipeline import Consumer
 
 __all__ = ["ExportGate", "RoomQueue"]
 

@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from otel_ebpf.telemetry import DROPPED, LOST, Telemetry
+from otel_ebpf.core.telemetry import DROPPED, LOST, Telemetry
 
 __all__ = ["NOT_LOST", "AgentLossLedger", "GatewayTelemetry"]
 

@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from otel_ebpf.config import doc
+from otel_ebpf.core.config import doc
 from otel_ebpf.emit.otlp_in import metrics_from_request, spans_from_request
-from otel_ebpf.errors import ConfigError
+from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.gateway.losses import AgentLossLedger
-from otel_ebpf.pipeline import Context
+from otel_ebpf.core.pipeline import Context
 from otel_ebpf.receivers.otlp.server import OtlpServer, OtlpServerStats, count_items, parse_endpoint
-from otel_ebpf.telemetry import RECEIVED, REFUSED
+from otel_ebpf.core.telemetry import RECEIVED, REFUSED
 
 __all__ = ["OtlpInReceiver", "OtlpReceiverConfig", "Queue"]
 

@@ -32,16 +32,16 @@ from typing import Any
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
 from otel_ebpf.emit.exporters import build_exporters
 from otel_ebpf.emit.forward import Forwarder
-from otel_ebpf.errors import OtelEbpfError
-from otel_ebpf.events import Tick
+from otel_ebpf.core.errors import OtelEbpfError
+from otel_ebpf.core.events import Tick
 from otel_ebpf.gateway import components
 from otel_ebpf.gateway.config import GatewayConfig
 from otel_ebpf.gateway.exportgate import ExportGate
 from otel_ebpf.gateway.losses import AgentLossLedger, GatewayTelemetry
 from otel_ebpf.gateway.receiver import OtlpInReceiver
-from otel_ebpf.pipeline import BoundedQueue, Consumer, Context
-from otel_ebpf.resources import gateway_resource_attributes
-from otel_ebpf.telemetry import LOST
+from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context
+from otel_ebpf.host.processes import gateway_resource_attributes
+from otel_ebpf.core.telemetry import LOST
 
 __all__ = ["Gateway"]
 
@@ -85,7 +85,7 @@ class Gateway:
                           for rid in pipe.receivers}
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
-        self.health: Any = None  # otel_ebpf.health.HealthServer while started
+        self.health: Any = None  # otel_ebpf.service.health.HealthServer while started
 
     def _tick(self) -> None:
         while not self._stop.wait(self.cfg.service.tick_interval):
@@ -95,8 +95,7 @@ class Gateway:
         """Start everything; on a failure stop what started and re-raise (OtlpBindError names
         the endpoint that could not be bound)."""
         try:
-            from otel_ebpf import health
-
+            from otel_ebpf.service import health
             self.health = health.serve(self.cfg.service.health_endpoint, health.GATEWAY_DEFAULT,
                                        health.gateway_checks(self), "service.health_endpoint")
             self.forwarder.start()

@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from otel_ebpf.hostctx import straggler_figures, why_late
+from otel_ebpf.host.timeline import straggler_figures, why_late
 from otel_ebpf.report.otlpfiles import MetricPoint, OtlpData, SpanRow
 
 __all__ = ["DEFAULT_MAX_SPANS", "MAX_CHARTS", "MAX_POINTS", "MAX_SERIES", "build", "is_collective_root",
@@ -186,7 +186,7 @@ def _top_slow(spans: list[SpanRow], t0: int, top: int) -> list[dict[str, Any]]:
 
 
 def _why_late(roots: list[dict[str, Any]]) -> list[list[Any]]:
-    """[figure, straggler ms, peers' median ms], the top 3 (otel_ebpf.hostctx.why_late)."""
+    """[figure, straggler ms, peers' median ms], the top 3 (otel_ebpf.host.timeline.why_late)."""
     return [list(r) for r in why_late(straggler_figures(c["attrs"]) for c in roots)[:3]]
 
 

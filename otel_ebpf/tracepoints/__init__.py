@@ -4,7 +4,6 @@ nothing until a tracer (the otel-ebpf agent's ``apptrace`` receiver, bpftrace, p
 ::
 
     from otel_ebpf import tracepoints
-
     tp = tracepoints.Provider("mlserver")
     model_loaded = tp.probe("model_loaded", model=str, version=int)
 

@@ -1,7 +1,7 @@
 """Application tracepoints processor: AppSpan/AppPoint -> spans in the app's trace (see :mod:`.processor`)."""
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Factory
+from otel_ebpf.core.pipeline import Factory
 
 from .config import Config
 from .processor import AppTraceProcessor

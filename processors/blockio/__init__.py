@@ -1,7 +1,7 @@
 """Block IO processor: block IO events -> system.disk.* and process.disk.* metrics (see :mod:`.processor`)."""
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Factory
+from otel_ebpf.core.pipeline import Factory
 
 from .config import Config
 from .processor import BlockIoProcessor

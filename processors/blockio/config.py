@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otel_ebpf.config import doc
+from otel_ebpf.core.config import doc
 
 __all__ = ["Config"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_ebpf.processing import EventProcessor, MetricSpec, handles
+from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 
 from ...receivers.blockio.events import DiskIoStats, ProcessDiskIo
 from .config import Config

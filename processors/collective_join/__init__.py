@@ -7,7 +7,7 @@ Listed in the gateway's registry (``otel_ebpf.gateway.components``), not the age
 """
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Factory
+from otel_ebpf.core.pipeline import Factory
 
 from .config import Config
 from .processor import CollectiveJoin, create

@@ -16,7 +16,7 @@ Input: finished SDK spans (``ReadableSpan``, read through its API; new spans are
   ``nccl.ranks.arrived``, ``nccl.straggler.rank``/``nccl.straggler.host`` (complete
   collectives: the rank that started last, host from its resource ``host.name``),
   ``nccl.straggler.X`` / ``nccl.peers_median.X`` for each ``ml.step.X`` host figure on the
-  straggler's span (otel_ebpf.hostctx.straggler_attributes: "why was it late"),
+  straggler's span (otel_ebpf.host.timeline.straggler_attributes: "why was it late"),
   ``nccl.partial=true`` + ``nccl.missing_ranks``, ``nccl.mismatch=true`` +
   ``nccl.mismatch.fields`` when ranks disagree on ``nccl.op``/``nccl.count``/``nccl.datatype``
   (or ``nccl.nranks``).
@@ -45,12 +45,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from otel_ebpf.emit.ids import derive_id
+from otel_ebpf.core.ids import derive_id
 from otel_ebpf.emit.readable import ReadableSpan, SpanMaker, resource_attribute, with_changes
-from otel_ebpf.events import AttrValue, MetricRecord, SpanEventRecord
-from otel_ebpf.hostctx import straggler_attributes
-from otel_ebpf.pipeline import Consumer, Context
-from otel_ebpf.resources import gateway_resource_attributes
+from otel_ebpf.core.events import AttrValue, MetricRecord, SpanEventRecord
+from otel_ebpf.host.timeline import straggler_attributes
+from otel_ebpf.core.pipeline import Consumer, Context
+from otel_ebpf.host.processes import gateway_resource_attributes
 
 from .config import Config
 from .store import Collective, Store

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from otel_ebpf.events import SpanEventRecord
+from otel_ebpf.core.events import SpanEventRecord
 
 __all__ = ["Collective", "Front", "Key", "Store"]
 

@@ -1,7 +1,7 @@
 """CUDA processor: CUDA runtime events -> spans and metrics (see :mod:`.processor`)."""
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
 from .errors import error_name

@@ -11,7 +11,7 @@ Span attributes (``cuda.*``; a metric carries only the ones listed with it):
 * ``cuda.device.index``: the thread's device from its last successful cudaSetDevice; absent
   when none was seen (OBI's name; ``cuda.device`` alone would collide with the namespace).
 * ``hw.id``: that device's GPU UUID (``GPU-...``, as dcgm-exporter's ``UUID`` label), on spans
-  and on every metric that carries ``cuda.device.index``, when :mod:`otel_ebpf.gpus` resolves
+  and on every metric that carries ``cuda.device.index``, when :mod:`otel_ebpf.host.gpus` resolves
   it (NVML present; the process's CUDA_VISIBLE_DEVICES or NVML's process list). Without a
   cudaSetDevice it is set only when the process can be on one GPU alone.
 * ``cuda.return_code`` (int) and, when not 0, ``error.type`` (``cudaErrorInsufficientDriver``).
@@ -75,8 +75,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from otel_ebpf.events import Attributes, MetricKind, MetricRecord, ProcessExit, SpanRecord
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.core.events import Attributes, MetricKind, MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Consumer, Context
 
 from ...receivers.cuda.events import (
     AllocCall,
@@ -160,7 +160,7 @@ class CudaProcessor:
         self.config = config
         self._telemetry = ctx.telemetry
         self._next = next_
-        self._gpus = ctx.gpus  # otel_ebpf.gpus.GpuResolver or None: hw.id beside cuda.device.index
+        self._gpus = ctx.gpus  # otel_ebpf.host.gpus.GpuResolver or None: hw.id beside cuda.device.index
         self._ctx = ctx  # ctx.app_context (receivers/apptrace): the app span a thread is in -> span parent
         self._allocs: dict[int, dict[int, _Alloc]] = {}  # pid -> ptr -> allocation
         self._tracked = 0
@@ -182,7 +182,7 @@ class CudaProcessor:
         return self._tracked
 
     def _where(self, pid: int, device: int) -> dict[str, Any]:
-        """``cuda.device.index`` and, when the GPU is known, its ``hw.id`` (otel_ebpf.gpus)."""
+        """``cuda.device.index`` and, when the GPU is known, its ``hw.id`` (otel_ebpf.host.gpus)."""
         attrs = _dev(device)
         uuid = self._gpus.hw_id(pid, device) if self._gpus is not None else None
         if uuid:

@@ -1,7 +1,7 @@
 """Memory processor: page faults, RSS and OOM kills -> process.* metrics and process.oom_kill spans."""
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Factory
+from otel_ebpf.core.pipeline import Factory
 
 from .config import Config
 from .processor import MemoryProcessor

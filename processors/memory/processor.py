@@ -1,6 +1,6 @@
 """Memory events (receivers/memory) -> MetricRecord / SpanRecord; everything else passes unchanged.
 
-Metrics (scope ``otel_ebpf.memory``, on the traced process's resource; semconv names):
+Metrics (scope ``otel_ebpf.bpf.compiler_memory``, on the traced process's resource; semconv names):
 
 * ``process.paging.faults`` counter {fault}: user page faults, minor and major together (the
   tracepoint fires before the kernel knows which, so no ``process.paging.fault_type``).
@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
-from otel_ebpf.events import ProcessExit, SpanRecord
-from otel_ebpf.pipeline import Consumer, Context
-from otel_ebpf.processing import EventProcessor, MetricSpec, handles
+from otel_ebpf.core.events import ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Consumer, Context
+from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 
 from ...receivers.memory.events import MemoryUsage, OomKill, PageFaults
 from .config import Config
@@ -32,7 +32,7 @@ from .config import Config
 __all__ = ["METRICS", "SCOPE", "MemoryProcessor"]
 
 log = logging.getLogger(__name__)
-SCOPE = "otel_ebpf.memory"
+SCOPE = "otel_ebpf.bpf.compiler_memory"
 METRICS: dict[str, MetricSpec] = {
     "process.paging.faults": ("counter", "{fault}", "Number of page faults the process has made."),
     "process.memory.usage": ("updown", "By", "The amount of physical memory in use (RSS)."),

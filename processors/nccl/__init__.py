@@ -4,7 +4,7 @@ Type name ``nccl``; :class:`Config` in :mod:`.config`; id derivations in :mod:`.
 """
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Factory
+from otel_ebpf.core.pipeline import Factory
 
 from .config import Config
 from .processor import NcclProcessor, create

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otel_ebpf.emit.ids import derive_id
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.ids import derive_id
+from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = [
     "Comm",

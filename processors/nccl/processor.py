@@ -26,11 +26,11 @@ Calls that cannot be joined (communicator unknown, rank unknown, no sequence num
 their attributes and get random ids, or only the shared trace when just the rank is missing;
 each is counted in ``otel_ebpf.nccl.unjoined{reason}``.
 
-``ml.step.*`` (otel_ebpf.hostctx.StepTracker): on each collective span, the calling thread's
+``ml.step.*`` (otel_ebpf.host.timeline.StepTracker): on each collective span, the calling thread's
 off-CPU / run-queue / on-CPU time and the process's other host figures (IO, faults) over the
 interval since the end of its previous collective on that communicator (the compute phase).
 
-``hw.id``: the GPU UUID of ``nccl.device`` (otel_ebpf.gpus), on collective, p2p and
+``hw.id``: the GPU UUID of ``nccl.device`` (otel_ebpf.host.gpus), on collective, p2p and
 communicator spans (not on ``ncclGroup`` spans, which may cover several devices, nor on root
 spans) and on ``nccl.calls`` / ``nccl.bytes`` / ``nccl.enqueue.duration``; with the device
 unknown only when the process can be on one GPU alone.
@@ -49,10 +49,10 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from otel_ebpf.emit.ids import derive_id
-from otel_ebpf.events import AttrValue, MetricRecord, ProcessExit, SpanLinkRecord, SpanRecord
-from otel_ebpf.hostctx import StepTracker
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.core.ids import derive_id
+from otel_ebpf.core.events import AttrValue, MetricRecord, ProcessExit, SpanLinkRecord, SpanRecord
+from otel_ebpf.host.timeline import StepTracker
+from otel_ebpf.core.pipeline import Consumer, Context
 
 from otel_ebpf.receivers.nccl import events as ev_mod
 
@@ -84,7 +84,7 @@ class NcclProcessor:
         self.next = next_
         self.host = config.host or socket.gethostname()
         self.comms = CommTable(config.max_comms, ctx.telemetry, self.host)
-        self._gpus = ctx.gpus  # otel_ebpf.gpus.GpuResolver or None
+        self._gpus = ctx.gpus  # otel_ebpf.host.gpus.GpuResolver or None
         self._steps = StepTracker(getattr(ctx, "host_stats", None))  # ml.step.* host figures
         self._sums: dict[tuple[int, str, tuple[tuple[str, AttrValue], ...]], float] = {}
         self._handlers: dict[type, Callable[[Any, Out], None]] = {
@@ -169,7 +169,7 @@ class NcclProcessor:
 
     def _add_hw_id(self, attrs: dict[str, AttrValue], pid: int, device: int | None) -> None:
         """``hw.id`` of the communicator's CUDA device (unknown device: only when the process can
-        be on one GPU alone), through otel_ebpf.gpus."""
+        be on one GPU alone), through otel_ebpf.host.gpus."""
         uuid = self._gpus.hw_id(pid, -1 if device is None else device) if self._gpus is not None else None
         if uuid:
             attrs["hw.id"] = uuid

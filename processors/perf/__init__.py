@@ -1,7 +1,7 @@
 """Perf-counter processor: perf counts -> process.cpu.* and process.context_switches counters."""
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Factory
+from otel_ebpf.core.pipeline import Factory
 
 from .config import Config
 from .processor import PerfProcessor

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_ebpf.events import MetricRecord
-from otel_ebpf.processing import EventProcessor, handles
+from otel_ebpf.core.events import MetricRecord
+from otel_ebpf.core.processing import EventProcessor, handles
 
 from ...receivers.perf.events import PerfCount
 from .config import Config

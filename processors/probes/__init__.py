@@ -1,7 +1,7 @@
 """User-declared probes processor: ProbeHit -> spans and metrics (see :mod:`.processor`)."""
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Factory
+from otel_ebpf.core.pipeline import Factory
 
 from .config import Config
 from .processor import UserProbesProcessor

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_ebpf.events import MetricRecord, SpanRecord
-from otel_ebpf.processing import EventProcessor, handles
+from otel_ebpf.core.events import MetricRecord, SpanRecord
+from otel_ebpf.core.processing import EventProcessor, handles
 
 from ...receivers.probes.events import ProbeHit
 from .config import Config

@@ -1,7 +1,7 @@
 """Python processor: Python calls (receivers/python) to nested spans (see :mod:`.processor`)."""
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
 from .processor import PythonProcessor, call_ids, qualified_name

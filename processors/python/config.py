@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otel_ebpf.config import doc
+from otel_ebpf.core.config import doc
 
 __all__ = ["Config"]
 
@@ -17,4 +17,4 @@ class Config:
               "(CPython's USDT probes give co_name, not the qualified name); false: the bare co_name.")
 
     def validate(self, path: str) -> None:
-        """Nothing to check beyond types (done by otel_ebpf.config)."""
+        """Nothing to check beyond types (done by otel_ebpf.core.config)."""

@@ -21,9 +21,9 @@ import os
 
 from opentelemetry.semconv.attributes.code_attributes import CODE_FILE_PATH, CODE_FUNCTION_NAME, CODE_LINE_NUMBER
 
-from otel_ebpf.emit.ids import derive_id
-from otel_ebpf.events import SpanRecord
-from otel_ebpf.processing import EventProcessor, handles
+from otel_ebpf.core.ids import derive_id
+from otel_ebpf.core.events import SpanRecord
+from otel_ebpf.core.processing import EventProcessor, handles
 
 from ...receivers.python.events import PythonCall
 from .config import Config

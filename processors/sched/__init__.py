@@ -2,7 +2,7 @@
 (see :mod:`.processor`)."""
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Factory
+from otel_ebpf.core.pipeline import Factory
 
 from .config import Config
 from .processor import SchedProcessor

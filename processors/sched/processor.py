@@ -37,9 +37,9 @@ from opentelemetry.semconv._incubating.attributes import cpu_attributes as cpu
 from opentelemetry.semconv._incubating.attributes import process_attributes as pa
 from opentelemetry.semconv._incubating.metrics import process_metrics as pm
 
-from otel_ebpf.events import ProcessExit, SpanEventRecord, SpanRecord
-from otel_ebpf.pipeline import Consumer, Context
-from otel_ebpf.processing import EventProcessor, MetricSpec, handles
+from otel_ebpf.core.events import ProcessExit, SpanEventRecord, SpanRecord
+from otel_ebpf.core.pipeline import Consumer, Context
+from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 
 from ...receivers.sched.events import (
     OFF_CPU_REASONS,

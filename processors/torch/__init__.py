@@ -1,7 +1,7 @@
 """PyTorch processor: operator calls (receivers/torch) to nested spans and pytorch.op.duration."""
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
 from .processor import TorchProcessor, op_ids

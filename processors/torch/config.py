@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otel_ebpf.config import doc
+from otel_ebpf.core.config import doc
 
 __all__ = ["Config"]
 
@@ -15,4 +15,4 @@ class Config:
     spans: bool = doc(True, "Emit a span per operator call (the pytorch.op.duration metric is emitted either way).")
 
     def validate(self, path: str) -> None:
-        """Nothing to check beyond types (done by otel_ebpf.config)."""
+        """Nothing to check beyond types (done by otel_ebpf.core.config)."""

@@ -16,9 +16,9 @@ Threading: single-threaded (the pipeline worker); ``consume`` never raises.
 from __future__ import annotations
 
 
-from otel_ebpf.emit.ids import derive_id
-from otel_ebpf.events import MetricRecord, SpanRecord
-from otel_ebpf.processing import EventProcessor, handles
+from otel_ebpf.core.ids import derive_id
+from otel_ebpf.core.events import MetricRecord, SpanRecord
+from otel_ebpf.core.processing import EventProcessor, handles
 
 from ...receivers.torch.events import TorchOp
 from .config import Config

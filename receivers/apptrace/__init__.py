@@ -3,7 +3,7 @@ AppPoint/AppSpan events in the app's own trace, and the per-thread current app s
 ``ctx.app_context`` so CUDA spans of that thread become its children."""
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
 from .receiver import AppTraceReceiver

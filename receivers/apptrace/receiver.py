@@ -23,9 +23,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from otel_ebpf.bpf import COMMON_SRC, BpfReceiver
-from otel_ebpf.errors import AttachError
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.bpf.receiver import COMMON_SRC, BpfReceiver
+from otel_ebpf.core.errors import AttachError
+from otel_ebpf.core.pipeline import Consumer, Context
 
 from ..probes.attach import RefCtrUprobes
 from ..probes.usdt import ArgLoc, Site, UsdtError, arg_reader, find_site
@@ -45,7 +45,6 @@ _NARGS = 8
 def sdk_library() -> str | None:
     """The agent's own copy of the SDK extension, when it is built."""
     from otel_ebpf import tracepoints
-
     mod = getattr(tracepoints, "_oetp", None)
     return os.path.realpath(mod.__file__) if mod is not None and getattr(mod, "__file__", None) else None
 

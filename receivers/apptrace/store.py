@@ -1,7 +1,7 @@
 """Which application span is current on a thread, at a given time: set by the apptrace
 receiver from begin/end fires, read by processors that parent their spans on it (cuda).
 
-Lives on :attr:`otel_ebpf.pipeline.Context.app_context`. Intervals are kept per (pid, tid):
+Lives on :attr:`otel_ebpf.core.pipeline.Context.app_context`. Intervals are kept per (pid, tid):
 an open one (begin seen, end not yet) matches every later time; closed ones are kept (the
 last :data:`PER_THREAD` per thread) because another receiver's records of the same time may
 be processed after the end was read. The innermost (latest begun) interval that contains the
@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = ["PER_THREAD", "AppContextStore"]
 

@@ -4,7 +4,7 @@ The ``blockio`` processor turns the events into ``system.disk.*`` and ``process.
 """
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
 from .receiver import BlockIoReceiver

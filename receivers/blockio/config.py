@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otel_ebpf.config import doc
-from otel_ebpf.errors import ConfigError
+from otel_ebpf.core.config import doc
+from otel_ebpf.core.errors import ConfigError
 
 __all__ = ["Config"]
 

@@ -8,7 +8,7 @@ The ``cuda`` processor turns the events into spans and metrics.
 """
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
 from .receiver import CudaReceiver

@@ -1,4 +1,4 @@
-/* CUDA runtime (libcudart.so.12) uprobes. Prepended with otel_ebpf/bpfinc/common.bpf.c.
+/* CUDA runtime (libcudart.so.12) uprobes. Prepended with otel_ebpf/bpf/include/common.bpf.c.
  *
  * - Completed calls (memcpy, malloc/free, synchronize, cudaSetDevice): the uprobe saves the
  *   arguments in `inflight`, keyed by (tid, api) so one API nested in another on the same

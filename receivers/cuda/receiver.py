@@ -7,7 +7,7 @@ synchronize call, are counted in the kernel and read here, at most every ``stats
 and deleted, and everything is read once more at shutdown.
 
 Threading: ``decode`` and ``poll_maps`` run on the receiver's poll thread only (see
-:class:`otel_ebpf.bpf.BpfReceiver`); they never raise for a bad record (the base counts it as
+:class:`otel_ebpf.bpf.receiver.BpfReceiver`); they never raise for a bad record (the base counts it as
 ``decode_error``).
 """
 from __future__ import annotations
@@ -21,10 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from otel_ebpf import threadctx
-from otel_ebpf.bpf import BpfReceiver, Probe
+from otel_ebpf.bpf import threadctx
+from otel_ebpf.bpf.receiver import BpfReceiver, Probe
 from otel_ebpf.emit.histograms import bounds_for_unit
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.core.pipeline import Consumer, Context
 
 from .config import Config
 from .events import (
@@ -206,7 +206,7 @@ class CudaReceiver(BpfReceiver):
     def _enclosing(self, kind: int, start: int, root: int) -> EnclosingCall | None:
         if not kind:
             return None
-        to_epoch = self.clock.to_epoch_ns  # the same offset as the python/torch receivers' (otel_ebpf.bpf)
+        to_epoch = self.clock.to_epoch_ns  # the same offset as the python/torch receivers' (otel_ebpf.bpf.receiver)
         return EnclosingCall(CTX_KINDS[kind], to_epoch(start), to_epoch(root))
 
     # ---- ring-buffer records ----------------------------------------------------------
@@ -260,7 +260,7 @@ class CudaReceiver(BpfReceiver):
     def read_launch_stats(self) -> list[KernelLaunchStats]:
         """Deltas of every launch counter since the last read; counters of processes that are
         gone are deleted after this (final) read. A counter's operator address is named by the
-        torch receiver of the same agent (otel_ebpf.threadctx), while the process lives."""
+        torch receiver of the same agent (otel_ebpf.bpf.threadctx), while the process lives."""
         if self.bpf is None:
             return []
         now_ns = time.time_ns()

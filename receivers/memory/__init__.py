@@ -5,7 +5,7 @@ The ``memory`` processor turns the events into process.paging.faults, process.me
 """
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
 from .receiver import MemoryReceiver

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_ebpf.bpf import BpfReceiver
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.bpf.receiver import BpfReceiver
+from otel_ebpf.core.pipeline import Consumer, Context
 
 from .config import Config
 from .events import MemoryUsage, OomKill, PageFaults

@@ -4,7 +4,7 @@ Type name ``nccl``; :class:`Config` in :mod:`.config`; events in :mod:`.events`.
 """
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
 from .receiver import NcclReceiver

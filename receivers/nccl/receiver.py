@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from otel_ebpf.bpf import BpfReceiver, Probe
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.bpf.receiver import BpfReceiver, Probe
+from otel_ebpf.core.pipeline import Consumer, Context
 
 from .config import Config
 from .events import (

@@ -3,13 +3,13 @@
 Scrapes every GPU every ``interval`` through pynvml (nvidia-ml-py): utilization, memory, temperature,
 power, fan, clocks, encoder/decoder, PCIe, ECC, clock throttle reasons, NVLink, MIG, and per-process
 memory and utilization (on each process's own resource, beside its eBPF spans); XID errors arrive
-through NVML's event API. Emits :class:`~otel_ebpf.events.MetricRecord` s directly (the ``cuda`` and
+through NVML's event API. Emits :class:`~otel_ebpf.core.events.MetricRecord` s directly (the ``cuda`` and
 ``nccl`` processors pass them on unchanged). Names: :mod:`.metrics` and docs/nvml.md.
 Without NVML on the host it logs one warning and stays idle.
 """
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
 from .receiver import NvmlReceiver

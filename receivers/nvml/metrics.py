@@ -19,7 +19,7 @@ from opentelemetry.semconv._incubating.attributes.error_attributes import ERROR_
 from opentelemetry.semconv._incubating.attributes.network_attributes import NETWORK_IO_DIRECTION
 from opentelemetry.semconv._incubating.metrics import hw_metrics as hw
 
-from otel_ebpf.events import Attributes, MetricKind
+from otel_ebpf.core.events import Attributes, MetricKind
 
 __all__ = [
     "CLOCK_DOMAIN", "DIRECTION", "ERROR_TYPE", "GPU_INDEX", "HW_ID", "HW_PARENT", "HW_STATE", "HW_TASK",

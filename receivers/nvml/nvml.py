@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.telemetry import Telemetry
 
 from .metrics import SCRAPE_ERRORS
 

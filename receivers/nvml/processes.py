@@ -11,7 +11,7 @@ answers NOT_FOUND when there is none: not an error), averaged per process. Recor
   (gauges, 0..1): the mean of the samples since the last scrape, 0 for a process on the GPU
   without a new sample (NVML has none for a process that did not run on the GPU).
 
-The process's resource (``otel_ebpf.resources.ResourceCache``) carries ``k8s.pod.name`` and the other
+The process's resource (``otel_ebpf.host.processes.ResourceCache``) carries ``k8s.pod.name`` and the other
 ``k8s.*`` names of its pod, so these series sum by pod (PromQL in docs/nvml.md).
 
 A process that leaves the GPU while still alive gets its memory brought back to 0; one that
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from otel_ebpf.events import MetricRecord
+from otel_ebpf.core.events import MetricRecord
 
 from . import metrics as m
 from .nvml import NOT_FOUND, Calls

@@ -22,9 +22,9 @@ import threading
 from collections.abc import Sequence
 from types import ModuleType
 
-from otel_ebpf import gpus
-from otel_ebpf.events import AttrValue, MetricRecord
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.host import gpus
+from otel_ebpf.core.events import AttrValue, MetricRecord
+from otel_ebpf.core.pipeline import Consumer, Context
 
 from . import metrics as m
 from .config import Config

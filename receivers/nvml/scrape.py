@@ -1,4 +1,4 @@
-"""One NVML scrape: every GPU read through pynvml into :class:`~otel_ebpf.events.MetricRecord` s.
+"""One NVML scrape: every GPU read through pynvml into :class:`~otel_ebpf.core.events.MetricRecord` s.
 
 Per GPU, in this order (each call counted and skipped on failure, see :mod:`.nvml`):
 utilization (gpu, memory), memory info, temperature, power usage, energy and enforced limit, fan, SM and
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from otel_ebpf.events import Attributes, MetricRecord
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.events import Attributes, MetricRecord
+from otel_ebpf.core.telemetry import Telemetry
 
 from . import metrics as m
 from .metrics import METRICS, SCOPE

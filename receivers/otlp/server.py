@@ -30,8 +30,8 @@ concurrent RPCs (``RESOURCE_EXHAUSTED``, counted by grpcio only); HTTP runs at m
 ``max_workers`` handlers, further connections wait in the kernel listen backlog. No queue: a
 callback that has no room refuses (above) rather than queueing or dropping.
 
-Errors: :class:`OtlpBindError` (an ``otel_ebpf.errors.EnvironmentError_``) when an endpoint
-cannot be bound; ``otel_ebpf.errors.ConfigError`` for a bad endpoint or limit.
+Errors: :class:`OtlpBindError` (an ``otel_ebpf.core.errors.EnvironmentError_``) when an endpoint
+cannot be bound; ``otel_ebpf.core.errors.ConfigError`` for a bad endpoint or limit.
 
 Layout: the OTLP/JSON codec is :mod:`receivers.otlp.otlp_json` (``parse_otlp_json`` and
 ``to_otlp_json`` are re-exported here), the HTTP transport :mod:`receivers.otlp._http`, the
@@ -55,10 +55,10 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
-from otel_ebpf.errors import ConfigError, EnvironmentError_
+from otel_ebpf.core.errors import ConfigError, EnvironmentError_
 from ._http import _HttpServer
 from ._status import retry_status
-from otel_ebpf.otlpjson import parse_otlp_json, to_otlp_json
+from otel_ebpf.formats.otlpjson import parse_otlp_json, to_otlp_json
 
 __all__ = [
     "SIGNALS",

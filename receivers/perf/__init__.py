@@ -4,7 +4,7 @@ On machines without a PMU it says "perf counters not supported here" once.
 """
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
 from .receiver import PerfReceiver

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.core.pipeline import Consumer, Context
 
 from . import perfevent
 from .config import Config

@@ -8,7 +8,7 @@ cannot inject C. Off by default; on with an empty list it loads nothing.
 """
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import ArgSpec, Config, ProbeSpec
 from .receiver import UserProbesReceiver

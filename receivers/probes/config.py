@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from otel_ebpf.config import doc
-from otel_ebpf.errors import ConfigError
+from otel_ebpf.core.config import doc
+from otel_ebpf.core.errors import ConfigError
 
 __all__ = ["IDENT", "MAX_ARGS", "MAX_DATA", "MAX_PROBES", "MAX_STR", "REG_ARGS", "SCALAR_TYPES", "ArgSpec",
            "Config", "ProbeSpec", "parse_type"]

@@ -17,9 +17,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from otel_ebpf.bpf import COMMON_SRC, BpfReceiver
-from otel_ebpf.errors import AttachError
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.bpf.receiver import COMMON_SRC, BpfReceiver
+from otel_ebpf.core.errors import AttachError
+from otel_ebpf.core.pipeline import Consumer, Context
 
 from .attach import RefCtrUprobes
 from .codegen import FLAG_SPAN, HEAD, UP_EV_HIT, Layout, generate, layout

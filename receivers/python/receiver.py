@@ -28,9 +28,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_ebpf.bpf import BpfReceiver
-from otel_ebpf.errors import AttachError, OtelEbpfError
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.bpf.receiver import BpfReceiver
+from otel_ebpf.core.errors import AttachError, OtelEbpfError
+from otel_ebpf.core.pipeline import Consumer, Context
 
 from .config import PREFIX_LEN, Config
 from .events import PythonCall

@@ -25,7 +25,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from otel_ebpf.errors import TargetError
+from otel_ebpf.core.errors import TargetError
 
 __all__ = ["PROBE_NAMES", "ArgSpec", "NoUsdtError", "UsdtSite", "arg_macros", "attach_site", "find_sites",
            "vaddr_to_offset"]

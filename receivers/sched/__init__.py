@@ -7,7 +7,7 @@ Type name ``sched``; :class:`Config` in :mod:`.config`; events in :mod:`.events`
 """
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
 from .receiver import SchedReceiver

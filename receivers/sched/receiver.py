@@ -1,7 +1,7 @@
 """The sched receiver: scheduler tracepoints (sched.bpf.c) -> typed events (events.py).
 
 Lifecycle records (fork, exec with argv, exit_group code) arrive through the ring buffer; the
-exit itself is the common part's :class:`~otel_ebpf.events.ProcessExit` (``source="sched"``).
+exit itself is the common part's :class:`~otel_ebpf.core.events.ProcessExit` (``source="sched"``).
 Scheduler figures are accounted in the kernel and read here: every ``stats_interval`` the
 per-process counters become :class:`SchedProcStats` / :class:`SchedCpuStats` deltas (counters
 of processes that are gone are read a last time and deleted); every ``sample_interval`` the
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otel_ebpf.bpf import BpfReceiver
-from otel_ebpf.errors import AttachError
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.bpf.receiver import BpfReceiver
+from otel_ebpf.core.errors import AttachError
+from otel_ebpf.core.pipeline import Consumer, Context
 
 from .config import Config
 from .events import OFF_CPU_REASONS, SchedCpuStats, SchedExec, SchedExitCode, SchedFork, SchedProcStats

@@ -1,5 +1,5 @@
 /* Scheduler and process lifecycle of traced processes. Prepended with
- * otel_ebpf/bpfinc/common.bpf.c. Tracepoints only (no kprobes, no task_struct fields).
+ * otel_ebpf/bpf/include/common.bpf.c. Tracepoints only (no kprobes, no task_struct fields).
  *
  * Accounting is done here, in maps, never with a record per context switch:
  * - `threads` (tid -> sched_thread): when the thread went on/off CPU, why it went off, when it

@@ -5,7 +5,7 @@ by naming it in ``service.pipelines``. The ``torch`` processor turns the events 
 """
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Consumer, Context, Factory
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import DEFAULT_OPS, Config
 from .receiver import TorchReceiver

@@ -24,11 +24,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_ebpf import threadctx
-from otel_ebpf.bpf import BpfReceiver
-from otel_ebpf.errors import AttachError
-from otel_ebpf.libraries import mapped_libraries
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.bpf import threadctx
+from otel_ebpf.bpf.receiver import BpfReceiver
+from otel_ebpf.core.errors import AttachError
+from otel_ebpf.host.libraries import mapped_libraries
+from otel_ebpf.core.pipeline import Consumer, Context
 
 from ..python.receiver import interpreter_of_command
 from ..python.usdt import _attach_fn, vaddr_to_offset
@@ -114,7 +114,7 @@ class TorchReceiver(BpfReceiver):
             paths += mapped_libraries(pid, LIB_PATTERN)
         python = interpreter_of_command(list(self.ctx.libraries.get("command", [])))
         if python and os.path.basename(python).startswith("python"):
-            from otel_ebpf.libraries import _python_site_dirs
+            from otel_ebpf.host.libraries import _python_site_dirs
 
             for d in _python_site_dirs(python):
                 paths += glob.glob(os.path.join(d, "torch", "lib", LIB_PATTERN))

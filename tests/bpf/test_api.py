@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import otel_ebpf
-from otel_ebpf.errors import ConfigError, OtelEbpfError, TargetError
-from otel_ebpf.events import ProcessExit, SpanRecord
+from otel_ebpf.core.errors import ConfigError, OtelEbpfError, TargetError
+from otel_ebpf.core.events import ProcessExit, SpanRecord
 from otel_ebpf.receivers.cuda.events import MemcpyCall
 
 pytestmark = pytest.mark.bpf

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf.events import MetricRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.events import MetricRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.blockio import BlockIoProcessor
 from otel_ebpf.processors.blockio import Config as ProcessorConfig
 from otel_ebpf.receivers.blockio import Config, create

@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from otel_ebpf import components
-from otel_ebpf.pipeline import Context, ListConsumer
-from otel_ebpf.resources import ResourceCache
+from otel_ebpf.service import components
+from otel_ebpf.core.pipeline import Context, ListConsumer
+from otel_ebpf.host.processes import ResourceCache
 
 pytestmark = pytest.mark.bpf
 

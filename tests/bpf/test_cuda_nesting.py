@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from otel_ebpf import threadctx
-from otel_ebpf.config import build
-from otel_ebpf.events import ProcessExit, SpanRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.bpf import threadctx
+from otel_ebpf.core.config import build
+from otel_ebpf.core.events import ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.cuda import Config as CudaProcConfig
 from otel_ebpf.processors.cuda import CudaProcessor
 from otel_ebpf.processors.python import Config as PyProcConfig

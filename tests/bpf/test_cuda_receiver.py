@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from otel_ebpf.events import LibraryLoaded, MetricRecord, ProcessExit
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.events import LibraryLoaded, MetricRecord, ProcessExit
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.cuda import Config as ProcessorConfig
 from otel_ebpf.processors.cuda import CudaProcessor
 from otel_ebpf.receivers.cuda import Config, CudaReceiver, create

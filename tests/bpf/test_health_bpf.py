@@ -15,8 +15,8 @@ from typing import Any
 import psutil
 import pytest
 
-from otel_ebpf import settings
-from otel_ebpf.agent import Agent
+from otel_ebpf.service import settings
+from otel_ebpf.service.agent import Agent
 
 
 def readyz(port: int) -> tuple[int, dict[str, Any]]:
@@ -83,7 +83,7 @@ def test_readiness_names_a_dead_pause_guard_supervisor(bpf_ready: None, tmp_path
         code, body = readyz(agent.health.port)
         guard = next(c for c in body["components"] if c["component"] == "pause_guard")
         assert code == 200 and guard["ready"] and "running" in guard["detail"], body
-        sups = [p for p in psutil.Process().children() if "otel_ebpf.pauseguard" in " ".join(p.cmdline())]
+        sups = [p for p in psutil.Process().children() if "otel_ebpf.bpf.pauseguard" in " ".join(p.cmdline())]
         assert len(sups) == 1, sups
         sups[0].send_signal(signal.SIGKILL)
         sups[0].wait(timeout=10)

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from otel_ebpf import components
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.service import components
+from otel_ebpf.core.pipeline import Context, ListConsumer
 
 pytestmark = pytest.mark.bpf
 TYPES = ("blockio", "memory", "perf")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf.events import MetricRecord, ProcessExit, SpanRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.events import MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.memory import Config as ProcessorConfig
 from otel_ebpf.processors.memory import MemoryProcessor
 from otel_ebpf.receivers.memory import Config, create

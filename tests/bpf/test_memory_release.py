@@ -6,8 +6,8 @@ import subprocess
 import psutil
 import pytest
 
-from otel_ebpf import settings
-from otel_ebpf.agent import Agent
+from otel_ebpf.service import settings
+from otel_ebpf.service.agent import Agent
 
 pytestmark = pytest.mark.bpf
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf.events import ProcessExit, SpanRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.events import ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.nccl import Config as ProcessorConfig
 from otel_ebpf.processors.nccl import NcclProcessor
 from otel_ebpf.receivers.nccl import Config, NcclReceiver, factory
@@ -31,7 +31,7 @@ from otel_ebpf.receivers.nccl.events import (
     NcclGroup,
     NcclP2P,
 )
-from otel_ebpf.telemetry import DROPPED
+from otel_ebpf.core.telemetry import DROPPED
 
 pytestmark = pytest.mark.bpf
 

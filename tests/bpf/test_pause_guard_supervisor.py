@@ -1,5 +1,5 @@
-"""The pause guard's supervisor (otel_ebpf/pauseguard.py) against real BPF maps made with
-bpf(2) (otel_ebpf/bpfsys.py) and laid out as the programs make them: ``oe_paused`` hash maps
+"""The pause guard's supervisor (otel_ebpf/bpf/pauseguard.py) against real BPF maps made with
+bpf(2) (otel_ebpf/bpf/syscalls.py) and laid out as the programs make them: ``oe_paused`` hash maps
 pinned under /sys/fs/bpf/otel_ebpf/paused/ and the ``oe_pause_guard`` lease array. A stand-in
 "agent" is a plain child process, so its death can be chosen. Needs root and bpffs (no BCC)."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from otel_ebpf import bpfsys
-from otel_ebpf.paused import KEY, PAUSED_DIR, VALUE, entries, process_stat
-from otel_ebpf.pauseguard import SLOTS, _Supervisor
-from otel_ebpf.threadctx import ensure_bpffs
+from otel_ebpf.bpf import syscalls as bpfsys
+from otel_ebpf.bpf.paused import KEY, PAUSED_DIR, VALUE, entries, process_stat
+from otel_ebpf.bpf.pauseguard import SLOTS, _Supervisor
+from otel_ebpf.bpf.threadctx import ensure_bpffs
 from tests.faults.agentproc import process_state, wait_until
 
 pytestmark = pytest.mark.bpf
@@ -106,7 +106,7 @@ def test_supervisor_renews_its_lease_and_after_the_agent_dies_resumes_everything
     fake_agent.record(target.pid, 0.0)
     lease_ns = 5_000_000_000
     bpfsys.update(fake_agent.guard, struct.pack("<I", 1), _Q.pack(_now() + lease_ns))  # a poll loop's lease
-    sup = subprocess.Popen([sys.executable, "-m", "otel_ebpf.pauseguard", "--agent-pid", str(fake_agent.proc.pid),
+    sup = subprocess.Popen([sys.executable, "-m", "otel_ebpf.bpf.pauseguard", "--agent-pid", str(fake_agent.proc.pid),
                             "--agent-start", str(fake_agent.start), "--guard-fd", str(fake_agent.guard),
                             "--timeout", "30", "--lease-ns", str(lease_ns)],
                            pass_fds=(fake_agent.guard,), stderr=subprocess.PIPE, start_new_session=True)
@@ -138,7 +138,7 @@ def test_supervisor_exits_without_touching_stops_when_terminated(fake_agent):
     programs stop making stops; what is still recorded is the live agent's to resume."""
     target = _stopped()
     fake_agent.record(target.pid, 0.0)
-    sup = subprocess.Popen([sys.executable, "-m", "otel_ebpf.pauseguard", "--agent-pid", str(fake_agent.proc.pid),
+    sup = subprocess.Popen([sys.executable, "-m", "otel_ebpf.bpf.pauseguard", "--agent-pid", str(fake_agent.proc.pid),
                             "--agent-start", str(fake_agent.start), "--guard-fd", str(fake_agent.guard),
                             "--timeout", "30", "--lease-ns", "500000000"], pass_fds=(fake_agent.guard,),
                            start_new_session=True)

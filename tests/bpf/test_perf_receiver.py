@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from otel_ebpf.events import MetricRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.events import MetricRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.perf import Config as ProcessorConfig
 from otel_ebpf.processors.perf import PerfProcessor
 from otel_ebpf.receivers.perf import Config, create, perfevent

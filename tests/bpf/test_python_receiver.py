@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf.config import build
-from otel_ebpf.errors import TargetError
-from otel_ebpf.events import ProcessExit
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.config import build
+from otel_ebpf.core.errors import TargetError
+from otel_ebpf.core.events import ProcessExit
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.receivers.python import Config, NoUsdtError, PythonReceiver, create
 from otel_ebpf.receivers.python.events import PythonCall
 from otel_ebpf.receivers.python.receiver import NO_ENTRY_MESSAGE

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf.events import ProcessExit, SpanRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.events import ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.nccl import Config as NcclProcessorConfig
 from otel_ebpf.processors.nccl.processor import NcclProcessor
 from otel_ebpf.processors.sched import Config as ProcessorConfig
@@ -26,7 +26,7 @@ from otel_ebpf.processors.sched import SchedProcessor
 from otel_ebpf.receivers import nccl as nccl_receiver
 from otel_ebpf.receivers.sched import Config, SchedReceiver
 from otel_ebpf.receivers.sched.events import SchedCpuStats, SchedExec, SchedExitCode, SchedFork, SchedProcStats
-from otel_ebpf.telemetry import DROPPED
+from otel_ebpf.core.telemetry import DROPPED
 
 pytestmark = pytest.mark.bpf
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf.config import build
-from otel_ebpf.events import LibraryLoaded, ProcessExit, SpanRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.config import build
+from otel_ebpf.core.events import LibraryLoaded, ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.torch import Config as ProcessorConfig
 from otel_ebpf.processors.torch import TorchProcessor
 from otel_ebpf.receivers.torch import DEFAULT_OPS, Config, create

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf.events import ProcessExit, SpanRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.events import ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.apptrace import AppTraceProcessor
 from otel_ebpf.processors.apptrace import Config as AppProcessorConfig
 from otel_ebpf.processors.cuda import Config as CudaProcessorConfig
@@ -30,7 +30,6 @@ APP = Path(__file__).resolve().with_name("tracepoints_app.py")
 def test_cuda_spans_join_the_app_trace_under_its_tracepoint_span(bpf_ready: None, cudart: Path,
                                                                   tmp_path: Path) -> None:
     from otel_ebpf import tracepoints
-
     assert tracepoints.AVAILABLE, "the _oetp extension is not built (pip install -e . builds it)"
     out = tmp_path / "app.json"
     proc = subprocess.Popen([sys.executable, str(APP), str(cudart), str(out)], stdin=subprocess.PIPE,
@@ -95,7 +94,6 @@ def test_enabled_follows_the_agent_in_every_process_mapping_the_sdk(bpf_ready: N
     """Node-agent mode (no target pids): attaching sets the semaphore of this very process (the
     kernel bumps it in every process mapping the file), detaching clears it."""
     from otel_ebpf import tracepoints
-
     assert tracepoints.AVAILABLE
     assert not tracepoints.enabled()
     receiver = apptrace.create(apptrace.Config(), Context(), ListConsumer())

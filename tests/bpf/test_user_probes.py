@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from otel_ebpf.config import build
+from otel_ebpf.core.config import build
 from otel_ebpf.demo.build import compile_c
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.events import MetricRecord, ProcessExit, SpanRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.events import MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.probes import Config as ProcessorConfig
 from otel_ebpf.processors.probes import UserProbesProcessor
 from otel_ebpf.receivers.probes import Config, create

@@ -18,8 +18,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_ebpf import tracepoints
-
-
 def main() -> int:
     cudart_path, out_path = sys.argv[1], sys.argv[2]
     exporter = InMemorySpanExporter()

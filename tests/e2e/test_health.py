@@ -1,4 +1,4 @@
-"""The health endpoint (otel_ebpf.health) over real HTTP: an agent run as a user runs it, with the
+"""The health endpoint (otel_ebpf.service.health) over real HTTP: an agent run as a user runs it, with the
 nvml receiver on the stand-in libnvidia-ml.so.1 (tests/support/stand_in_nvml.c, not NVIDIA's
 library), so no BPF is needed; an agent object that is built but not started; a stuck pipeline
 queue; the gateway; and a taken address, which must be named."""
@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from otel_ebpf import health
-from otel_ebpf.agent import Agent
-from otel_ebpf.pipeline import BoundedQueue
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.service import health
+from otel_ebpf.service.agent import Agent
+from otel_ebpf.core.pipeline import BoundedQueue
+from otel_ebpf.core.telemetry import Telemetry
 from tests.support.build import build_stand_in_nvml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,8 +101,7 @@ def test_running_agent_is_alive_and_ready(running_agent: tuple[int, subprocess.P
 
 
 def test_built_but_not_started_agent_is_alive_but_not_ready(tmp_path: Path) -> None:
-    from otel_ebpf import settings
-
+    from otel_ebpf.service import settings
     agent = Agent(settings.load(str(write_config(tmp_path, "127.0.0.1:0"))))
     server = health.HealthServer("127.0.0.1", 0, health.agent_checks(agent))
     try:

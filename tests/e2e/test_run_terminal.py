@@ -1,5 +1,5 @@
 """``otel-ebpf run`` on a terminal (a pseudo-terminal here): the live progress line on the bottom
-row (otel_ebpf/progress.py), then the end-of-run summary; ``--quiet`` leaves only the summary.
+row (otel_ebpf/service/progress.py), then the end-of-run summary; ``--quiet`` leaves only the summary.
 The agent runs the nvml receiver only, so no BPF is needed."""
 from __future__ import annotations
 

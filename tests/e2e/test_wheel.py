@@ -40,7 +40,7 @@ def test_wheel_ships_every_package_and_every_runtime_file(wheel: Path) -> None:
     missing = [str(s) for s in sources if installed_path(s) not in names]
     assert not missing, f"source files the wheel does not ship: {missing}"
     bpf = [s for s in sources if s.name.endswith((".bpf.c", ".h"))]
-    assert any(s.parts[:2] == ("otel_ebpf", "bpfinc") for s in bpf) and len(bpf) >= 15, bpf
+    assert any(s.parts[:3] == ("otel_ebpf", "bpf", "include") for s in bpf) and len(bpf) >= 15, bpf
     # the application tracepoints' USDT site, compiled by setup.py (scripts/setup.sh installs sys/sdt.h)
     assert any(n.startswith("otel_ebpf/tracepoints/_oetp.") and n.endswith(".so") for n in names), sorted(names)
     tops = {n.split("/")[0] for n in names} - {"otel_ebpf"}  # nothing generic at the top of site-packages

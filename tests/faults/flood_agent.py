@@ -16,11 +16,11 @@ import argparse
 import json
 import time
 
-from otel_ebpf.config import build
+from otel_ebpf.core.config import build
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
 from otel_ebpf.emit.exporters import OtlpExporterConfig, build_exporters
-from otel_ebpf.events import SpanRecord
-from otel_ebpf.telemetry import DROPPED, Telemetry
+from otel_ebpf.core.events import SpanRecord
+from otel_ebpf.core.telemetry import DROPPED, Telemetry
 
 _TICK_S = 0.02
 

@@ -7,7 +7,7 @@ fds), never by global emptiness: other agents may be running on the host.
 The maps of processes its ``pause_on_load`` stopped (one per pausing receiver, pinned under
 /sys/fs/bpf/otel_ebpf/paused/) outlive the kill; the agent's pause guard supervisor, which
 does not share its fate, resumes what they record and removes them once the dead agent's last
-lease has run out, then exits (otel_ebpf/pauseguard.py). A kill inside that *paused window* is
+lease has run out, then exits (otel_ebpf/bpf/pauseguard.py). A kill inside that *paused window* is
 tests/faults/test_pause_guard.py; the agent and the supervisor killed together,
 tests/faults/test_paused_window.py.
 A rank killed mid-collective: tests/e2e/test_demo.py::
@@ -25,8 +25,8 @@ import time
 
 import pytest
 
-from otel_ebpf.paused import PAUSED_DIR, pinned_map_id
-from otel_ebpf.threadctx import BPFFS
+from otel_ebpf.bpf.paused import PAUSED_DIR, pinned_map_id
+from otel_ebpf.bpf.threadctx import BPFFS
 from tests.faults.agentproc import (
     agent,
     bpf_ids,

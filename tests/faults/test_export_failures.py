@@ -18,9 +18,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
 from otel_ebpf.emit.exporters import OtlpExporterConfig, RetryConfig, build_exporters
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.events import SpanRecord
-from otel_ebpf.telemetry import DROPPED, Telemetry
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.events import SpanRecord
+from otel_ebpf.core.telemetry import DROPPED, Telemetry
 from tests.fuzz.test_fuzz_processors import EncodingMetricExporter
 
 
@@ -66,8 +66,7 @@ def test_failed_span_exports_are_counted_and_later_ones_delivered(how):
 
 
 def test_otlp_reconnect_backoff_max_is_a_validated_config_key(tmp_path):
-    from otel_ebpf import settings
-
+    from otel_ebpf.service import settings
     def load(value):
         path = tmp_path / "agent.yaml"
         path.write_text(f"exporters:\n  otlp:\n    reconnect_backoff_max: {value}\n")

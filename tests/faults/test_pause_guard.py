@@ -1,5 +1,5 @@
 """No state of the agent may hold a traced process stopped by ``pause_on_load`` for longer than
-``service.pause_timeout`` (otel_ebpf/pauseguard.py): the agent stopped (SIGSTOP) while processes
+``service.pause_timeout`` (otel_ebpf/bpf/pauseguard.py): the agent stopped (SIGSTOP) while processes
 start and load libcudart, the agent SIGKILLed inside the paused window, a node agent
 (``--all-processes``) interrupted while processes load libcudart, the agent starved of CPU.
 
@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from otel_ebpf.paused import PAUSED_DIR
-from otel_ebpf.pauseguard import GUARD_DIR
+from otel_ebpf.bpf.paused import PAUSED_DIR
+from otel_ebpf.bpf.pauseguard import GUARD_DIR
 from tests.faults.agentproc import agent, counter_total, process_state, wait_until
 from tests.support.otlp_sink import metrics_from_jsonl
 
@@ -56,7 +56,7 @@ def _started(err: Path) -> bool:
 def _supervisor(agent_pid: int) -> psutil.Process | None:
     try:
         for child in psutil.Process(agent_pid).children():
-            if "otel_ebpf.pauseguard" in " ".join(child.cmdline()):
+            if "otel_ebpf.bpf.pauseguard" in " ".join(child.cmdline()):
                 return child
     except psutil.Error:
         pass
@@ -67,7 +67,7 @@ def _supervisor_gone(agent_pid: int) -> bool:
     """No pause guard supervisor of ``agent_pid`` is left on the host."""
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or ())
-        if "otel_ebpf.pauseguard" in cmd and f"--agent-pid {agent_pid} " in cmd:
+        if "otel_ebpf.bpf.pauseguard" in cmd and f"--agent-pid {agent_pid} " in cmd:
             return False
     return True
 

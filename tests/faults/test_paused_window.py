@@ -3,7 +3,7 @@
 until the agent attaches and sends SIGCONT. Either survivor would resume it (the supervisor
 after pause_timeout or once the agent is gone: tests/faults/test_pause_guard.py); with both
 killed together (an OOM kill of their cgroup) the stop, recorded in a map pinned on bpffs
-(otel_ebpf/paused.py), is resumed by the next agent, which leaves alone a process its user
+(otel_ebpf/bpf/paused.py), is resumed by the next agent, which leaves alone a process its user
 stopped.
 
 The window is made deterministic: pause_timeout is 60 s (leases of 30 s), the agent is itself
@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from otel_ebpf.paused import PAUSED_DIR
+from otel_ebpf.bpf.paused import PAUSED_DIR
 from tests.faults.agentproc import agent, counter_total, process_state, wait_until
 from tests.support.otlp_sink import metrics_from_jsonl
 
@@ -78,7 +78,7 @@ def test_agent_killed_in_paused_window_next_agent_resumes_only_its_stop(bpf_read
         go.touch()
         assert wait_until(lambda: process_state(target.pid) == "T", 30), process_state(target.pid)
         pins = _pins_of(first.pid)
-        supervisors = [c for c in psutil.Process(first.pid).children() if "otel_ebpf.pauseguard" in
+        supervisors = [c for c in psutil.Process(first.pid).children() if "otel_ebpf.bpf.pauseguard" in
                        " ".join(c.cmdline())]
         assert len(supervisors) == 1, supervisors
         supervisors[0].kill()
@@ -121,8 +121,8 @@ def test_agent_killed_in_paused_window_next_agent_resumes_only_its_stop(bpf_read
 def test_only_recorded_stopped_same_processes_are_resumed(bpf_ready):
     """resume_recorded on a real BPF hash map laid out as oe_paused: one process per case."""
 
-    from otel_ebpf.bpf import import_bcc
-    from otel_ebpf.paused import resume_recorded
+    from otel_ebpf.bpf.receiver import import_bcc
+    from otel_ebpf.bpf.paused import resume_recorded
 
     b = import_bcc().BPF(text="struct oe_paused_key { u32 tgid; u32 _pad; u64 ts; };\n"
                               "struct oe_paused { u64 boot_ns; u64 ts; };\n"

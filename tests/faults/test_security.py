@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from otel_ebpf.emit.exporters import PrometheusExporterConfig, build_exporters
-from otel_ebpf.errors import ConfigError
+from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.gateway import Gateway
 from otel_ebpf.gateway import config as gateway_config
 from tests.faults.agentproc import ROOT, wait_until
@@ -87,7 +87,7 @@ def test_prometheus_exporter_default_is_loopback_and_refuses_others():
 def test_agent_servers_listen_on_loopback_only(bpf_ready, tmp_path):
     """The agent's health endpoint and a Prometheus exporter at their default hosts (ports 0: never
     collide with another agent on the host): every socket the agent listens on is loopback."""
-    from otel_ebpf.config import ServiceConfig
+    from otel_ebpf.core.config import ServiceConfig
 
     health_host = ServiceConfig().health_endpoint.rpartition(":")[0]
     prom = _with_port_zero(PrometheusExporterConfig().endpoint)

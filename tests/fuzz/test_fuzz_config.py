@@ -9,10 +9,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otel_ebpf import settings
-from otel_ebpf.config import ServiceConfig, build
+from otel_ebpf.service import settings
+from otel_ebpf.core.config import ServiceConfig, build
 from otel_ebpf.emit.exporters import EXPORTER_TYPES
-from otel_ebpf.errors import ConfigError
+from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.gateway import config as gateway_config
 
 KEYS = st.sampled_from(["receivers", "processors", "exporters", "service", "cuda", "nccl", "nvml", "file",

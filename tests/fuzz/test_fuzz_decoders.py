@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otel_ebpf.events import LibraryLoaded, ProcessExit
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.events import LibraryLoaded, ProcessExit
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.receivers import cuda, nccl
 from otel_ebpf.receivers.cuda.receiver import MIRRORS
 from otel_ebpf.receivers.nccl.receiver import LAYOUTS
-from otel_ebpf.telemetry import DROPPED
+from otel_ebpf.core.telemetry import DROPPED
 
 SIZES = {"cuda": {m.etype: m.fmt.size for m in MIRRORS},
          "nccl": {layout.etype: layout.struct.size for layout in LAYOUTS}}
@@ -123,8 +123,8 @@ def test_lifecycle_records_decode_without_touching_processes():
 
 
 def _bpf_receiver_types() -> list[str]:
-    from otel_ebpf import components
-    from otel_ebpf.bpf import BpfReceiver
+    from otel_ebpf.service import components
+    from otel_ebpf.bpf.receiver import BpfReceiver
 
     out = []
     for rtype, factory in sorted(components.receivers().items()):
@@ -141,8 +141,7 @@ def _bpf_receiver_types() -> list[str]:
 def test_every_bpf_receiver_survives_random_records(rtype):
     """Every registered BPF receiver, with its default config: random records of any type and size
     never raise out of ``_on_record``, and a receiver record yields at most one event."""
-    from otel_ebpf import components
-
+    from otel_ebpf.service import components
     factory = components.receivers()[rtype]
     ctx = Context()
     rx = factory.create(factory.config_class(), ctx, ListConsumer())

@@ -1,4 +1,4 @@
-"""Hostile /proc content for :func:`otel_ebpf.resources.process_attributes` (it takes
+"""Hostile /proc content for :func:`otel_ebpf.host.processes.process_attributes` (it takes
 ``proc_root=``): control characters and invalid UTF-8 in comm, cmdline and environ, a 10 MB
 command line, missing files, a pid that vanishes between reads. Contract: never raises; every
 string value is bounded and free of control characters; secrets in argv are redacted."""
@@ -11,8 +11,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otel_ebpf import resources
-from otel_ebpf.resources import MAX_COMMAND_LINE_CHARS, MAX_VALUE_CHARS, ResourceCache, process_attributes
+from otel_ebpf.host import processes as resources
+from otel_ebpf.host.processes import MAX_COMMAND_LINE_CHARS, MAX_VALUE_CHARS, ResourceCache, process_attributes
 
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 PID = 4242

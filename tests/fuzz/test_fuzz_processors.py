@@ -20,14 +20,14 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExpor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
-from otel_ebpf.events import ProcessExit
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.events import ProcessExit
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors import cuda as cuda_proc
 from otel_ebpf.processors import nccl as nccl_proc
 from otel_ebpf.receivers import cuda, nccl
 from otel_ebpf.receivers.cuda.receiver import MIRRORS
 from otel_ebpf.receivers.nccl.receiver import LAYOUTS
-from otel_ebpf.telemetry import DROPPED
+from otel_ebpf.core.telemetry import DROPPED
 
 RECORDS = {"cuda": {m.etype: m.fmt for m in MIRRORS}, "nccl": {lay.etype: lay.struct for lay in LAYOUTS}}
 TABLE_BYTES = {"cuda": (1,), "nccl": (1, 2)}  # api index / (op or kind, flags) bytes

@@ -23,7 +23,7 @@ nv, why = load()
 if nv is None:
     print(json.dumps({"error": why})); sys.exit(0)
 from otel_ebpf.receivers.nvml.scrape import Scraper
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.telemetry import Telemetry
 t = Telemetry()
 s = Scraper(nv, t, want_pid=lambda pid: True)
 s.scrape()

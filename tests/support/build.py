@@ -28,7 +28,7 @@ from pathlib import Path
 # COMPILER and COMMON_FLAGS (-fno-omit-frame-pointer: see there) are shared with the stand-in.
 from otel_ebpf.demo import build as _demo_build
 from otel_ebpf.demo.build import build_stand_in_nccl
-from otel_ebpf.errors import OtelEbpfError
+from otel_ebpf.core.errors import OtelEbpfError
 
 __all__ = ["BUILD_DIR", "SUPPORT_DIR", "build_all", "build_stand_in_nvml", "real_cudart", "real_nccl"]
 

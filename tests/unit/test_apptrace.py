@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from otel_ebpf import tracepoints
-from otel_ebpf.events import MetricRecord, SpanRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.events import MetricRecord, SpanRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.apptrace import AppTraceProcessor
 from otel_ebpf.processors.apptrace import Config as ProcessorConfig
 from otel_ebpf.receivers import apptrace
 from otel_ebpf.receivers.apptrace.events import AppPoint, AppSpan
 from otel_ebpf.receivers.apptrace.receiver import AT_EV_EVENT, RECORD
 from otel_ebpf.receivers.apptrace.store import PER_THREAD, AppContextStore
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.telemetry import Telemetry
 
 APPTRACE_DIR = Path(apptrace.__file__).resolve().parent
 SHIM = "typedef unsigned char u8; typedef unsigned int u32; typedef unsigned long long u64;\n"

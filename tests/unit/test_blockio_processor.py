@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from otel_ebpf.config import build
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.events import MetricRecord, Tick
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.config import build
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.events import MetricRecord, Tick
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.blockio import BlockIoProcessor
 from otel_ebpf.processors.blockio import Config as ProcessorConfig
 from otel_ebpf.processors.blockio.processor import bucket_seconds

@@ -1,7 +1,7 @@
 """``otel-ebpf check``'s table: one row per capability, a fix under every row that is not ok."""
 from __future__ import annotations
 
-from otel_ebpf.check import INFO, MISSING, OK, Row, render
+from otel_ebpf.service.check import INFO, MISSING, OK, Row, render
 
 
 def test_table_has_a_fix_for_each_missing_capability_and_names_the_blockers() -> None:

@@ -1,9 +1,9 @@
-"""otel_ebpf.clock: kernel monotonic time to epoch nanoseconds."""
+"""otel_ebpf.bpf.clock: kernel monotonic time to epoch nanoseconds."""
 from __future__ import annotations
 
 import time
 
-from otel_ebpf.clock import KernelClock
+from otel_ebpf.bpf.clock import KernelClock
 
 MS = 1_000_000
 

@@ -7,9 +7,9 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from otel_ebpf.emit.ids import derive_id
-from otel_ebpf.events import MetricRecord, Tick
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.ids import derive_id
+from otel_ebpf.core.events import MetricRecord, Tick
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.collective_join import CollectiveJoin, Config, factory
 from tests.support import nccl_spans
 from tests.support.nccl_spans import COMM, node
@@ -252,8 +252,8 @@ def test_sharding_by_trace_id_gives_the_same_spans_as_one_instance(clock):
 
 
 def test_factory_and_config_validation():
-    from otel_ebpf.config import build
-    from otel_ebpf.errors import ConfigError
+    from otel_ebpf.core.config import build
+    from otel_ebpf.core.errors import ConfigError
 
     assert factory.type == "collective_join"
     cfg = build(Config, {"timeout": "2s", "desync_timeout": "500ms"}, "processors.collective_join")

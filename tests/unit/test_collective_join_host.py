@@ -5,7 +5,7 @@ from __future__ import annotations
 from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_ebpf.emit.readable import with_changes
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.collective_join import CollectiveJoin, Config
 from tests.support import nccl_spans
 
@@ -43,7 +43,7 @@ def test_no_host_figures_no_extra_attributes() -> None:
 
 
 def test_nccl_processor_puts_the_step_figures_of_the_calling_thread_on_each_collective() -> None:
-    from otel_ebpf.events import SpanRecord
+    from otel_ebpf.core.events import SpanRecord
     from otel_ebpf.processors.nccl import Config as NcclConfig
     from otel_ebpf.processors.nccl.processor import NcclProcessor
     from otel_ebpf.receivers.nccl.events import NcclCollective, NcclCommInit

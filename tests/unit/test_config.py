@@ -1,4 +1,4 @@
-"""otel_ebpf.config: typed build of nested dataclasses, key paths in errors, durations, YAML files."""
+"""otel_ebpf.core.config: typed build of nested dataclasses, key paths in errors, durations, YAML files."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ from typing import Literal
 
 import pytest
 
-from otel_ebpf.config import (
+from otel_ebpf.core.config import (
     PipelineConfig,
     ServiceConfig,
     build,
@@ -17,7 +17,7 @@ from otel_ebpf.config import (
     parse_duration,
     to_plain,
 )
-from otel_ebpf.errors import ConfigError
+from otel_ebpf.core.errors import ConfigError
 
 
 @dataclass

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf.config import build
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.config import build
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.receivers.cuda import Config, factory
 from otel_ebpf.receivers.cuda import receiver as cuda_receiver
 from otel_ebpf.receivers.cuda.events import AllocCall, EnclosingCall, KernelLaunch, MemcpyCall, SetDeviceCall
@@ -34,7 +34,7 @@ from otel_ebpf.receivers.cuda.receiver import (
     CudaReceiver,
     Mirror,
 )
-from otel_ebpf.telemetry import DROPPED
+from otel_ebpf.core.telemetry import DROPPED
 
 CUDA_DIR = Path(cuda_receiver.__file__).resolve().parent
 SHIM = "typedef unsigned char u8; typedef unsigned int u32; typedef int s32; typedef unsigned long long u64;\n"

@@ -13,11 +13,11 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from otel_ebpf.config import build
+from otel_ebpf.core.config import build
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.events import LibraryLoaded, MetricRecord, ProcessExit, SpanRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.events import LibraryLoaded, MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.cuda import Config, CudaProcessor, error_name, factory
 from otel_ebpf.processors.cuda.errors import CUDA_ERRORS
 from otel_ebpf.receivers.cuda.events import (
@@ -30,7 +30,7 @@ from otel_ebpf.receivers.cuda.events import (
     SetDeviceCall,
     SyncCall,
 )
-from otel_ebpf.telemetry import DROPPED, Telemetry
+from otel_ebpf.core.telemetry import DROPPED, Telemetry
 
 T0 = 1_700_000_000_000_000_000
 PID, TID = 4242, 4243
@@ -461,8 +461,7 @@ def test_sampled_launch_nests_and_launch_counts_carry_the_operator() -> None:
 
 
 def test_operator_names_of_launch_counters_come_from_the_torch_receiver_of_the_same_context() -> None:
-    from otel_ebpf import threadctx
-
+    from otel_ebpf.bpf import threadctx
     ctx, other = Context(), Context()
     threadctx.register_ops(ctx, lambda pid, ip: "addmm" if (pid, ip) == (PID, 0x4000) else None)
     try:

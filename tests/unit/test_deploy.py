@@ -131,8 +131,7 @@ def test_kubernetes_scrape_config_passes_promtool(promtool: str, tmp_path: Path)
 
 # ---- the otel-ebpf configs ---------------------------------------------------------------------------
 def _load_agent(text: str, tmp_path: Path) -> Any:
-    from otel_ebpf import settings
-
+    from otel_ebpf.service import settings
     path = tmp_path / "agent.yaml"
     path.write_text(text)
     path.chmod(0o600)
@@ -475,7 +474,8 @@ _KINDS = ("counter", "updown", "gauge", "histogram")
 
 def metric_catalog() -> set[tuple[str, str, str]]:
     """(name, kind, unit) of every metric declared by a receiver, processor or the agent itself."""
-    from otel_ebpf import processors, receivers, telemetry
+    from otel_ebpf import processors, receivers
+    from otel_ebpf.core import telemetry
     from otel_ebpf.emit.emitter import QUEUE_METRICS
 
     found = {(name, "counter", "1") for name in telemetry._DESCRIPTIONS}

@@ -15,14 +15,14 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
 from otel_ebpf.emit.sending import METRICS_DROPPED, RetryConfig
-from otel_ebpf.events import (
+from otel_ebpf.core.events import (
     MetricRecord,
     ProcessExit,
     SpanEventRecord,
     SpanLinkRecord,
     SpanRecord,
 )
-from otel_ebpf.telemetry import DROPPED, Telemetry
+from otel_ebpf.core.telemetry import DROPPED, Telemetry
 
 T0 = 1_700_000_000_000_000_000
 TRACE = 0x0123456789ABCDEF0123456789ABCDEF

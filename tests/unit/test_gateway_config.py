@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from otel_ebpf.config import to_plain
-from otel_ebpf.errors import ConfigError
+from otel_ebpf.core.config import to_plain
+from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.gateway import components
 from otel_ebpf.gateway.config import dump_defaults, load
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.pipeline import Context, ListConsumer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from otel_ebpf.gateway.exportgate import ExportGate
 from otel_ebpf.gateway.losses import GatewayTelemetry
 from otel_ebpf.gateway.receiver import OtlpInReceiver, OtlpReceiverConfig
-from otel_ebpf.pipeline import BoundedQueue, Context, ListConsumer
-from otel_ebpf.telemetry import DROPPED, RECEIVED, REFUSED
+from otel_ebpf.core.pipeline import BoundedQueue, Context, ListConsumer
+from otel_ebpf.core.telemetry import DROPPED, RECEIVED, REFUSED
 from tests.unit.test_otlp_server import make_spans
 
 

@@ -8,7 +8,7 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 from opentelemetry.sdk.resources import Resource
 
 from otel_ebpf.gateway.losses import AgentLossLedger, GatewayTelemetry
-from otel_ebpf.telemetry import DROPPED, LOST, Telemetry
+from otel_ebpf.core.telemetry import DROPPED, LOST, Telemetry
 
 
 class FakeAgent:
@@ -19,7 +19,7 @@ class FakeAgent:
         self.reader = InMemoryMetricReader(preferred_temporality=temporality)
         self.meters = MeterProvider(resource=Resource.create({"service.name": "otel-ebpf", "host.name": host}),
                                     metric_readers=[self.reader])
-        self.dropped = self.meters.get_meter("otel_ebpf.agent").create_counter(DROPPED)
+        self.dropped = self.meters.get_meter("otel_ebpf.service.agent").create_counter(DROPPED)
 
     def drop(self, n: int, receiver: str = "cuda", reason: str = "ringbuf_full") -> None:
         self.dropped.add(n, {"receiver": receiver, "reason": reason})

@@ -1,4 +1,4 @@
-"""otel_ebpf.gpus: CUDA_VISIBLE_DEVICES parsing, ordinal -> GPU UUID, and hw.id on CUDA/NCCL signals."""
+"""otel_ebpf.host.gpus: CUDA_VISIBLE_DEVICES parsing, ordinal -> GPU UUID, and hw.id on CUDA/NCCL signals."""
 from __future__ import annotations
 
 import logging
@@ -6,17 +6,17 @@ from collections.abc import Mapping
 
 import pytest
 
-from otel_ebpf.events import MetricRecord, ProcessExit, SpanRecord
-from otel_ebpf.gpus import MISMATCH, UNRESOLVED, GpuInfo, GpuResolver, VisibleDevices, ordinal_uuids, \
+from otel_ebpf.core.events import MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.host.gpus import MISMATCH, UNRESOLVED, GpuInfo, GpuResolver, VisibleDevices, ordinal_uuids, \
     parse_visible_devices
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.cuda import Config as CudaConfig
 from otel_ebpf.processors.cuda import CudaProcessor
 from otel_ebpf.processors.nccl import Config as NcclConfig
 from otel_ebpf.processors.nccl import NcclProcessor
 from otel_ebpf.receivers.cuda.events import AllocCall, CallStats, FreeCall, MemcpyCall
 from otel_ebpf.receivers.nccl.events import NcclCollective, NcclCommInfo, NcclCommInit
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.telemetry import Telemetry
 
 # NVML index order differs from PCI order on purpose: CUDA's PCI_BUS_ID order is by bus id.
 A = GpuInfo("GPU-aaaaaaaa-0000-4000-8000-000000000000", 0, "00000000:3B:00.0", "NVIDIA H100 80GB HBM3")
@@ -187,7 +187,7 @@ def test_answers_are_cached_with_ttls_bounded_and_forgotten_at_exit() -> None:
 def test_without_nvml_one_warning_and_no_hw_id(caplog: pytest.LogCaptureFixture) -> None:
     nvml = FakeNvml(TABLE, why="libnvidia-ml.so.1 was not found (no NVIDIA driver on this host)")
     r = resolver({1: {}}, nvml)
-    with caplog.at_level(logging.INFO, logger="otel_ebpf.gpus"):
+    with caplog.at_level(logging.INFO, logger="otel_ebpf.host.gpus"):
         assert [r.hw_id(1, d) for d in (0, 1, 0, -1)] == [None] * 4
     assert [rec.getMessage() for rec in caplog.records] == [
         "GPU identity: no hw.id on CUDA/NCCL signals (cuda.device.index is kept): libnvidia-ml.so.1 was not found "
@@ -268,8 +268,8 @@ def test_nccl_collectives_carry_the_hw_id_of_the_communicator_device() -> None:
 
 
 def test_attach_shares_one_resolver_per_context_reading_the_resource_cache(tmp_path) -> None:
-    from otel_ebpf.gpus import NvmlSource, attach
-    from otel_ebpf.resources import ResourceCache, process_environment
+    from otel_ebpf.host.gpus import NvmlSource, attach
+    from otel_ebpf.host.processes import ResourceCache, process_environment
     from tests.unit.test_resources import _env, make_proc
 
     cgroup = "0::/system.slice/docker-" + "ab" * 32 + ".scope\n"

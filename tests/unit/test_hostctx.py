@@ -1,12 +1,12 @@
-"""otel_ebpf.hostctx: cumulative host counters over time, step figures, straggler figures."""
+"""otel_ebpf.host.timeline: cumulative host counters over time, step figures, straggler figures."""
 from __future__ import annotations
 
 import threading
 
 import pytest
 
-from otel_ebpf.hostctx import HostStats, StepTracker, step_attribute_name, straggler_attributes
-from otel_ebpf.telemetry import DROPPED, Telemetry
+from otel_ebpf.host.timeline import HostStats, StepTracker, step_attribute_name, straggler_attributes
+from otel_ebpf.core.telemetry import DROPPED, Telemetry
 
 MS = 1_000_000
 

@@ -1,4 +1,4 @@
-"""otel_ebpf.emit.ids: derived ids agree everywhere."""
+"""otel_ebpf.core.ids: derived ids agree everywhere."""
 from __future__ import annotations
 
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from otel_ebpf.emit.ids import derive_id
+from otel_ebpf.core.ids import derive_id
 
 
 def test_derive_id_is_stable_across_calls():
@@ -16,7 +16,7 @@ def test_derive_id_is_stable_across_calls():
 
 
 def test_derive_id_is_stable_across_processes():
-    code = "from otel_ebpf.emit.ids import derive_id; print(derive_id('0xabc', 42), derive_id('x', bits=64))"
+    code = "from otel_ebpf.core.ids import derive_id; print(derive_id('0xabc', 42), derive_id('x', bits=64))"
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
     assert runs == {f"{derive_id('0xabc', 42)} {derive_id('x', bits=64)}\n"}

@@ -1,4 +1,4 @@
-"""otel_ebpf.k8s: pod names from a real kubelet-shaped server on loopback, the downward API, failures."""
+"""otel_ebpf.host.k8s: pod names from a real kubelet-shaped server on loopback, the downward API, failures."""
 from __future__ import annotations
 
 import http.server
@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from otel_ebpf.config import K8sConfig, build
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.k8s import KUBELET_ERRORS, K8sMetadata, kubelet_url, parse_pod_list
-from otel_ebpf.resources import ResourceCache, container_id_from_cgroup, pod_uid_from_cgroup
-from otel_ebpf.settings import AgentConfig
-from otel_ebpf.telemetry import DROPPED, Telemetry
+from otel_ebpf.core.config import K8sConfig, build
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.host.k8s import KUBELET_ERRORS, K8sMetadata, kubelet_url, parse_pod_list
+from otel_ebpf.host.processes import ResourceCache, container_id_from_cgroup, pod_uid_from_cgroup
+from otel_ebpf.service.settings import AgentConfig
+from otel_ebpf.core.telemetry import DROPPED, Telemetry
 from tests.unit.test_resources import _env, make_proc
 
 DATA = Path(__file__).parent / "data"
@@ -167,7 +167,7 @@ def test_a_failing_kubelet_warns_once_counts_each_failure_and_keeps_cgroup_attri
     meta = metadata(server.url, clock, refresh_interval=1.0)
     uid = "8f2c4e6a-1b3d-4f5a-9c7e-0d2b4f6a8c1e"
     try:
-        with caplog.at_level(logging.DEBUG, logger="otel_ebpf.k8s"):
+        with caplog.at_level(logging.DEBUG, logger="otel_ebpf.host.k8s"):
             for _ in range(3):
                 assert meta.attributes(uid, None, {"POD_NAME": "declared"}) == {
                     "k8s.pod.name": "declared", "k8s.pod.uid": uid, "k8s.node.name": "agent-node"}
@@ -184,7 +184,7 @@ def test_an_unreachable_kubelet_is_one_warning(caplog: pytest.LogCaptureFixture)
     url = down.url
     down.close()  # nothing listens on that port any more
     meta = metadata(url, timeout=0.5)
-    with caplog.at_level(logging.WARNING, logger="otel_ebpf.k8s"):
+    with caplog.at_level(logging.WARNING, logger="otel_ebpf.host.k8s"):
         attrs = meta.attributes("c0ffee00-1234-4abc-8def-0123456789ab", "4e6f", {})
     assert attrs == {"k8s.pod.uid": "c0ffee00-1234-4abc-8def-0123456789ab", "k8s.node.name": "agent-node"}
     assert meta._telemetry.get(KUBELET_ERRORS, error="URLError") == 1

@@ -1,11 +1,11 @@
-"""otel_ebpf.memory: only never-written code mappings of the compiler are dropped."""
+"""otel_ebpf.bpf.compiler_memory: only never-written code mappings of the compiler are dropped."""
 from __future__ import annotations
 
 import ctypes
 
 import psutil
 
-from otel_ebpf.memory import _code_ranges, release_compiler_memory
+from otel_ebpf.bpf.compiler_memory import _code_ranges, release_compiler_memory
 
 MAPS = """\
 7f0000000000-7f0000100000 r--p 00000000 fe:01 1 /usr/lib/x86_64-linux-gnu/libLLVM-14.so.1

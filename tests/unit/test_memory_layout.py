@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.receivers.memory import Config, MemoryReceiver
 from otel_ebpf.receivers.memory import receiver as memory_receiver
 from otel_ebpf.receivers.memory.events import OomKill
 from otel_ebpf.receivers.memory.receiver import OOM
-from otel_ebpf.telemetry import DROPPED
+from otel_ebpf.core.telemetry import DROPPED
 
 from tests.support.layout import CLayout, assert_mirror, format_offsets, measure
 

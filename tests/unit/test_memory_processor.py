@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from otel_ebpf.config import build
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.events import MetricRecord, ProcessExit, SpanRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.config import build
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.events import MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.memory import Config as ProcessorConfig
 from otel_ebpf.processors.memory import MemoryProcessor
 from otel_ebpf.receivers.memory import Config
 from otel_ebpf.receivers.memory.events import MemoryUsage, OomKill, PageFaults
-from otel_ebpf.telemetry import DROPPED
+from otel_ebpf.core.telemetry import DROPPED
 
 
 def _proc(**cfg: object) -> tuple[MemoryProcessor, ListConsumer, Context]:

@@ -8,12 +8,12 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from otel_ebpf.config import build
+from otel_ebpf.core.config import build
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.emit.ids import derive_id
-from otel_ebpf.events import LibraryLoaded, MetricRecord, ProcessExit, SpanRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.ids import derive_id
+from otel_ebpf.core.events import LibraryLoaded, MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.nccl import Config, NcclProcessor, factory
 from otel_ebpf.processors.nccl.comms import (
     comm_id_from_init_all,
@@ -33,7 +33,7 @@ from otel_ebpf.receivers.nccl.events import (
     NcclGroup,
     NcclP2P,
 )
-from otel_ebpf.telemetry import DROPPED
+from otel_ebpf.core.telemetry import DROPPED
 
 UID = bytes(range(128))
 PIDS = (100, 101, 102)

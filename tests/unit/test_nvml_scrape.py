@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf.events import MetricRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.events import MetricRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.receivers import nvml as nvml_pkg
 from otel_ebpf.receivers.nvml.metrics import SCRAPE_ERRORS
 from otel_ebpf.receivers.nvml.nvml import load
 from otel_ebpf.receivers.nvml.receiver import in_traced_tree
 from otel_ebpf.receivers.nvml.scrape import Deltas, Scraper
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.telemetry import Telemetry
 from tests.support.build import build_stand_in_nvml
 
 DRIVER = "0.0-stand-in"
@@ -236,7 +236,7 @@ def test_driver_not_loaded_disables_with_one_warning(nvml, stand_in, tmp_path, m
 def test_without_nvml_the_receiver_warns_once_and_stays_idle() -> None:
     """A fresh interpreter without the stand-in: pynvml finds no libnvidia-ml.so.1 at all."""
     code = ("import logging, threading, time; logging.basicConfig(level='INFO', format='%(levelname)s %(message)s')\n"
-            "from otel_ebpf.receivers import nvml; from otel_ebpf.pipeline import Context, ListConsumer\n"
+            "from otel_ebpf.receivers import nvml; from otel_ebpf.core.pipeline import Context, ListConsumer\n"
             "r = nvml.factory.create(nvml.Config(), Context(), ListConsumer()); t0 = time.perf_counter()\n"
             "r.start(); assert r.ready.wait(10); r.shutdown(); r.shutdown()\n"
             "print('threads', sorted(t.name for t in threading.enumerate()))\n"

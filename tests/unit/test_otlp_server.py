@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_ebpf.errors import ConfigError
+from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.receivers.otlp import OtlpBindError, OtlpServer, parse_endpoint, to_otlp_json
 from tests.support.otlp_sink import OtlpSink, decode_attrs, load_jsonl, spans_from_jsonl
 

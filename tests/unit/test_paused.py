@@ -1,4 +1,4 @@
-"""otel_ebpf.paused without BPF: struct oe_paused (common.bpf.c) == its Python mirror, the drop
+"""otel_ebpf.bpf.paused without BPF: struct oe_paused (common.bpf.c) == its Python mirror, the drop
 slot of a full map, the same-process rule, /proc parsing, and which pins a starting agent
 treats as stale."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf import paused
-from otel_ebpf.bpf import COMMON_SRC, DROP_REASONS
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.bpf import paused
+from otel_ebpf.bpf.receiver import COMMON_SRC, DROP_REASONS
+from otel_ebpf.core.telemetry import Telemetry
 
 
 def test_oe_paused_key_and_value_match_their_mirrors(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_pin_of_a_zombie_agent_is_stale_only_once_its_threads_are_gone(tmp_path:
         monkeypatch.setattr(paused, "PAUSED_DIR", tmp_path)
         (tmp_path / f"cuda-{tearing.pid}-{a[1]}-1").write_text("")
         (tmp_path / f"cuda-{gone.pid}-{b[1]}-1").write_text("")
-        with caplog.at_level("WARNING", logger="otel_ebpf.paused"):
+        with caplog.at_level("WARNING", logger="otel_ebpf.bpf.paused"):
             assert paused.recover_stale(Telemetry()) == 0
         # only the finished zombie's pin was taken as stale (and, being no BPF map here, left with a warning)
         stale = [r.getMessage() for r in caplog.records if "stale pin" in r.getMessage()]

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from otel_ebpf.config import build
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.events import MetricRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.config import build
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.events import MetricRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.perf import Config as ProcessorConfig
 from otel_ebpf.processors.perf import PerfProcessor
 from otel_ebpf.receivers.perf import Config

@@ -1,4 +1,4 @@
-"""otel_ebpf.pipeline: the bounded hand-off between receivers and processors, and Fanout."""
+"""otel_ebpf.core.pipeline: the bounded hand-off between receivers and processors, and Fanout."""
 from __future__ import annotations
 
 import threading
@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from otel_ebpf.pipeline import BoundedQueue, Component, Consumer, Fanout, ListConsumer
-from otel_ebpf.telemetry import DROPPED, Telemetry
+from otel_ebpf.core.pipeline import BoundedQueue, Component, Consumer, Fanout, ListConsumer
+from otel_ebpf.core.telemetry import DROPPED, Telemetry
 
 
 class Recorder:
@@ -188,8 +188,8 @@ def test_stages_satisfy_the_protocols(telemetry):
 def test_blocking_producer_waits_for_room_instead_of_dropping():
     import threading as _t
 
-    from otel_ebpf.pipeline import BoundedQueue
-    from otel_ebpf.telemetry import Telemetry
+    from otel_ebpf.core.pipeline import BoundedQueue
+    from otel_ebpf.core.telemetry import Telemetry
 
     gate = _t.Event()
     seen: list[object] = []
@@ -212,8 +212,8 @@ def test_blocking_producer_waits_for_room_instead_of_dropping():
 
 
 def test_batch_larger_than_the_queue_is_accepted_when_empty():
-    from otel_ebpf.pipeline import BoundedQueue, ListConsumer
-    from otel_ebpf.telemetry import Telemetry
+    from otel_ebpf.core.pipeline import BoundedQueue, ListConsumer
+    from otel_ebpf.core.telemetry import Telemetry
 
     out, tel = ListConsumer(), Telemetry()
     q = BoundedQueue(out, tel, max_events=4)

@@ -1,4 +1,4 @@
-"""otel_ebpf.processing: the processor skeleton (dispatch in order, pass-through, counted handler
+"""otel_ebpf.core.processing: the processor skeleton (dispatch in order, pass-through, counted handler
 errors, lifecycle) and the METRICS-table records."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from otel_ebpf.events import MetricRecord, ProcessExit
-from otel_ebpf.pipeline import Context, ListConsumer
-from otel_ebpf.processing import EventProcessor, MetricSpec, handles, metric_record
-from otel_ebpf.telemetry import DROPPED
+from otel_ebpf.core.events import MetricRecord, ProcessExit
+from otel_ebpf.core.pipeline import Context, ListConsumer
+from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles, metric_record
+from otel_ebpf.core.telemetry import DROPPED
 
 METRICS: dict[str, MetricSpec] = {
     "t.count": ("counter", "{thing}", "Things seen."),

@@ -1,11 +1,11 @@
-"""The live progress line of ``otel-ebpf run`` (otel_ebpf.progress)."""
+"""The live progress line of ``otel-ebpf run`` (otel_ebpf.service.progress)."""
 from __future__ import annotations
 
 import io
 import itertools
 import time
 
-from otel_ebpf.progress import Progress, human, render_line
+from otel_ebpf.service.progress import Progress, human, render_line
 
 
 def summary(events: int, spans: int, dropped: int = 0) -> dict[str, int]:

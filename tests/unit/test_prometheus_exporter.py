@@ -6,13 +6,13 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from otel_ebpf.config import build
+from otel_ebpf.core.config import build
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
 from otel_ebpf.emit.exporters import PrometheusExporterConfig, build_exporters
 from otel_ebpf.emit.prometheus import NoSpanExporter, PrometheusMetricExporter
-from otel_ebpf.errors import ConfigError, OtelEbpfError
-from otel_ebpf.events import MetricRecord
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.errors import ConfigError, OtelEbpfError
+from otel_ebpf.core.events import MetricRecord
+from otel_ebpf.core.telemetry import Telemetry
 
 
 def samples(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from otel_ebpf.config import build
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.events import MetricRecord, SpanRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.config import build
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.events import MetricRecord, SpanRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.python import Config as PyProcConfig
 from otel_ebpf.processors.python import PythonProcessor, qualified_name
 from otel_ebpf.processors.torch import Config as TorchProcConfig

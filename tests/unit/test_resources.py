@@ -1,4 +1,4 @@
-"""otel_ebpf.resources: process/host/container attributes, redaction, cgroup parsing, the cache."""
+"""otel_ebpf.host.processes: process/host/container attributes, redaction, cgroup parsing, the cache."""
 from __future__ import annotations
 
 import os
@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from otel_ebpf import __version__
-from otel_ebpf import resources as r
-
+from otel_ebpf.host import processes as r
 DATA = Path(__file__).parent / "data" / "cgroup"
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 

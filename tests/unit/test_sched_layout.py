@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf.config import build
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.config import build
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.receivers.sched import Config, factory
 from otel_ebpf.receivers.sched import receiver as sched_receiver
 from otel_ebpf.receivers.sched.events import SchedExec, SchedExitCode, SchedFork, SchedProcStats

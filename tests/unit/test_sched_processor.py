@@ -1,12 +1,12 @@
 """processors/sched: scheduler stats -> metrics; fork/exec/exit -> one span per process."""
 from __future__ import annotations
 
-from otel_ebpf.events import MetricRecord, ProcessExit, SpanRecord
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.events import MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.sched import Config, SchedProcessor, factory
 from otel_ebpf.processors.sched.processor import bucket_value
 from otel_ebpf.receivers.sched.events import SchedCpuStats, SchedExec, SchedExitCode, SchedFork, SchedProcStats
-from otel_ebpf.telemetry import DROPPED
+from otel_ebpf.core.telemetry import DROPPED
 
 T = 1_700_000_000_000_000_000
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from otel_ebpf.config import build
+from otel_ebpf.core.config import build
 from otel_ebpf.emit.exporters import FileExporterConfig, OtlpExporterConfig
 from otel_ebpf.emit.sending import METRICS_DROPPED, RetryConfig, SendingQueue
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.telemetry import DROPPED, Telemetry
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.telemetry import DROPPED, Telemetry
 
 FAST = RetryConfig(initial_interval=0.05, max_interval=0.1, max_elapsed_time=30.0)
 

@@ -1,4 +1,4 @@
-"""otel_ebpf.settings: defaults < YAML file < OTEL_EBPF_* environment < CLI flags, validated at once.
+"""otel_ebpf.service.settings: defaults < YAML file < OTEL_EBPF_* environment < CLI flags, validated at once.
 
 The component registries are replaced by small fakes, so these tests depend on neither the
 real receivers nor processors.
@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from otel_ebpf import components, settings
-from otel_ebpf.config import doc
+from otel_ebpf.service import components, settings
+from otel_ebpf.core.config import doc
 from otel_ebpf.emit.exporters import FileExporterConfig, OtlpExporterConfig, PrometheusExporterConfig
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.pipeline import Factory
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.pipeline import Factory
 
 
 @dataclass

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_ebpf.config import build
-from otel_ebpf.errors import ConfigError
-from otel_ebpf.pipeline import Context, ListConsumer
+from otel_ebpf.core.config import build
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.receivers.probes import Config, factory
 from otel_ebpf.receivers.probes.codegen import HEAD, HEAD_FIELDS, UP_EV_HIT, generate, header, layout
 from otel_ebpf.receivers.probes.config import IDENT, SCALAR_TYPES, SYMBOL, ProbeSpec
@@ -241,8 +241,7 @@ def test_decode_signs_truncation_and_pointer() -> None:
 
 
 def test_registered_off_by_default_and_empty_is_noop() -> None:
-    from otel_ebpf import components
-
+    from otel_ebpf.service import components
     assert not components.receivers()["probes"].default_on
     assert not components.processors()["probes"].default_on
     rx = factory.create(Config(), Context(), ListConsumer())

@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ebpf import components
-from otel_ebpf.config import ENV_PREFIX, ServiceConfig, build, component_type, load_yaml_file, to_plain
+from otel_ebpf.service import components
+from otel_ebpf.core.config import ENV_PREFIX, ServiceConfig, build, component_type, load_yaml_file, to_plain
 from otel_ebpf.emit.exporters import EXPORTER_TYPES
-from otel_ebpf.errors import ConfigError
+from otel_ebpf.core.errors import ConfigError
 
 __all__ = ["ENV_VARS", "AgentConfig", "default_data", "load"]
 
@@ -143,7 +143,7 @@ def load(path: str | None = None, *, output: str | None = None, endpoint: str | 
 
 def dump_defaults() -> str:
     """The default config as commented YAML: every key with its documentation."""
-    from otel_ebpf.configdoc import commented_yaml
+    from otel_ebpf.service.config_reference import commented_yaml
 
     return commented_yaml()
 

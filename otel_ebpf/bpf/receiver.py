@@ -24,19 +24,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otel_ebpf import paused as paused_map
-from otel_ebpf import pauseguard
-from otel_ebpf import threadctx
-from otel_ebpf.clock import KernelClock
-from otel_ebpf.errors import AttachError, BccMissingError, BpfLoadError, KernelHeadersError, PrivilegeError
-from otel_ebpf.events import LibraryLoaded, ProcessExit
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.bpf import paused as paused_map
+from otel_ebpf.bpf import pauseguard
+from otel_ebpf.bpf import threadctx
+from otel_ebpf.bpf.clock import KernelClock
+from otel_ebpf.core.errors import AttachError, BccMissingError, BpfLoadError, KernelHeadersError, PrivilegeError
+from otel_ebpf.core.events import LibraryLoaded, ProcessExit
+from otel_ebpf.core.pipeline import Consumer, Context
 
 __all__ = ["INCLUDE_DIR", "BpfReceiver", "Probe", "headers_dir", "import_bcc", "programs_loaded",
            "release_uprobes_in_background", "require_bpf"]
 
 log = logging.getLogger(__name__)
-INCLUDE_DIR = Path(__file__).parent / "bpfinc"
+INCLUDE_DIR = Path(__file__).parent / "include"
 COMMON_SRC = INCLUDE_DIR / "common.bpf.c"
 _CHUNK = 4096  # records handed to the pipeline at a time
 _FIRST_RECEIVER_TYPE = 16  # record types below are common.bpf.c's (1 exit, 2 library open, 3 exec)
@@ -176,7 +176,7 @@ class BpfReceiver:
     library_key: str | None = None
     lib_pattern: str | None = None
     probes: Sequence[Probe] = ()
-    thread_context = False  # uses oe_thread_ctx (common.bpf.c, otel_ebpf.threadctx): cuda, python, torch
+    thread_context = False  # uses oe_thread_ctx (common.bpf.c, otel_ebpf.bpf.threadctx): cuda, python, torch
 
     def __init__(self, ctx: Context, next_: Consumer, *, ringbuf_pages: int = 256,
                  pause_on_load: bool = False, extra_libraries: Sequence[str] = (),
@@ -195,7 +195,7 @@ class BpfReceiver:
         self._attached: set[str] = set()
         self._paused: set[int] = set()
         self._unconfirmed: dict[tuple[int, int], int] = {}  # (pid, stop ts) resumed -> rounds seen stopped
-        self._paused_pin: str | None = None  # oe_paused's bpffs pin while loaded (otel_ebpf.paused)
+        self._paused_pin: str | None = None  # oe_paused's bpffs pin while loaded (otel_ebpf.bpf.paused)
         self._guard: pauseguard.PauseGuard | None = None  # while loaded with pause_on_load
         self._guard_slot = 0
         self._skips_seen = [0] * len(_SKIP_REASONS)
@@ -304,7 +304,7 @@ class BpfReceiver:
         return n
 
     def initial_libraries(self) -> list[str]:
-        from otel_ebpf.libraries import find_libraries
+        from otel_ebpf.host.libraries import find_libraries
 
         if self.library_key is None:
             return []
@@ -398,7 +398,7 @@ class BpfReceiver:
 
     def _resume(self, pid: int, ts: int | None = None) -> None:
         """SIGCONT ``pid`` stopped at ``ts`` (None: every stop of it, at shutdown). Its record in
-        oe_paused (otel_ebpf.paused) is forgotten only once the process is seen running
+        oe_paused (otel_ebpf.bpf.paused) is forgotten only once the process is seen running
         (:meth:`_confirm_resumed`, next poll round): the kernel may deliver the program's SIGSTOP
         after this SIGCONT (bpf_send_signal defers it to irq_work when preemption is off), and
         while the record stays the pause guard resumes a late stop after pause_timeout. A stop no
@@ -544,8 +544,8 @@ class BpfReceiver:
 def programs_loaded(ctx: Context) -> None:
     """Every BPF program of ``ctx`` is loaded (receivers compile only at start): unpin the map
     they share, so a SIGKILLed agent leaves nothing on bpffs, and give back the compiler's
-    memory (~110 MiB of RSS, otel_ebpf.memory). Called by whoever started the receivers."""
-    from otel_ebpf.memory import release_compiler_memory
+    memory (~110 MiB of RSS, otel_ebpf.bpf.compiler_memory). Called by whoever started the receivers."""
+    from otel_ebpf.bpf.compiler_memory import release_compiler_memory
 
     threadctx.unpin(ctx)
     pauseguard.unpin(ctx)

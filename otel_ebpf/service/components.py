@@ -4,7 +4,7 @@ After the OTel Collector's ``components.go``. Adding a component means adding on
 """
 from __future__ import annotations
 
-from otel_ebpf.pipeline import Factory
+from otel_ebpf.core.pipeline import Factory
 
 __all__ = ["processors", "receivers"]
 

@@ -22,15 +22,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ebpf import components
+from otel_ebpf.service import components
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
 from otel_ebpf.emit.exporters import build_exporters
-from otel_ebpf.errors import OtelEbpfError, TargetError
-from otel_ebpf.pipeline import BoundedQueue, Consumer, Context, Fanout
-from otel_ebpf import gpus
-from otel_ebpf.k8s import K8sMetadata
-from otel_ebpf.resources import ResourceCache, agent_resource_attributes
-from otel_ebpf.settings import AgentConfig
+from otel_ebpf.core.errors import OtelEbpfError, TargetError
+from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context, Fanout
+from otel_ebpf.host import gpus
+from otel_ebpf.host.k8s import K8sMetadata
+from otel_ebpf.host.processes import ResourceCache, agent_resource_attributes
+from otel_ebpf.service.settings import AgentConfig
 
 __all__ = ["Agent", "PausedChild", "exit_status"]
 
@@ -110,7 +110,7 @@ class Agent:
         self.pipelines: list[_Pipeline] = []
         self.receivers: dict[str, Any] = {}
         self._started = False
-        self.health: Any = None  # otel_ebpf.health.HealthServer while started
+        self.health: Any = None  # otel_ebpf.service.health.HealthServer while started
         self._build()
 
     def _exporters(self, ids: Sequence[str]) -> list[ExporterSpec]:
@@ -154,8 +154,7 @@ class Agent:
         """Start everything; on a failure, stop what started and re-raise."""
         self._started = True
         try:
-            from otel_ebpf import health
-
+            from otel_ebpf.service import health
             self.health = health.serve(self.cfg.service.health_endpoint, health.AGENT_DEFAULT,
                                        health.agent_checks(self), "service.health_endpoint")
             for p in self.pipelines:
@@ -167,7 +166,7 @@ class Agent:
                 t0 = time.monotonic()
                 r.start()
                 log.info("receiver %s started in %.2fs", rid, time.monotonic() - t0)
-            from otel_ebpf.bpf import programs_loaded
+            from otel_ebpf.bpf.receiver import programs_loaded
 
             programs_loaded(self.ctx)
         except BaseException:
@@ -177,7 +176,7 @@ class Agent:
     def shutdown(self, *, exiting: bool = False) -> None:
         """Drain and stop, in order. Safe twice and without start. ``exiting``: this process
         ends right after, so uprobes are released by a detached child instead of holding the
-        exit ~0.1 s per probe (:func:`otel_ebpf.bpf.release_uprobes_in_background`)."""
+        exit ~0.1 s per probe (:func:`otel_ebpf.bpf.receiver.release_uprobes_in_background`)."""
         if exiting:
             for r in self.receivers.values():
                 if hasattr(r, "detach_in_background"):

@@ -48,7 +48,7 @@ def _bcc() -> Row:
 
 
 def _headers() -> Row:
-    from otel_ebpf.bpf import HEADERS_HINT, headers_dir
+    from otel_ebpf.bpf.receiver import HEADERS_HINT, headers_dir
 
     d = headers_dir()
     if d is None:
@@ -69,7 +69,7 @@ def _tracefs() -> Row:
 
 def _load() -> Row:
     try:
-        from otel_ebpf.bpf import COMMON_SRC, require_bpf
+        from otel_ebpf.bpf.receiver import COMMON_SRC, require_bpf
 
         bcc = require_bpf()
         b = bcc.BPF(text=COMMON_SRC.read_text(), cflags=["-DOE_FILTER_PIDS=1", '-DOE_LIB_PATTERN="libcudart.so"',
@@ -95,7 +95,7 @@ def _btf() -> Row:
 
 
 def _library(key: str, label: str) -> Row:
-    from otel_ebpf.libraries import find_libraries
+    from otel_ebpf.host.libraries import find_libraries
 
     found = find_libraries(key, command=[sys.executable])
     if found:

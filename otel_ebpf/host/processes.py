@@ -13,7 +13,7 @@ Contract, for every function here:
 * Only the environment variables named in :data:`ENV_VARIABLES` are ever read out of
   ``/proc/PID/environ``; no other value leaves this module.
 * Secrets in the command line are redacted by :func:`redact_command_line` before export
-  (:mod:`otel_ebpf.redact`, re-exported here).
+  (:mod:`otel_ebpf.service.redact`, re-exported here).
 
 Rank precedence (first source that holds a non-negative integer wins): torchrun
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``) over Open MPI
@@ -44,8 +44,8 @@ from opentelemetry.semconv._incubating.attributes.k8s_attributes import K8S_POD_
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME, SERVICE_VERSION
 
 from otel_ebpf import __version__
-from otel_ebpf.k8s import DOWNWARD_ENV_NAMES, K8sMetadata
-from otel_ebpf.redact import DEFAULT_REDACT_PATTERNS, REDACTED, redact_command_line
+from otel_ebpf.host.k8s import DOWNWARD_ENV_NAMES, K8sMetadata
+from otel_ebpf.service.redact import DEFAULT_REDACT_PATTERNS, REDACTED, redact_command_line
 
 __all__ = [
     "CUDA_VISIBLE_DEVICES", "DEFAULT_REDACT_PATTERNS", "ENV_VARIABLES", "MAX_COMMAND_LINE_CHARS",
@@ -87,7 +87,7 @@ _STR_SOURCES: dict[str, str] = {
     ML_MASTER_ADDR: "MASTER_ADDR", SLURM_JOB_ID: "SLURM_JOB_ID", SLURM_STEP_ID: "SLURM_STEP_ID",
     CUDA_VISIBLE_DEVICES: "CUDA_VISIBLE_DEVICES", SERVICE_NAME: "OTEL_SERVICE_NAME",
 }
-#: Read for GPU identity (otel_ebpf.gpus) and Kubernetes names (otel_ebpf.k8s), not exported as such.
+#: Read for GPU identity (otel_ebpf.host.gpus) and Kubernetes names (otel_ebpf.host.k8s), not exported as such.
 _GPU_ENV = frozenset(("CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES"))
 #: The only environment variables ever read from /proc/PID/environ.
 ENV_VARIABLES = (frozenset(v for vs in _INT_SOURCES.values() for v in vs) | frozenset(_STR_SOURCES.values())
@@ -366,7 +366,7 @@ class ResourceCache:
     ``evictions`` (entries dropped by LRU overflow, :meth:`evict` or PID reuse) are plain ints.
     Returned dicts are shared: do not mutate them.
 
-    ``k8s`` (:class:`otel_ebpf.k8s.K8sMetadata`): adds ``k8s.pod.name``, ``k8s.namespace.name``,
+    ``k8s`` (:class:`otel_ebpf.host.k8s.K8sMetadata`): adds ``k8s.pod.name``, ``k8s.namespace.name``,
     ``k8s.container.name``, ``k8s.node.name`` to a process in a pod, computed once per entry (a
     miss may then wait for one kubelet fetch, bounded by its timeout and refresh interval).
     """

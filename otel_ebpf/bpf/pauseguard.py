@@ -7,18 +7,18 @@ stop whatever the agent does (design and failure table: docs/reliability.md, "Th
 guard"):
 
 * **Leases, in the kernel.** A BPF array map per agent (``oe_pause_guard``,
-  otel_ebpf/bpfinc/common.bpf.c) holds CLOCK_MONOTONIC deadlines: slot 0 is renewed by the
+  otel_ebpf/bpf/include/common.bpf.c) holds CLOCK_MONOTONIC deadlines: slot 0 is renewed by the
   supervisor (below) every tick, slot N by the poll loop of the receiver that owns it, the
   thread that attaches and resumes. The program stops a process only while both leases are
   current; otherwise the process runs on, its probes attach while it runs, and the skip is
   counted (``otel_ebpf.pauses.skipped{receiver, reason=agent_late|guard_late}``). A stopped,
   hung, starved, debugged or dying agent (or supervisor) therefore stops making stops within
   one lease (``pause_timeout / 2``).
-* **The supervisor**, a separate small process (``python -m otel_ebpf.pauseguard``, standard
-  library and otel_ebpf.paused only, no BCC) in its own session, so a SIGSTOP/SIGINT to the
+* **The supervisor**, a separate small process (``python -m otel_ebpf.bpf.pauseguard``, standard
+  library and otel_ebpf.bpf.paused only, no BCC) in its own session, so a SIGSTOP/SIGINT to the
   agent's process group or terminal does not reach it. Every tick it SIGCONTs each process
   recorded in the agent's ``oe_paused`` maps (pinned on bpffs) that has been stopped longer
-  than ``pause_timeout`` (same process, still stopped: otel_ebpf.paused.resume) and removes
+  than ``pause_timeout`` (same process, still stopped: otel_ebpf.bpf.paused.resume) and removes
   its entry; the agent later finds the entry gone and counts ``otel_ebpf.pauses.timed_out``.
   When the agent exits (pidfd), the supervisor revokes every lease (its programs, still
   attached while the kernel releases them, make no stop after that), resumes every recorded
@@ -27,7 +27,7 @@ guard"):
 What is left: the agent and its supervisor frozen together (the cgroup freezer, ``docker
 pause``) holds the processes stopped in the last lease before the freeze until the thaw; both
 SIGKILLed together (an OOM kill of their cgroup) leaves them to the next agent's
-:func:`otel_ebpf.paused.recover_stale`.
+:func:`otel_ebpf.bpf.paused.recover_stale`.
 
 Agent side: :func:`acquire` (one guard per agent Context, reference counted; the first call
 makes the map, pins it and starts the supervisor), :meth:`PauseGuard.renew`/``revoke`` (poll
@@ -50,9 +50,9 @@ import threading
 import time
 from pathlib import Path
 
-from otel_ebpf import bpfsys
-from otel_ebpf.paused import PAUSED_DIR, entries, forget_entry, owner_alive, parse_pin, process_stat, resume
-from otel_ebpf.threadctx import BPFFS, ensure_bpffs
+from otel_ebpf.bpf import syscalls as bpfsys
+from otel_ebpf.bpf.paused import PAUSED_DIR, entries, forget_entry, owner_alive, parse_pin, process_stat, resume
+from otel_ebpf.bpf.threadctx import BPFFS, ensure_bpffs
 
 __all__ = ["GUARD_DIR", "SLOTS", "PauseGuard", "acquire", "health", "main", "release", "unpin"]
 
@@ -105,7 +105,7 @@ class PauseGuard:
 
     def _spawn(self) -> None:
         pid, start = self._agent.split("-")
-        argv = [sys.executable, "-m", "otel_ebpf.pauseguard", "--agent-pid", pid, "--agent-start", start,
+        argv = [sys.executable, "-m", "otel_ebpf.bpf.pauseguard", "--agent-pid", pid, "--agent-start", start,
                 "--guard-fd", str(self.fd),
                 "--timeout", repr(self.timeout), "--lease-ns", str(self.lease_ns)]
         try:
@@ -375,8 +375,8 @@ def _comm(pid: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m otel_ebpf.pauseguard``: started by the agent, never by hand."""
-    ap = argparse.ArgumentParser(prog="otel_ebpf.pauseguard", description=__doc__.split("\n\n")[0])
+    """``python -m otel_ebpf.bpf.pauseguard``: started by the agent, never by hand."""
+    ap = argparse.ArgumentParser(prog="otel_ebpf.bpf.pauseguard", description=__doc__.split("\n\n")[0])
     ap.add_argument("--agent-pid", type=int, required=True)
     ap.add_argument("--agent-start", type=int, required=True)
     ap.add_argument("--guard-fd", type=int, required=True)

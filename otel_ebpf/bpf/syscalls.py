@@ -1,5 +1,5 @@
 """The few bpf(2) map commands that must work without BCC: the pause guard's supervisor
-(otel_ebpf.pauseguard) is a separate small process that reads and writes pinned maps and must
+(otel_ebpf.bpf.pauseguard) is a separate small process that reads and writes pinned maps and must
 not pay BCC's import (~100 ms, ~40 MiB) nor share its fate. Standard library only.
 
 Commands and ``union bpf_attr`` layouts follow include/uapi/linux/bpf.h (Linux 6.x; every

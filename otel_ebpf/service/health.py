@@ -23,7 +23,7 @@ a ``health()`` method returning ``(alive, ready, detail)`` wins; else a receiver
 ``_thread`` (BpfReceiver, NvmlReceiver: the poll thread) is None before start (not ready) and
 must stay alive; else a ``_started`` flag (the gateway's OTLP receiver, which binds in start) is
 read. A queue is stuck when events wait and its worker has handed on no batch for ``stuck_after``
-seconds (:attr:`otel_ebpf.pipeline.BoundedQueue.progress`).
+seconds (:attr:`otel_ebpf.core.pipeline.BoundedQueue.progress`).
 
 Thread safety: requests run on the server's threads and only read component state; the server
 holds at most ``_MAX_CLIENTS`` connections at once (more wait in the listen backlog).
@@ -41,8 +41,8 @@ from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from otel_ebpf import pauseguard
-from otel_ebpf.errors import ConfigError, OtelEbpfError
+from otel_ebpf.bpf import pauseguard
+from otel_ebpf.core.errors import ConfigError, OtelEbpfError
 
 __all__ = ["AGENT_DEFAULT", "GATEWAY_DEFAULT", "Check", "HealthBindError", "HealthServer", "agent_checks",
            "evaluate", "gateway_checks", "parse_host_port", "serve"]
@@ -123,7 +123,7 @@ class _QueueWatch:
 
 
 def agent_checks(agent: Any, stuck_after: float = 30.0) -> Callable[[], list[Check]]:
-    """The checks of an :class:`otel_ebpf.agent.Agent`: its receivers and each pipeline's queue."""
+    """The checks of an :class:`otel_ebpf.service.agent.Agent`: its receivers and each pipeline's queue."""
     watch = _QueueWatch(stuck_after)
 
     def run() -> list[Check]:

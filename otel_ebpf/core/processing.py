@@ -8,7 +8,7 @@ on unchanged, in place. A handler that raises loses that event only: the drop is
 One ``next.consume(out)`` per batch, none for an empty result.
 
 Processors with state keep it in their own attributes and override ``shutdown`` to flush it.
-Nothing here touches the OTel SDK: processors hand :class:`~otel_ebpf.events.MetricRecord` /
+Nothing here touches the OTel SDK: processors hand :class:`~otel_ebpf.core.events.MetricRecord` /
 ``SpanRecord`` to ``emit``.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
-from otel_ebpf.events import Attributes, MetricKind, MetricRecord
-from otel_ebpf.pipeline import Consumer, Context
+from otel_ebpf.core.events import Attributes, MetricKind, MetricRecord
+from otel_ebpf.core.pipeline import Consumer, Context
 
 __all__ = ["EventProcessor", "MetricSpec", "handles", "metric_record"]
 

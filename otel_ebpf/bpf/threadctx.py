@@ -1,5 +1,5 @@
 """The per-thread "current call" map shared by the cuda, python and torch BPF programs of one
-agent (``oe_thread_ctx`` in otel_ebpf/bpfinc/common.bpf.c), and the operator names behind it.
+agent (``oe_thread_ctx`` in otel_ebpf/bpf/include/common.bpf.c), and the operator names behind it.
 
 BCC compiles every receiver's program separately; they share the map through a pin on bpffs:
 ``/sys/fs/bpf/otel-ebpf-<agent pid>/thread_ctx_<context>``. The first program that loads

@@ -8,7 +8,7 @@ A CUDA ordinal is an index into the devices the CUDA runtime of *that process* e
 :meth:`GpuResolver.hw_id` maps (pid, ordinal) to a UUID, first source that answers:
 
 1. The process's environment (``/proc/PID/environ``, the initial environment, read through
-   :class:`otel_ebpf.resources.ResourceCache`):
+   :class:`otel_ebpf.host.processes.ResourceCache`):
 
    * ``NVIDIA_VISIBLE_DEVICES`` (only for a process in a container: on the host it means
      nothing): the GPUs the NVIDIA container runtime mounted, as NVML indices or UUIDs;
@@ -58,7 +58,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = [
     "GpuInfo", "GpuResolver", "GpuSource", "NvmlSource", "VisibleDevices", "attach", "ordinal_uuids",
@@ -383,7 +383,7 @@ def attach(ctx: Any, library: str = "") -> GpuResolver:
     the libnvidia-ml.so.1 to load, if NVML is not loaded yet."""
     resolver = getattr(ctx, "gpus", None)
     if resolver is None:
-        from otel_ebpf.resources import ResourceCache, process_environment
+        from otel_ebpf.host.processes import ResourceCache, process_environment
 
         cache = getattr(ctx, "resources", None)
 

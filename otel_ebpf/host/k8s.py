@@ -1,6 +1,6 @@
 """Kubernetes metadata of a traced process: pod name, namespace, container name, node.
 
-The pod uid and container id come from ``/proc/PID/cgroup`` (:mod:`otel_ebpf.resources`); the
+The pod uid and container id come from ``/proc/PID/cgroup`` (:mod:`otel_ebpf.host.processes`); the
 names come from, in precedence order:
 
 1. The kubelet's pod list (``GET /pods`` on the node's kubelet, ``https://$NODE_NAME:10250/pods``
@@ -49,7 +49,7 @@ from opentelemetry.semconv._incubating.attributes.k8s_attributes import (
     K8S_POD_UID,
 )
 
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = ["DOWNWARD_ENV", "DOWNWARD_ENV_NAMES", "KUBELET_ERRORS", "K8sMetadata", "PodInfo", "kubelet_url",
            "parse_pod_list"]
@@ -139,7 +139,7 @@ def _downward(env: Mapping[str, str]) -> dict[str, str]:
 class K8sMetadata:
     """``k8s.*`` resource attributes for a process (see the module docstring).
 
-    ``config`` is a :class:`otel_ebpf.config.K8sConfig`; ``agent_env`` the agent's environment
+    ``config`` is a :class:`otel_ebpf.core.config.K8sConfig`; ``agent_env`` the agent's environment
     (``NODE_NAME``, ``KUBERNETES_SERVICE_HOST``); ``fetch(url) -> bytes`` replaces the HTTP GET in
     tests that need no server."""
 

@@ -10,8 +10,8 @@ import json
 import textwrap
 from typing import Any
 
-from otel_ebpf import components
-from otel_ebpf.config import ServiceConfig
+from otel_ebpf.service import components
+from otel_ebpf.core.config import ServiceConfig
 from otel_ebpf.emit.exporters import EXPORTER_TYPES
 
 __all__ = ["commented_yaml"]
@@ -60,7 +60,7 @@ def _section(title: str, items: dict[str, Any], lines: list[str], docs: dict[str
 
 def commented_yaml() -> str:
     """The default config, rendered from the typed classes so every field carries its doc."""
-    from otel_ebpf.settings import AgentConfig
+    from otel_ebpf.service.settings import AgentConfig
 
     recv = components.receivers()
     proc = components.processors()

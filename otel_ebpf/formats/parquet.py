@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from otel_ebpf.errors import OtelEbpfError
+from otel_ebpf.core.errors import OtelEbpfError
 from otel_ebpf.report.model import is_collective_root
 from otel_ebpf.report.otlpfiles import MetricPoint, SpanRow, read_otlp_json
 

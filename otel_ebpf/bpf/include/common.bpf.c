@@ -1,4 +1,4 @@
-/* Shared part of every otel-ebpf BPF program. otel_ebpf.bpf prepends it to each receiver's
+/* Shared part of every otel-ebpf BPF program. otel_ebpf.bpf.receiver prepends it to each receiver's
  * <name>.bpf.c before compiling: BCC rewrites tracepoint arguments and map calls only in the
  * main source text (not in #included files, not inside macros).
  *
@@ -14,7 +14,7 @@
  *   so not even its first call into the library is missed. A stop is made only while the pause
  *   guard's leases are current (oe_may_pause), and the guard's supervisor resumes any stop older
  *   than pause_timeout. Each stopped process is recorded in oe_paused (pinned on bpffs by
- *   otel_ebpf/paused.py), so the supervisor, or an agent started after this one and its
+ *   otel_ebpf/bpf/paused.py), so the supervisor, or an agent started after this one and its
  *   supervisor were both killed, resumes exactly the processes left stopped.
  *
  * Only tracepoint arguments and helpers are used, never task_struct fields: the kernel headers
@@ -52,7 +52,7 @@
 #define OE_EV_LIB_OPEN 2
 #define OE_EV_EXEC 3
 
-/* drops[] indexes, mirrored in otel_ebpf/bpf.py DROP_REASONS */
+/* drops[] indexes, mirrored in otel_ebpf/bpf/receiver.py DROP_REASONS */
 #define OE_DROP_RINGBUF 0
 #define OE_DROP_PIDMAP 1
 #define OE_DROP_STATEMAP 2
@@ -239,7 +239,7 @@ BPF_PERCPU_ARRAY(oe_path_scratch, struct oe_path_buf, 1);
 #if OE_PAUSE_ON_LOAD
 /* Processes this program stopped and the agent has not resumed yet (key: tgid). Python deletes
  * an entry after its SIGCONT; OE_PAUSED_PIN pins the map on bpffs so the entries outlive a
- * SIGKILLed agent (otel_ebpf/paused.py reads them; its VALUE mirrors this struct). boot_ns is
+ * SIGKILLed agent (otel_ebpf/bpf/paused.py reads them; its VALUE mirrors this struct). boot_ns is
  * CLOCK_BOOTTIME at the stop, comparable with /proc/PID/stat's start time: a process that
  * started later is not the one stopped (pid reuse). ts is the library-open record's ts. */
 /* Key: the stop itself (tgid and the library-open record's ts), so every delete names exactly
@@ -261,7 +261,7 @@ BPF_TABLE_PINNED("hash", struct oe_paused_key, struct oe_paused, oe_paused, OE_M
 BPF_HASH(oe_paused, struct oe_paused_key, struct oe_paused, OE_MAX_PIDS);
 #endif
 
-/* The pause guard (otel_ebpf/pauseguard.py): a process is stopped only while two leases are
+/* The pause guard (otel_ebpf/bpf/pauseguard.py): a process is stopped only while two leases are
  * current, so no state of the agent can hold one for long:
  *   slot 0            the supervisor's: a separate process that resumes every stop older than
  *                     pause_timeout, renewed every tick (a stopped, starved or killed supervisor
@@ -363,7 +363,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
  * they keep separate stacks) at entry and return; the cuda program reads it at each call's
  * entry, so a CUDA span can name the Python function / PyTorch operator that issued it.
  * Shared between separately compiled programs through a pinned map: OE_THREAD_CTX_PIN is its
- * bpffs path (otel_ebpf/threadctx.py; the first program creates it, the others open it).
+ * bpffs path (otel_ebpf/bpf/threadctx.py; the first program creates it, the others open it).
  * Without it (bpffs unavailable) the map is private to each program: nothing is shared.
  * Key: thread id. Only the thread itself writes or reads its entry (from its own probes);
  * entries go at thread exit (oe_ctx_forget) or with the map. The size is fixed, not a

@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
-from otel_ebpf.errors import ConfigError
+from otel_ebpf.core.errors import ConfigError
 
 __all__ = [
     "ENV_PREFIX",
@@ -189,7 +189,7 @@ class PipelineConfig:
 
 @dataclass
 class K8sConfig:
-    """Kubernetes metadata of traced processes (otel_ebpf.k8s; docs/receivers.md)."""
+    """Kubernetes metadata of traced processes (otel_ebpf.host.k8s; docs/receivers.md)."""
 
     enabled: bool = doc(True, "Add k8s.pod.name, k8s.namespace.name, k8s.container.name, k8s.node.name to "
                               "the resource of a process in a pod (pod uid from its cgroup).")
@@ -228,7 +228,7 @@ class ServiceConfig:
                                    "beyond it the oldest is flushed and dropped (counted).")
     max_queue: int = doc(65536, "Most events waiting between receivers and processors; "
                                "beyond it events are dropped (counted in otel_ebpf.events.dropped).")
-    health_endpoint: str = doc("127.0.0.1:13133", "HOST:PORT serving /healthz and /readyz (otel_ebpf.health); "
+    health_endpoint: str = doc("127.0.0.1:13133", "HOST:PORT serving /healthz and /readyz (otel_ebpf.service.health); "
                                                   "'' disables it. Loopback by default; 0.0.0.0:13133 in a pod.")
     k8s: K8sConfig = doc(K8sConfig(), "Kubernetes pod/container/node names on process resources.")
     pause_timeout: float = doc(
@@ -244,7 +244,7 @@ class ServiceConfig:
 
     def validate(self, path: str) -> None:
         if self.health_endpoint:
-            from otel_ebpf.health import parse_host_port
+            from otel_ebpf.service.health import parse_host_port
 
             parse_host_port(self.health_endpoint, f"{path}.health_endpoint")
         for key, value in (("max_processes", self.max_processes), ("max_queue", self.max_queue)):

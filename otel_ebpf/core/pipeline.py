@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = [
     "BoundedQueue",
@@ -63,12 +63,12 @@ class Context:
     target_pids: list[int] = field(default_factory=list)
     follow_children: bool = True
     libraries: dict[str, list[str]] = field(default_factory=dict)
-    # Process identity cache (otel_ebpf.resources.ResourceCache): receivers fill it as soon as a
+    # Process identity cache (otel_ebpf.host.processes.ResourceCache): receivers fill it as soon as a
     # process is seen (exec, library open, first record), while /proc/PID still describes it.
     resources: Any = None
-    # GPU identity (otel_ebpf.gpus.GpuResolver): CUDA ordinal -> hw.id, shared by the cuda/nccl processors.
+    # GPU identity (otel_ebpf.host.gpus.GpuResolver): CUDA ordinal -> hw.id, shared by the cuda/nccl processors.
     gpus: Any = None
-    # Cumulative host counters over time (otel_ebpf.hostctx.HostStats): sched and other host receivers
+    # Cumulative host counters over time (otel_ebpf.host.timeline.HostStats): sched and other host receivers
     # feed it, the nccl processor reads the figures of each step. Made in __post_init__ when not given.
     host_stats: Any = None
     # Current application span per thread (receivers/apptrace/store.py AppContextStore): set by the apptrace
@@ -77,12 +77,12 @@ class Context:
     # Receivers of this agent whose programs write the per-thread call map (oe_thread_ctx: python, torch),
     # added as they are made; the cuda program reads that map only when one exists.
     thread_ctx_writers: set[str] = field(default_factory=set)
-    # Longest a process stays stopped by pause_on_load (service.pause_timeout; otel_ebpf.pauseguard).
+    # Longest a process stays stopped by pause_on_load (service.pause_timeout; otel_ebpf.bpf.pauseguard).
     pause_timeout: float = 2.0
 
     def __post_init__(self) -> None:
         if self.host_stats is None:
-            from otel_ebpf.hostctx import HostStats
+            from otel_ebpf.host.timeline import HostStats
 
             self.host_stats = HostStats(self.telemetry)
 
@@ -166,7 +166,7 @@ class BoundedQueue:
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
-        self._done = 0  # batches handed on (otel_ebpf.health tells a stuck worker from a busy one)
+        self._done = 0  # batches handed on (otel_ebpf.service.health tells a stuck worker from a busy one)
 
     @property
     def progress(self) -> tuple[int, int, str]:

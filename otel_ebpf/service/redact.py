@@ -3,7 +3,7 @@
 :func:`redact_command_line` replaces secret values in argv by :data:`REDACTED` and keeps the
 keys, so a span still shows which options a job ran with. Which keys count as secret is
 :data:`DEFAULT_REDACT_PATTERNS` unless the caller passes its own. Pure functions, thread-safe,
-never raising for ``str`` input. Split out of :mod:`otel_ebpf.resources`, which re-exports all three.
+never raising for ``str`` input. Split out of :mod:`otel_ebpf.host.processes`, which re-exports all three.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 A BPF program with ``OE_PAUSE_ON_LOAD=1`` stops (SIGSTOP) a traced process that opens its
 library and records the stop (key: tgid and the stop's timestamp, so each delete names one
-stop) in the hash map ``oe_paused`` (otel_ebpf/bpfinc/common.bpf.c) before the agent attaches
-and sends SIGCONT. The agent's pause guard (otel_ebpf/pauseguard.py) reads the same records to
+stop) in the hash map ``oe_paused`` (otel_ebpf/bpf/include/common.bpf.c) before the agent attaches
+and sends SIGCONT. The agent's pause guard (otel_ebpf/bpf/pauseguard.py) reads the same records to
 resume any stop older than ``pause_timeout``. The map is pinned on bpffs while the agent runs::
 
     /sys/fs/bpf/otel_ebpf/paused/<receiver>-<agent pid>-<agent start ticks>-<n>
@@ -40,8 +40,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from otel_ebpf import bpfsys
-from otel_ebpf.threadctx import BPFFS, ensure_bpffs
+from otel_ebpf.bpf import syscalls as bpfsys
+from otel_ebpf.bpf.threadctx import BPFFS, ensure_bpffs
 
 __all__ = [
     "KEY",

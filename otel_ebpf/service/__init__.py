@@ -1,0 +1,3 @@
+"""The agent service and what runs it: the Agent, the component registries, config loading and
+its reference, health endpoints, progress line, host checks.
+"""
