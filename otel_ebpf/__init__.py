@@ -4,7 +4,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # type checkers see the real names; at run time they load on first use
     from otel_ebpf.api import Session, read_otlp_json
 
-__version__ = "0.1.0"
+from otel_ebpf.core.version import __version__
 __all__ = ["Session", "__version__", "read_otlp_json"]
 
 

@@ -38,6 +38,7 @@ from typing import Any
 from otel_ebpf.service import components
 from otel_ebpf.core.config import build
 from otel_ebpf.core.errors import ConfigError, OtelEbpfError, TargetError
+from otel_ebpf.host.timeline import HostStats
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context
 from otel_ebpf.report.otlpfiles import read_otlp_json
 from otel_ebpf.core.telemetry import DROPPED
@@ -96,6 +97,7 @@ class Session:
             raise ConfigError("max_events", f"must be at least 1, got {max_events}")
         self.processed, self.keep, self.stop_timeout = processed, keep, stop_timeout
         self.ctx = Context(libraries={"command": self.command})
+        self.ctx.host_stats = HostStats(self.ctx.telemetry)
         self._buffer = _Buffer(self.ctx, max_events)
         self._max = max_events
         self._rcfgs, self._pcfgs = _configs(receivers, config or {}, processed)
@@ -274,8 +276,8 @@ class Session:
 
     def to_parquet(self, directory: str | os.PathLike[str]) -> dict[str, Path]:
         """Write :attr:`collected` (everything sample() returned, up to ``max_events``) as one
-        ``<TypeName>.parquet`` per event type (otel_ebpf.formats.parquet.write_events). Needs pyarrow."""
-        from otel_ebpf.formats.parquet import write_events
+        ``<TypeName>.parquet`` per event type (otel_ebpf.report.parquet.write_events). Needs pyarrow."""
+        from otel_ebpf.report.parquet import write_events
 
         return write_events(self.collected, directory)
 

@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from otel_ebpf import __version__
+from otel_ebpf.core.version import __version__
 from otel_ebpf.core.config import ENV_PREFIX
 from otel_ebpf.core.errors import ConfigError, EnvironmentError_, OtelEbpfError, TargetError
 from otel_ebpf.report import cli as report_cli

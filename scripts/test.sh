@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check otel_ebpf receivers processors
-.venv/bin/mypy otel_ebpf receivers processors
+.venv/bin/ruff check otel_ebpf
+.venv/bin/mypy otel_ebpf
+.venv/bin/lint-imports  # the layers in pyproject.toml [tool.importlinter] (docs/architecture.md, "Code layout")
 exec .venv/bin/python -m pytest -ra "$@"

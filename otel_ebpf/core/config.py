@@ -178,6 +178,15 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
+def parse_host_port(text: str, path: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` -> (host, port); raises ConfigError naming ``path``."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(path, f"{text!r} is not HOST:PORT", hint="e.g. 127.0.0.1:13133 or 0.0.0.0:13133; '' disables")
+    return host, int(port)
+
+
 @dataclass
 class PipelineConfig:
     """One pipeline: receivers fan in, processors run in order, exporters fan out."""
@@ -244,8 +253,6 @@ class ServiceConfig:
 
     def validate(self, path: str) -> None:
         if self.health_endpoint:
-            from otel_ebpf.service.health import parse_host_port
-
             parse_host_port(self.health_endpoint, f"{path}.health_endpoint")
         for key, value in (("max_processes", self.max_processes), ("max_queue", self.max_queue)):
             if value < 1:

@@ -1,7 +1,7 @@
 """Events shared by every stage, and the records that processors hand to ``emit``.
 
 Receivers define their own event types next to their BPF code (one frozen dataclass per kind,
-see ``receivers/cuda/events.py``). This module holds the kinds every receiver shares
+see ``otel_ebpf/receivers/cuda/events.py``). This module holds the kinds every receiver shares
 (process lifecycle, self-telemetry) and the two records the emit stage understands:
 
 * :class:`SpanRecord` - one finished span with explicit epoch-ns times and optional
@@ -85,7 +85,7 @@ class MetricRecord:
     counter/updown: ``value`` is a delta. gauge: the current value. histogram: ``value`` was
     observed ``count`` times, or, with ``buckets``, ``count`` observations summing to ``value``
     fell into these buckets of the emitter's bounds for ``unit``
-    (``otel_ebpf.emit.histograms.bounds_for_unit``; ``len(bounds) + 1`` counts: in-kernel
+    (``otel_ebpf.core.buckets.bounds_for_unit``; ``len(bounds) + 1`` counts: in-kernel
     histograms). ``unit`` uses UCUM as in OTel semantic conventions.
     """
 

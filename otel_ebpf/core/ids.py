@@ -2,16 +2,34 @@
 
 The collective join gives every rank's span of one NCCL collective the same trace id,
 derived from (communicator id, sequence number), so agents on different nodes agree without
-talking. The emitter puts such ids straight into the span's context (random ones otherwise).
+talking. The Python and PyTorch processors derive their call spans' ids here, so the CUDA
+processor can parent a CUDA call on the enclosing call's span without importing them. The
+emitter puts such ids straight into the span's context (random ones otherwise).
 """
 from __future__ import annotations
 
 import hashlib
 
-__all__ = ["derive_id"]
+__all__ = ["call_ids", "derive_id", "op_ids"]
 
 
 def derive_id(*parts: object, bits: int = 128) -> int:
     """A stable non-zero id from ``parts`` (blake2b), identical on every host and run."""
     digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=bits // 8).digest()
     return int.from_bytes(digest, "big") or 1
+
+
+def call_ids(pid: int, tid: int, start_ns: int, root_ns: int) -> tuple[int, int]:
+    """(trace id, span id) of the span of thread ``tid``'s call that started at ``start_ns``
+    inside the outermost call that started at ``root_ns`` (epoch ns, as in PythonCall). The one
+    source of these ids: otel_ebpf/processors/cuda uses it to parent CUDA calls on that span."""
+    return (derive_id("py", pid, tid, root_ns or start_ns, bits=128),
+            derive_id("py", pid, tid, start_ns, bits=64))
+
+
+def op_ids(pid: int, tid: int, start_ns: int, root_ns: int) -> tuple[int, int]:
+    """(trace id, span id) of the span of thread ``tid``'s operator call that started at
+    ``start_ns`` under the outermost one that started at ``root_ns`` (epoch ns, as in TorchOp).
+    The one source of these ids: otel_ebpf/processors/cuda uses it to parent CUDA calls on that span."""
+    return (derive_id("torch", pid, tid, root_ns or start_ns, bits=128),
+            derive_id("torch", pid, tid, start_ns, bits=64))

@@ -69,9 +69,10 @@ class Context:
     # GPU identity (otel_ebpf.host.gpus.GpuResolver): CUDA ordinal -> hw.id, shared by the cuda/nccl processors.
     gpus: Any = None
     # Cumulative host counters over time (otel_ebpf.host.timeline.HostStats): sched and other host receivers
-    # feed it, the nccl processor reads the figures of each step. Made in __post_init__ when not given.
+    # feed it, the nccl processor reads the figures of each step. Made by whoever builds the context
+    # (the Agent, the Python API's Session, the gateway); None: no host figures.
     host_stats: Any = None
-    # Current application span per thread (receivers/apptrace/store.py AppContextStore): set by the apptrace
+    # Current application span per thread (otel_ebpf/receivers/apptrace/store.py AppContextStore): set by the apptrace
     # receiver from SDK begin/end fires; cuda (and other) processors parent their spans on it.
     app_context: Any = None
     # Receivers of this agent whose programs write the per-thread call map (oe_thread_ctx: python, torch),
@@ -79,12 +80,6 @@ class Context:
     thread_ctx_writers: set[str] = field(default_factory=set)
     # Longest a process stays stopped by pause_on_load (service.pause_timeout; otel_ebpf.bpf.pauseguard).
     pause_timeout: float = 2.0
-
-    def __post_init__(self) -> None:
-        if self.host_stats is None:
-            from otel_ebpf.host.timeline import HostStats
-
-            self.host_stats = HostStats(self.telemetry)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ Metric names (all on the agent's own resource, ``service.name=otel-ebpf``):
 * ``otel_ebpf.probes.attached`` / ``otel_ebpf.probes.failed`` {receiver, library}.
 * ``otel_ebpf.export.failed`` {signal, exporter}: export attempts that failed (retries included).
 * ``otel_ebpf.metrics.dropped`` {exporter, reason}: metric collections an exporter never sent.
-* ``otel_ebpf.nvml.scrape.errors`` {function, error}: NVML calls that failed (receivers/nvml).
+* ``otel_ebpf.nvml.scrape.errors`` {function, error}: NVML calls that failed (otel_ebpf/receivers/nvml).
 """
 from __future__ import annotations
 

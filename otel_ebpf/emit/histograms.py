@@ -21,16 +21,9 @@ from opentelemetry.sdk.metrics.export import (
     Metric,
 )
 
-__all__ = ["HistogramStore", "bounds_for_unit"]
+from otel_ebpf.core.buckets import bounds_for_unit
 
-_SECONDS = (0.0, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
-            2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-_POWERS_OF_4 = tuple(float(4 ** i) for i in range(0, 17))  # 1 .. 4 Gi
-
-
-def bounds_for_unit(unit: str) -> tuple[float, ...]:
-    """Latency buckets for seconds; powers of four (bytes, threads, counts) otherwise."""
-    return _SECONDS if unit == "s" else _POWERS_OF_4
+__all__ = ["HistogramStore"]
 
 
 @dataclass

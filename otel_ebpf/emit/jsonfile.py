@@ -28,7 +28,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_ebpf.formats.otlpjson import to_otlp_json
+from otel_ebpf.core.otlpjson import to_otlp_json
 
 __all__ = ["JsonLinesMetricExporter", "JsonLinesSpanExporter", "to_otlp_json"]
 

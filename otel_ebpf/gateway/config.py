@@ -73,7 +73,7 @@ class GatewayServiceConfig:
 
     def validate(self, path: str) -> None:
         if self.health_endpoint:
-            from otel_ebpf.service.health import parse_host_port
+            from otel_ebpf.core.config import parse_host_port
 
             parse_host_port(self.health_endpoint, f"{path}.health_endpoint")
         for key in ("max_queue", "max_metric_queue"):

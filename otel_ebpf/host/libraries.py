@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
 
-__all__ = ["LIBRARY_PATTERNS", "find_libraries", "mapped_libraries", "python_env_libraries"]
+__all__ = ["LIBRARY_PATTERNS", "find_libraries", "interpreter_of_command", "mapped_libraries", "python_env_libraries"]
 
 # key -> basename prefix (also passed to the kernel as OE_LIB_PATTERN)
 LIBRARY_PATTERNS = {"cudart": "libcudart.so", "nccl": "libnccl.so"}
@@ -113,3 +113,36 @@ def find_libraries(key: str, *, configured: Sequence[str] = (), pids: Sequence[i
     if use_ldconfig:
         paths += _ldconfig(prefix)
     return _real(paths)
+
+
+def _is_elf(path: str) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def interpreter_of_command(command: list[str]) -> str | None:
+    """The ELF interpreter ``command`` would run: ``command[0]`` itself, or the program its
+    '#!' line names (``/usr/bin/env python3`` resolved on PATH). None when not found."""
+    if not command:
+        return None
+    exe = shutil.which(command[0]) or command[0]
+    for _ in range(3):  # a '#!' chain, bounded
+        if _is_elf(exe):
+            return os.path.realpath(exe)
+        try:
+            with open(exe, "rb") as fh:
+                first = fh.readline(256).decode(errors="replace")
+        except OSError:
+            return None
+        if not first.startswith("#!"):
+            return None
+        words = first[2:].split()
+        if not words:
+            return None
+        if os.path.basename(words[0]) == "env" and len(words) > 1:
+            words = words[1:]
+        exe = shutil.which(words[0]) or words[0]
+    return None

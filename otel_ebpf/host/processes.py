@@ -13,7 +13,7 @@ Contract, for every function here:
 * Only the environment variables named in :data:`ENV_VARIABLES` are ever read out of
   ``/proc/PID/environ``; no other value leaves this module.
 * Secrets in the command line are redacted by :func:`redact_command_line` before export
-  (:mod:`otel_ebpf.service.redact`, re-exported here).
+  (:mod:`otel_ebpf.host.redact`, re-exported here).
 
 Rank precedence (first source that holds a non-negative integer wins): torchrun
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``) over Open MPI
@@ -43,9 +43,9 @@ from opentelemetry.semconv._incubating.attributes.container_attributes import CO
 from opentelemetry.semconv._incubating.attributes.k8s_attributes import K8S_POD_UID
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME, SERVICE_VERSION
 
-from otel_ebpf import __version__
+from otel_ebpf.core.version import __version__
 from otel_ebpf.host.k8s import DOWNWARD_ENV_NAMES, K8sMetadata
-from otel_ebpf.service.redact import DEFAULT_REDACT_PATTERNS, REDACTED, redact_command_line
+from otel_ebpf.host.redact import DEFAULT_REDACT_PATTERNS, REDACTED, redact_command_line
 
 __all__ = [
     "CUDA_VISIBLE_DEVICES", "DEFAULT_REDACT_PATTERNS", "ENV_VARIABLES", "MAX_COMMAND_LINE_CHARS",

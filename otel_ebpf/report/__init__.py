@@ -3,7 +3,7 @@
 * :func:`read_otlp_json` - ``traces.jsonl`` / ``metrics.jsonl`` -> :class:`SpanRow` / :class:`MetricPoint`.
 * :func:`write_report` - one ``report.html`` (inline CSS/JS/SVG, data embedded, no network).
 
-The Perfetto export is :mod:`otel_ebpf.formats.perfetto`, Parquet is :mod:`otel_ebpf.formats.parquet`.
+The Perfetto export is :mod:`otel_ebpf.report.perfetto`, Parquet is :mod:`otel_ebpf.report.parquet`.
 """
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from otel_ebpf.formats.perfetto import write_chrome_trace
+    from otel_ebpf.report.perfetto import write_chrome_trace
     from otel_ebpf.report import write_report
 
     if args.max_spans < 1:
@@ -67,7 +67,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from otel_ebpf.formats.parquet import write_otlp_parquet
+    from otel_ebpf.report.parquet import write_otlp_parquet
 
     for name, path in write_otlp_parquet(args.source, args.parquet).items():
         print(f"{name}: {path}")

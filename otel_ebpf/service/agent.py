@@ -26,6 +26,7 @@ from otel_ebpf.service import components
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
 from otel_ebpf.emit.exporters import build_exporters
 from otel_ebpf.core.errors import OtelEbpfError, TargetError
+from otel_ebpf.host.timeline import HostStats
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context, Fanout
 from otel_ebpf.host import gpus
 from otel_ebpf.host.k8s import K8sMetadata
@@ -102,6 +103,7 @@ class Agent:
         svc = self.cfg.service
         self.ctx = Context(strict=svc.strict, target_pids=list(self.target_pids),
                            libraries={"command": list(self.command)}, pause_timeout=svc.pause_timeout)
+        self.ctx.host_stats = HostStats(self.ctx.telemetry)
         self.resources = ResourceCache(max_entries=max(2 * svc.max_processes, 64),
                                        service_name=svc.service_name or None,
                                        k8s=K8sMetadata(svc.k8s, self.ctx.telemetry))

@@ -42,10 +42,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from otel_ebpf.bpf import pauseguard
-from otel_ebpf.core.errors import ConfigError, OtelEbpfError
+from otel_ebpf.core.config import parse_host_port
+from otel_ebpf.core.errors import OtelEbpfError
 
 __all__ = ["AGENT_DEFAULT", "GATEWAY_DEFAULT", "Check", "HealthBindError", "HealthServer", "agent_checks",
-           "evaluate", "gateway_checks", "parse_host_port", "serve"]
+           "evaluate", "gateway_checks", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +67,6 @@ class Check:
     alive: bool
     ready: bool
     detail: str
-
-
-def parse_host_port(text: str, path: str) -> tuple[str, int]:
-    """``"host:port"`` or ``"[v6]:port"`` -> (host, port); raises ConfigError naming ``path``."""
-    host, sep, port = text.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(path, f"{text!r} is not HOST:PORT", hint="e.g. 127.0.0.1:13133 or 0.0.0.0:13133; '' disables")
-    return host, int(port)
 
 
 # ---- judging components ------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
  * ref_ctr_offset, bpftrace/systemtap do it too), so enabled() is one memory read and fire()
  * is a nop sled plus argument set-up when nothing is attached.
  *
- * Arguments of otel_ebpf:event (stable; receivers/apptrace decodes them):
+ * Arguments of otel_ebpf:event (stable; otel_ebpf/receivers/apptrace decodes them):
  *   1 kind        int      0 point, 1 span begin, 2 span end
  *   2 provider    char *   NUL-terminated provider name
  *   3 name        char *   NUL-terminated probe name

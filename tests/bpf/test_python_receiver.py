@@ -27,7 +27,7 @@ from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.receivers.python import Config, NoUsdtError, PythonReceiver, create
 from otel_ebpf.receivers.python.events import PythonCall
 from otel_ebpf.receivers.python.receiver import NO_ENTRY_MESSAGE
-from otel_ebpf.receivers.python.usdt import find_sites
+from otel_ebpf.bpf.python_usdt import find_sites
 
 pytestmark = pytest.mark.bpf
 

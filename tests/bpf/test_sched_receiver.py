@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from otel_ebpf.core.events import ProcessExit, SpanRecord
+from otel_ebpf.host.timeline import HostStats
 from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.nccl import Config as NcclProcessorConfig
 from otel_ebpf.processors.nccl.processor import NcclProcessor
@@ -51,6 +52,7 @@ def traced(script: str, **cfg: object) -> Iterator[Run]:
     child = subprocess.Popen(["/bin/sh", "-c", "read go; " + script], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     ctx, sink = Context(target_pids=[child.pid]), ListConsumer()
+    ctx.host_stats = HostStats(ctx.telemetry)
     receiver = SchedReceiver(Config(**cfg), ctx, sink)  # type: ignore[arg-type]
     run = Run(child, receiver, ctx, sink, [])
     try:

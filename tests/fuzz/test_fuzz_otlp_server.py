@@ -1,4 +1,4 @@
-"""The OTLP receiver (receivers/otlp, used by the gateway and the test sink) fed malformed requests
+"""The OTLP receiver (otel_ebpf/receivers/otlp, used by the gateway and the test sink) fed malformed requests
 over real sockets: random bytes, truncated valid messages, huge attribute values, wrong
 content types, a gzip bomb. Contract: every bad request gets an error status (gRPC code / HTTP
 4xx), is counted in the server's stats, and the server keeps serving valid requests."""
@@ -126,7 +126,7 @@ def test_huge_attribute_values_are_refused_over_the_limit(server, export):
     assert grpc_status(export, huge) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert server.stats.rejected_too_large == before + 2
     # over twice the limit grpcio refuses the message itself, before our handler (documented in
-    # receivers/otlp/server.py): the client still gets RESOURCE_EXHAUSTED, the server is unharmed
+    # otel_ebpf/receivers/otlp/server.py): the client still gets RESOURCE_EXHAUSTED, the server is unharmed
     assert grpc_status(export, valid_request(1, "z" * (3 * MAX))) == grpc.StatusCode.RESOURCE_EXHAUSTED
     under = valid_request(1, "y" * (MAX // 2))
     assert http_post(server, under) == 200 and grpc_status(export, under) == grpc.StatusCode.OK

@@ -1,4 +1,4 @@
-"""NCCL spans as the agent sends them (processors/nccl/processor.py), built with the SDK, for
+"""NCCL spans as the agent sends them (otel_ebpf/processors/nccl/processor.py), built with the SDK, for
 tests of the gateway's collective join: one rank's span and rank 0's root span."""
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
-#: source folder -> installed package path (pyproject.toml [tool.setuptools] package-dir)
-PACKAGE_DIRS = {"otel_ebpf": "otel_ebpf", "receivers": "otel_ebpf/receivers", "processors": "otel_ebpf/processors"}
+#: source folder -> installed package path (every package is under otel_ebpf/, setup.py)
+PACKAGE_DIRS = {"otel_ebpf": "otel_ebpf"}
 #: what .gitignore keeps out of the source folders: build outputs, never sources
 _IGNORED_DIRS = {"__pycache__"}
 _IGNORED_SUFFIXES = (".pyc", ".so")
@@ -47,7 +47,7 @@ def source_files() -> list[Path]:
 
 
 def installed_path(src: Path) -> str:
-    """Where a source file lands in the wheel: ``receivers/cuda/cuda.h`` -> ``otel_ebpf/receivers/cuda/cuda.h``."""
+    """Where a source file lands in the wheel (the same path: every package is under otel_ebpf/)."""
     top, *rest = src.parts
     return "/".join([PACKAGE_DIRS[top], *rest])
 

@@ -1,4 +1,4 @@
-"""processors/collective_join: rank spans of one NCCL collective -> one trace with one root."""
+"""otel_ebpf/processors/collective_join: rank spans of one NCCL collective -> one trace with one root."""
 from __future__ import annotations
 
 import logging

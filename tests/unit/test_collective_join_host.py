@@ -1,10 +1,11 @@
-"""processors/collective_join + nccl: the straggler's host figures ("why was it late") on the
+"""otel_ebpf/processors/collective_join + nccl: the straggler's host figures ("why was it late") on the
 collective's root span, next to the median of the other ranks."""
 from __future__ import annotations
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_ebpf.emit.readable import with_changes
+from otel_ebpf.core.readable import with_changes
+from otel_ebpf.host.timeline import HostStats
 from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.collective_join import CollectiveJoin, Config
 from tests.support import nccl_spans
@@ -49,6 +50,7 @@ def test_nccl_processor_puts_the_step_figures_of_the_calling_thread_on_each_coll
     from otel_ebpf.receivers.nccl.events import NcclCollective, NcclCommInit
 
     ctx, sink = Context(), ListConsumer()
+    ctx.host_stats = HostStats(ctx.telemetry)
     proc = NcclProcessor(NcclConfig(host="h"), ctx, sink)
     ms = 1_000_000
     # thread 41 of process 40: asleep 180 ms between t=20 ms and t=200 ms

@@ -1,4 +1,4 @@
-"""cuda.h as gcc lays it out == the Python mirrors in receivers/cuda/receiver.py; decoding
+"""cuda.h as gcc lays it out == the Python mirrors in otel_ebpf/receivers/cuda/receiver.py; decoding
 through those mirrors; the receiver config as it reaches the program.
 
 A small C program includes cuda.h (with a u8/u32/s32/u64 shim for the kernel types) and
@@ -211,7 +211,7 @@ def test_receiver_config_defaults_reach_the_program_as_macros() -> None:
 def test_call_histogram_bounds_are_the_emitters() -> None:
     """The kernel buckets call durations and sizes over the emitter's own bounds, so its bucket
     counts merge as they are (otel_ebpf.emit.histograms.HistogramStore)."""
-    from otel_ebpf.emit.histograms import bounds_for_unit
+    from otel_ebpf.core.buckets import bounds_for_unit
     from otel_ebpf.receivers.cuda.receiver import BYTES_BOUNDS, DUR_BOUNDS_NS
 
     flags = CudaReceiver(build(Config, {"span_rate_limit": 50, "always_span_slower_than": "2ms"}), Context(),

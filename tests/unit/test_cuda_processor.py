@@ -1,4 +1,4 @@
-"""processors/cuda: typed CUDA events -> SpanRecord/MetricRecord, then through the real Emitter."""
+"""otel_ebpf/processors/cuda: typed CUDA events -> SpanRecord/MetricRecord, then through the real Emitter."""
 from __future__ import annotations
 
 from typing import Any
@@ -58,7 +58,7 @@ def call_stats(api: str = "cudaMemcpyAsync", *, calls: int = 1, durs_ns: tuple[i
     emitter's bounds (the durations/sizes given are spread over ``calls``, cycling)."""
     import bisect
 
-    from otel_ebpf.emit.histograms import bounds_for_unit
+    from otel_ebpf.core.buckets import bounds_for_unit
 
     dur_b, size_b = bounds_for_unit("s"), bounds_for_unit("By")
     dh, bh = [0] * (len(dur_b) + 1), [0] * (len(size_b) + 1)

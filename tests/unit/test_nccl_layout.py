@@ -1,4 +1,4 @@
-"""The Python mirrors in receivers/nccl/receiver.py match nccl.h as gcc lays it out."""
+"""The Python mirrors in otel_ebpf/receivers/nccl/receiver.py match nccl.h as gcc lays it out."""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,4 @@
-"""receivers/nvml: the scrape, through the REAL pynvml bindings, against the stand-in libnvidia-ml.so.1.
+"""otel_ebpf/receivers/nvml: the scrape, through the REAL pynvml bindings, against the stand-in libnvidia-ml.so.1.
 
 The stand-in (tests/support/stand_in_nvml.c, not NVIDIA's library) is mapped into this process
 under its soname before pynvml loads NVML, so pynvml's own ``CDLL("libnvidia-ml.so.1")`` binds to

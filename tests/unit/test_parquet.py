@@ -1,4 +1,4 @@
-"""otel_ebpf.formats.parquet: spans.parquet / metrics.parquet from OTLP JSON lines, and typed events, read back
+"""otel_ebpf.report.parquet: spans.parquet / metrics.parquet from OTLP JSON lines, and typed events, read back
 with pyarrow (and polars when installed), against the schema documented in docs/analysis.md."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from otel_ebpf.cli import main
 from otel_ebpf.core.events import SpanEventRecord, SpanRecord
-from otel_ebpf.formats.parquet import METRIC_COLUMNS, SPAN_COLUMNS, write_events, write_otlp_parquet
+from otel_ebpf.report.parquet import METRIC_COLUMNS, SPAN_COLUMNS, write_events, write_otlp_parquet
 from otel_ebpf.receivers.cuda.events import KernelLaunch, MemcpyCall
 from tests.unit import otlp_job
 

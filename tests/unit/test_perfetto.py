@@ -1,4 +1,4 @@
-"""otel_ebpf.formats.perfetto: OTLP JSON lines -> Chrome Trace Event Format (ui.perfetto.dev, chrome://tracing).
+"""otel_ebpf.report.perfetto: OTLP JSON lines -> Chrome Trace Event Format (ui.perfetto.dev, chrome://tracing).
 
 Checked against the format's rules: a JSON object with ``traceEvents``; complete events
 (``ph: "X"``) carry name/ph/ts/dur/pid/tid with ts and dur in microseconds; metadata events
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from otel_ebpf.formats.perfetto import to_chrome_trace, write_chrome_trace
+from otel_ebpf.report.perfetto import to_chrome_trace, write_chrome_trace
 from otel_ebpf.report import read_otlp_json
 from otel_ebpf.report.otlpfiles import OtlpData, SpanRow
 from tests.unit import otlp_job

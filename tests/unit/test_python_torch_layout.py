@@ -21,7 +21,7 @@ from otel_ebpf.receivers import torch as torch_pkg
 from otel_ebpf.receivers.python import Config as PyConfig
 from otel_ebpf.receivers.python.events import PythonCall
 from otel_ebpf.receivers.python.receiver import CALL, PythonReceiver
-from otel_ebpf.receivers.python.usdt import ArgSpec, UsdtSite, arg_macros
+from otel_ebpf.bpf.python_usdt import ArgSpec, UsdtSite, arg_macros
 from otel_ebpf.receivers.torch import Config as TorchConfig
 from otel_ebpf.receivers.torch.events import TorchOp
 from otel_ebpf.receivers.torch.receiver import OP, TorchReceiver, op_symbol_regex

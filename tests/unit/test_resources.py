@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf import __version__
+from otel_ebpf.core.version import __version__
 from otel_ebpf.host import processes as r
 DATA = Path(__file__).parent / "data" / "cgroup"
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")

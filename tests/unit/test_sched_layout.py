@@ -1,4 +1,4 @@
-"""sched.h as gcc lays it out == the Python mirrors in receivers/sched/receiver.py; decoding
+"""sched.h as gcc lays it out == the Python mirrors in otel_ebpf/receivers/sched/receiver.py; decoding
 through them; the receiver config as it reaches the program."""
 from __future__ import annotations
 

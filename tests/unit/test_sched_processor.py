@@ -1,4 +1,4 @@
-"""processors/sched: scheduler stats -> metrics; fork/exec/exit -> one span per process."""
+"""otel_ebpf/processors/sched: scheduler stats -> metrics; fork/exec/exit -> one span per process."""
 from __future__ import annotations
 
 from otel_ebpf.core.events import MetricRecord, ProcessExit, SpanRecord

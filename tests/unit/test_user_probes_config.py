@@ -251,7 +251,7 @@ def test_registered_off_by_default_and_empty_is_noop() -> None:
 
 
 def test_usdt_operands_become_c_from_integers_and_whitelisted_registers() -> None:
-    from otel_ebpf.receivers.probes.usdt import REGISTERS, ArgLoc, Site, arg_reader
+    from otel_ebpf.bpf.usdt import REGISTERS, ArgLoc, Site, arg_reader
 
     site = Site("/x", 0, 0, (ArgLoc(4, True, register="ax"), ArgLoc(8, False, register="sp", deref_offset=16),
                              ArgLoc(2, True, constant=-5), ArgLoc(1, True, register="r12", deref_offset=-3)))

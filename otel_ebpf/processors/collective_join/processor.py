@@ -1,0 +1,357 @@
+"""The collective join: every rank's span of one NCCL collective -> one trace with one root.
+
+Input: finished SDK spans (``ReadableSpan``, read through its API; new spans are built by
+:mod:`otel_ebpf.core.readable`) from agents on any number of nodes, and ``Tick`` events.
+
+* Rank span: attributes ``nccl.comm.id``, ``nccl.seq``, ``nccl.rank``, ``nccl.nranks`` and no
+  ``nccl.peer`` (send/recv spans pass through). Root span (sent by the process that is rank 0):
+  ``nccl.comm.id`` and ``nccl.seq``, no ``nccl.rank``, no parent, and span id
+  ``derive_id(comm_id, seq, "collective", bits=64)`` (see ``otel_ebpf/processors/nccl/comms.py``).
+* Held per (comm id, seq) in a bounded :class:`~.store.Store` until all ``nranks`` rank spans
+  arrived (``complete``), ``timeout`` after the first arrival (``partial``), or pushed out by
+  the bounds (``evicted``, released as partial).
+* On release: every rank span with ``nccl.wait_ns`` (last arrival's start - its start), and ONE
+  root span from min start to max end (rank 0's, or synthesized with the derived ids on the
+  gateway's resource with ``nccl.join.synthesized=true``) with ``nccl.skew_ns``,
+  ``nccl.ranks.arrived``, ``nccl.straggler.rank``/``nccl.straggler.host`` (complete
+  collectives: the rank that started last, host from its resource ``host.name``),
+  ``nccl.straggler.X`` / ``nccl.peers_median.X`` for each ``ml.step.X`` host figure on the
+  straggler's span (otel_ebpf.host.timeline.straggler_attributes: "why was it late"),
+  ``nccl.partial=true`` + ``nccl.missing_ranks``, ``nccl.mismatch=true`` +
+  ``nccl.mismatch.fields`` when ranks disagree on ``nccl.op``/``nccl.count``/``nccl.datatype``
+  (or ``nccl.nranks``).
+* Desync: once a collective has waited ``desync_timeout`` with ranks missing, at once: a
+  ``nccl.desync`` event for its root span (``nccl.missing_ranks``, ``nccl.missing.hosts``,
+  ``nccl.last_seq`` per rank, -1 = never seen), ``nccl.desync.count`` and a warning naming the
+  missing ranks and each rank's last seq (at most one warning per communicator per
+  ``desync_timeout``; the rest are counted in the next). Needs ``Tick`` events (or traffic).
+* Late spans (their collective already released) pass through; late root spans are dropped
+  (a root with that id was already sent). Both count in ``nccl.join.late{nccl.span}``.
+
+Metrics (gateway resource, scope ``otel_ebpf.collective_join``): ``nccl.collective.skew`` (s)
+{nccl.comm.id, nccl.op}, ``nccl.straggler.count`` {nccl.rank, host.name},
+``nccl.desync.count`` {nccl.comm.id, nccl.op}, ``nccl.join.released`` {outcome},
+``nccl.join.late`` {nccl.span}. Everything else passes through unchanged.
+
+Sharding by trace id (the Collector's ``loadbalancing`` exporter, ``routing_key: traceID``)
+gives the same spans as one instance: every span of one collective shares its trace id.
+Single-threaded (one pipeline worker); ``shutdown`` releases what is pending, as partial.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from otel_ebpf.core.ids import derive_id
+from otel_ebpf.core.readable import ReadableSpan, SpanMaker, resource_attribute, with_changes
+from otel_ebpf.core.events import AttrValue, MetricRecord, SpanEventRecord
+from otel_ebpf.host.timeline import straggler_attributes
+from otel_ebpf.core.pipeline import Consumer, Context
+from otel_ebpf.host.processes import gateway_resource_attributes
+
+from .config import Config
+from .store import Collective, Store
+
+__all__ = ["CollectiveJoin", "create"]
+
+log = logging.getLogger(__name__)
+SCOPE = "otel_ebpf.collective_join"
+_ROOT_KEEP = ("nccl.op", "nccl.comm.id", "nccl.nranks", "nccl.seq", "nccl.count", "nccl.datatype",
+              "nccl.bytes", "nccl.redop", "nccl.root", "nccl.timing")
+_SIG = ("nccl.op", "nccl.count", "nccl.datatype")
+_COUNTERS = {
+    "nccl.straggler.count": ("{collective}", "Complete collectives in which this rank started last."),
+    "nccl.desync.count": ("{collective}", "Collectives reported as hung: ranks missing after desync_timeout."),
+    "nccl.join.released": ("{collective}", "Collectives released by the join, by outcome."),
+    "nccl.join.late": ("{span}", "Spans that arrived after their collective was released."),
+}
+_SKEW = ("nccl.collective.skew", "s", "First to last rank arrival (start) of each collective.")
+Out = list[object]
+
+
+def _ranges(ranks: Sequence[int], limit: int = 32) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (at most ``limit`` runs, then '...')."""
+    runs: list[str] = []
+    i = 0
+    while i < len(ranks) and len(runs) < limit:
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        runs.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(runs) + (",..." if i < len(ranks) else "")
+
+
+class CollectiveJoin:
+    """Consumer joining NCCL rank spans; see the module doc. ``clock`` (monotonic seconds) and
+    ``wall_ns`` (epoch ns, for event times) are injectable for tests."""
+
+    def __init__(self, config: Config, ctx: Context, next_: Consumer, *,
+                 clock: Callable[[], float] = time.monotonic, wall_ns: Callable[[], int] = time.time_ns) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.next = next_
+        self.store = Store(config.max_pending, config.max_spans, config.max_comms)
+        self._clock = clock
+        self._wall_ns = wall_ns
+        self._timeout = config.timeout
+        self._desync = config.effective_desync_timeout
+        self._maker = SpanMaker(gateway_resource_attributes(), SCOPE)
+        self._sums: dict[tuple[str, tuple[tuple[str, AttrValue], ...]], int] = {}
+        self._pending_metrics: list[MetricRecord] = []
+        self._warned: OrderedDict[str, list[Any]] = OrderedDict()  # comm -> [last warning, left out since]
+
+    def start(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        """Release everything pending (as partial) to the next stage. Safe twice."""
+        out: Out = []
+        for entry in self.store.pending():
+            self._release(self.store.pop(entry.key), "partial", out)
+        self._flush_sums(out)
+        self.store.clear()
+        if out:
+            self.next.consume(out)
+
+    def consume(self, events: Sequence[object]) -> None:
+        out: Out = []
+        now = self._clock()
+        for ev in events:
+            if not isinstance(ev, ReadableSpan):
+                out.append(ev)  # Tick and everything else: pass on
+                continue
+            try:
+                self._span(ev, now, out)
+            except Exception:  # hot path: count, pass the span on, go on
+                log.debug("cannot join %r", ev, exc_info=True)
+                self._unjoined("error")
+                out.append(ev)
+        self._expire(now, out)
+        self._flush_sums(out)
+        if out:
+            self.next.consume(out)
+
+    # ---- intake ----------------------------------------------------------------------
+    def _unjoined(self, reason: str) -> None:
+        self.ctx.telemetry.add("otel_ebpf.collective_join.unjoined", 1, reason=reason)
+
+    def _span(self, span: ReadableSpan, now: float, out: Out) -> None:
+        attrs: Any = span.attributes
+        comm = attrs.get("nccl.comm.id")
+        seq = attrs.get("nccl.seq")
+        if type(comm) is not str or type(seq) is not int or "nccl.peer" in attrs:
+            out.append(span)
+            return
+        rank = attrs.get("nccl.rank")
+        if rank is None:
+            if span.parent is None and span.context.span_id == derive_id(comm, seq, "collective", bits=64):
+                self._root(span, attrs, (comm, seq), now, out)
+            else:
+                out.append(span)
+            return
+        nranks = attrs.get("nccl.nranks")
+        if type(rank) is not int or type(nranks) is not int or not 0 <= rank < nranks <= self.config.max_ranks:
+            self._unjoined("bad_rank")
+            out.append(span)
+            return
+        key = (comm, seq)
+        entry = self.store.get(key)
+        if entry is None:
+            if self.store.was_released(key):
+                self._late(span, "rank", out)
+                return
+            entry = self._new(key, span.context.trace_id, nranks, now, out)
+        elif rank in entry.ranks or rank >= entry.nranks:
+            self._unjoined("duplicate_rank" if rank in entry.ranks else "bad_rank")
+            out.append(span)
+            return
+        self._add(entry, span, attrs, rank, nranks, out)
+
+    def _add(self, entry: Collective, span: ReadableSpan, attrs: Any, rank: int, nranks: int, out: Out) -> None:
+        sig = (attrs.get("nccl.op"), attrs.get("nccl.count"), attrs.get("nccl.datatype"))
+        if entry.sig is None:
+            entry.sig = sig
+        elif sig != entry.sig:
+            differ = {f for f, a, b in zip(_SIG, sig, entry.sig, strict=True) if a != b}
+            entry.mismatch = (entry.mismatch or set()) | differ
+        if nranks != entry.nranks:
+            entry.mismatch = (entry.mismatch or set()) | {"nccl.nranks"}
+        for old in self.store.make_room(entry):
+            self._release(old, "evicted", out)
+        entry.ranks[rank] = span
+        self.store.spans += 1
+        self.store.advance(entry.key[0], rank, entry.key[1], span.resource)
+        if len(entry.ranks) >= entry.nranks:
+            self._release(self.store.pop(entry.key), "complete", out)
+
+    def _new(self, key: tuple[str, int], trace_id: int, nranks: int, now: float, out: Out) -> Collective:
+        entry, evicted = self.store.add(key, trace_id, nranks, now)
+        for old in evicted:
+            self._release(old, "evicted", out)
+        return entry
+
+    def _root(self, span: ReadableSpan, attrs: Any, key: tuple[str, int], now: float, out: Out) -> None:
+        entry = self.store.get(key)
+        if entry is None:
+            if self.store.was_released(key):
+                self._late(span, "root", out, keep=False)
+                return
+            nranks = attrs.get("nccl.nranks")
+            ok = type(nranks) is int and 0 < nranks <= self.config.max_ranks
+            entry = self._new(key, span.context.trace_id, nranks if ok else 1, now, out)
+        if entry.root is not None:
+            self._unjoined("duplicate_root")
+            return
+        entry.root = span
+
+    def _late(self, span: ReadableSpan, kind: str, out: Out, keep: bool = True) -> None:
+        self._count("nccl.join.late", **{"nccl.span": kind})
+        if keep:
+            out.append(span)
+
+    # ---- time ------------------------------------------------------------------------
+    def _expire(self, now: float, out: Out) -> None:
+        store = self.store
+        while (entry := store.oldest_unchecked()) is not None and now - entry.first >= self._desync:
+            store.checked(entry)
+            self._report_desync(entry, now)
+        while (entry := store.oldest()) is not None and now - entry.first >= self._timeout:
+            self._release(store.pop(entry.key), "partial", out)
+
+    def _report_desync(self, entry: Collective, now: float) -> None:
+        comm, seq = entry.key
+        missing = entry.missing()
+        front = self.store.front(comm)
+        seqs = front.seqs if front else {}
+        last = tuple(seqs.get(r, -1) for r in range(entry.nranks))
+        hosts = sorted({str(h) for h in (_host_of(front, r) for r in missing) if h is not None})
+        op = entry.sig[0] if entry.sig else None
+        entry.events.append(SpanEventRecord("nccl.desync", self._wall_ns(), {
+            "nccl.missing_ranks": tuple(missing), "nccl.missing.hosts": tuple(hosts), "nccl.last_seq": last,
+            "nccl.waited_ns": int((now - entry.first) * 1e9)}))
+        self._count("nccl.desync.count", **{"nccl.comm.id": comm, "nccl.op": str(op)})
+        if self._quiet(comm, now):
+            return
+        by_seq: dict[int, list[int]] = {}
+        for r, s in enumerate(last):
+            by_seq.setdefault(s, []).append(r)
+        fronts = "; ".join(f"{'never' if s < 0 else s}: ranks {_ranges(rs)}"
+                           for s, rs in sorted(by_seq.items(), reverse=True)[:16])
+        quieted = self._warned[comm][1]
+        self._warned[comm][1] = 0
+        log.warning("NCCL desync: comm %s seq %d (%s) has waited %.1fs for ranks %s of %d (hosts: %s); "
+                    "last seq per rank: %s%s", comm, seq, op, now - entry.first, _ranges(missing), entry.nranks,
+                    ", ".join(hosts[:16]) or "unknown", fronts,
+                    f" ({quieted} more hung collectives of this communicator not logged)" if quieted else "")
+
+    def _quiet(self, comm: str, now: float) -> bool:
+        """One warning per communicator per desync_timeout (a hang stalls every later collective
+        too); True when this one is to be left out (counted, and said in the next warning)."""
+        seen = self._warned.get(comm)
+        if seen is not None and now - seen[0] < self._desync:
+            seen[1] += 1
+            return True
+        if seen is None:
+            while len(self._warned) >= self.config.max_comms:
+                self._warned.popitem(last=False)
+            seen = self._warned[comm] = [now, 0]
+        seen[0] = now
+        return False
+
+    # ---- release ---------------------------------------------------------------------
+    def _release(self, entry: Collective, outcome: str, out: Out) -> None:
+        self._count("nccl.join.released", outcome=outcome)
+        ranks = entry.ranks
+        join: dict[str, Any] = {}
+        start = end = None
+        if ranks:
+            start, last, last_rank, end = _arrivals(ranks)
+            for span in ranks.values():
+                attrs = dict(span.attributes)
+                attrs["nccl.wait_ns"] = last - span.start_time
+                out.append(with_changes(span, attrs))
+            join["nccl.skew_ns"] = last - start
+            self._skew(entry, ranks[last_rank], (last - start) / 1e9)
+            if len(ranks) == entry.nranks:
+                host = resource_attribute(ranks[last_rank], "host.name")
+                join["nccl.straggler.rank"] = last_rank
+                join["nccl.straggler.host"] = "" if host is None else str(host)
+                join.update(straggler_attributes({r: sp.attributes for r, sp in ranks.items()}, last_rank))
+                if entry.nranks > 1:
+                    dims: dict[str, AttrValue] = {"nccl.rank": last_rank, "host.name": str(host)}
+                    self._count("nccl.straggler.count", **dims)
+        join["nccl.ranks.arrived"] = len(ranks)
+        if len(ranks) < entry.nranks:
+            join["nccl.partial"] = True
+            join["nccl.missing_ranks"] = tuple(entry.missing())
+        if entry.mismatch:
+            join["nccl.mismatch"] = True
+            join["nccl.mismatch.fields"] = tuple(sorted(entry.mismatch))
+        out.append(self._root_span(entry, join, start, end))
+
+    def _skew(self, entry: Collective, straggler: ReadableSpan, skew_s: float) -> None:
+        if len(entry.ranks) < 2:
+            return
+        attrs: Any = straggler.attributes
+        dims = {"nccl.comm.id": entry.key[0], "nccl.op": str(attrs.get("nccl.op"))}
+        name, unit, text = _SKEW
+        self._pending_metrics.append(MetricRecord(None, name, "histogram", skew_s, dims, unit, text, SCOPE))
+
+    def _root_span(self, entry: Collective, join: dict[str, Any], start: int | None, end: int | None) -> Any:
+        root = entry.root
+        if root is not None:
+            attrs = dict(root.attributes)
+            attrs.update(join)
+            return with_changes(root, attrs, start_ns=min(root.start_time, start or root.start_time),
+                                end_ns=max(root.end_time, end or root.end_time), events=entry.events)
+        comm, seq = entry.key
+        model = next(iter(entry.ranks.values())).attributes  # no root: at least one rank span
+        attrs = {k: model[k] for k in _ROOT_KEEP if k in model}
+        attrs["nccl.join.synthesized"] = True
+        attrs.update(join)
+        return self._maker.make(f"nccl {model.get('nccl.op', 'collective')}", trace_id=entry.trace_id,
+                                span_id=derive_id(comm, seq, "collective", bits=64), parent_span_id=None,
+                                start_ns=start or 0, end_ns=end or 0, attributes=attrs, events=entry.events)
+
+    # ---- metrics ---------------------------------------------------------------------
+    def _count(self, name: str, **attrs: AttrValue) -> None:
+        key = (name, tuple(sorted(attrs.items())))
+        self._sums[key] = self._sums.get(key, 0) + 1
+
+    def _flush_sums(self, out: Out) -> None:
+        out.extend(self._pending_metrics)
+        self._pending_metrics.clear()
+        for (name, attrs), value in self._sums.items():
+            unit, text = _COUNTERS[name]
+            out.append(MetricRecord(None, name, "counter", value, dict(attrs), unit, text, SCOPE))
+        self._sums.clear()
+
+
+def _arrivals(ranks: dict[int, Any]) -> tuple[int, int, int, int]:
+    """(first start, last start, the rank that started last (highest on ties), last end)."""
+    first = last = end = None
+    last_rank = -1
+    for rank, span in ranks.items():
+        s, e = span.start_time, span.end_time
+        if first is None or s < first:
+            first = s
+        if last is None or s > last or (s == last and rank > last_rank):
+            last, last_rank = s, rank
+        if end is None or e > end:
+            end = e
+    assert first is not None and last is not None and end is not None
+    return first, last, last_rank, end
+
+
+def _host_of(front: Any, rank: int) -> Any:
+    """host.name of the resource a rank's last span came from, or None."""
+    resource = front.resources.get(rank) if front is not None else None
+    return resource.attributes.get("host.name") if resource is not None else None
+
+
+def create(config: Config, ctx: Context, next_: Consumer) -> CollectiveJoin:
+    return CollectiveJoin(config, ctx, next_)

@@ -1,0 +1,385 @@
+"""CUDA events (otel_ebpf/receivers/cuda) -> SpanRecord / MetricRecord; everything else passes unchanged.
+
+Spans (scope ``otel_ebpf.cuda``, name = the API symbol, e.g. ``cudaMemcpyAsync``), one per
+memcpy, malloc/free, synchronize and cudaSetDevice call; a call with rc != 0 gets status
+ERROR described by the CUDA error name. Sampled kernel launches (receiver
+``launch_sample_every``) are zero-length spans at the launch.
+
+Span attributes (``cuda.*``; a metric carries only the ones listed with it):
+
+* ``cuda.api``: the symbol called (``cudaMemcpyAsync_ptsz`` for the per-thread-stream twin).
+* ``cuda.device.index``: the thread's device from its last successful cudaSetDevice; absent
+  when none was seen (OBI's name; ``cuda.device`` alone would collide with the namespace).
+* ``hw.id``: that device's GPU UUID (``GPU-...``, as dcgm-exporter's ``UUID`` label), on spans
+  and on every metric that carries ``cuda.device.index``, when :mod:`otel_ebpf.host.gpus` resolves
+  it (NVML present; the process's CUDA_VISIBLE_DEVICES or NVML's process list). Without a
+  cudaSetDevice it is set only when the process can be on one GPU alone.
+* ``cuda.return_code`` (int) and, when not 0, ``error.type`` (``cudaErrorInsufficientDriver``).
+* ``thread.id``: the calling thread (semconv).
+* ``cuda.bytes``: bytes copied, allocated, or freed (when the allocation was seen).
+* ``cuda.memcpy.kind``: ``HostToHost``, ``HostToDevice``, ``DeviceToHost``, ``DeviceToDevice``,
+  ``Default`` (OBI's attribute).
+* ``cuda.ptr``: device pointer as hex (``0x7f00...``); ``cuda.stream``, ``cuda.event``: handles
+  as hex; ``cuda.malloc.flags``: cudaMallocManaged flags; ``cuda.device.requested``: the
+  argument of cudaSetDevice.
+* launch spans: ``cuda.kernel.func`` (hex), ``cuda.kernel.grid`` / ``cuda.kernel.block``
+  ([x, y, z]), ``cuda.kernel.shared_mem`` (bytes), ``cuda.kernel.launch_seq``, ``cuda.stream``.
+
+Metrics (scope ``otel_ebpf.cuda``; OBI's ``gpu.cuda.*`` names where OBI has one):
+
+* ``gpu.cuda.kernel.launch.calls`` counter {call}; ``gpu.cuda.kernel.grid.size`` (blocks) and
+  ``gpu.cuda.kernel.block.size`` (threads per block) histograms; by cuda.device.index.
+* ``gpu.cuda.memory.copies`` histogram By, by cuda.memcpy.kind, cuda.device.index (its count
+  is the number of copies, its sum the bytes). Successful calls only.
+* ``gpu.cuda.memory.copy.duration`` histogram s, by cuda.api, cuda.memcpy.kind,
+  cuda.device.index and, for failed calls, error.type: host time in cudaMemcpy*.
+* ``gpu.cuda.memory.allocations`` counter By, by cuda.api, cuda.device.index.
+* ``gpu.cuda.memory.free.bytes`` counter By (frees of allocations that were seen).
+* ``gpu.cuda.memory.outstanding`` updown By: allocated and not yet freed, by device.
+* ``gpu.cuda.memory.leaked`` counter By and ``gpu.cuda.memory.leaked.allocations`` counter
+  {allocation}: still outstanding when the process exited, by device (also logged).
+* ``gpu.cuda.synchronize.duration`` histogram s, by cuda.api, cuda.device.index: host waiting.
+* ``gpu.cuda.stream.synchronize.calls``, ``gpu.cuda.device.synchronize.calls``,
+  ``gpu.cuda.event.synchronize.calls`` counters {call} (OBI).
+* ``gpu.cuda.api.errors`` counter {call}, by cuda.api, error.type, cuda.device.index.
+
+Every memcpy and synchronize call is counted in the kernel (receiver ``CallStats``), and the
+metrics of those calls (copies, copy and synchronize durations, synchronize calls, their
+api.errors) come from those counts, exact even when the receiver's span rate limit gives a call
+no span; the spans come from the records. Calls left without a span are counted in
+``otel_ebpf.spans.rate_limited{receiver=cuda}``.
+
+Parents. A call made inside a traced Python function or PyTorch operator (the receivers
+``python`` / ``torch`` of the same agent write the thread's innermost open call into a map the
+cuda program reads at the call's entry: event field ``enclosing``) is a child of that call's
+span, in its trace: the ids come from ``otel_ebpf.core.ids.call_ids`` / ``op_ids``,
+the functions those processors derive their own span ids with. Otherwise, when the apptrace
+receiver runs, the app span current on the thread at the call's start is the parent. The
+enclosing function/operator wins over the app span: it is the exact, innermost nesting known
+in the kernel, while the app store answers by time and knows nothing of functions/operators
+(which are their own traces, not children of app spans). ``gpu.cuda.kernel.launch.calls``
+carries ``pytorch.op.name`` when the launches were made inside a probed operator (receiver
+``launch_context``, torch receiver running).
+
+Allocations are tracked per process up to ``max_tracked_allocations`` over all processes
+(beyond: ``otel_ebpf.events.dropped{receiver=cuda, reason=alloc_table_full}``). A free of a
+pointer never seen allocated (e.g. allocated before the probes attached) is counted in
+``otel_ebpf.cuda.unknown_frees``, not treated as an error.
+
+Threading: single-threaded (the pipeline worker calls ``consume``); ``consume`` never raises.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from otel_ebpf.core.events import Attributes, MetricKind, MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.core.pipeline import Consumer, Context
+
+from ...receivers.cuda.events import (
+    AllocCall,
+    CallStats,
+    EnclosingCall,
+    FreeCall,
+    KernelLaunch,
+    KernelLaunchStats,
+    MemcpyCall,
+    SetDeviceCall,
+    SyncCall,
+)
+from otel_ebpf.core.ids import call_ids
+from otel_ebpf.core.ids import op_ids
+from .config import Config
+from .errors import error_name
+
+__all__ = ["MEMCPY_KINDS", "METRICS", "SCOPE", "CudaProcessor"]
+
+log = logging.getLogger(__name__)
+SCOPE = "otel_ebpf.cuda"
+TELEMETRY_NAME = "cuda"
+MEMCPY_KINDS = {0: "HostToHost", 1: "HostToDevice", 2: "DeviceToHost", 3: "DeviceToDevice", 4: "Default"}
+# name -> (kind, unit, description)
+METRICS: dict[str, tuple[MetricKind, str, str]] = {
+    "gpu.cuda.kernel.launch.calls": ("counter", "{call}", "Kernel launches (cudaLaunchKernel*)."),
+    "gpu.cuda.kernel.grid.size": ("histogram", "1", "Blocks per launched grid."),
+    "gpu.cuda.kernel.block.size": ("histogram", "1", "Threads per block of launched kernels."),
+    "gpu.cuda.memory.copies": ("histogram", "By", "Bytes per successful cudaMemcpy* call."),
+    "gpu.cuda.memory.copy.duration": ("histogram", "s", "Time the host spent in cudaMemcpy* calls."),
+    "gpu.cuda.memory.allocations": ("counter", "By", "Bytes allocated by successful cudaMalloc* calls."),
+    "gpu.cuda.memory.free.bytes": ("counter", "By", "Bytes released by cudaFree* of seen allocations."),
+    "gpu.cuda.memory.outstanding": ("updown", "By", "Device memory allocated and not yet freed."),
+    "gpu.cuda.memory.leaked": ("counter", "By", "Bytes still allocated when the process exited."),
+    "gpu.cuda.memory.leaked.allocations": ("counter", "{allocation}",
+                                           "Allocations not freed when the process exited."),
+    "gpu.cuda.synchronize.duration": ("histogram", "s", "Time the host waited in cuda*Synchronize."),
+    "gpu.cuda.stream.synchronize.calls": ("counter", "{call}", "cudaStreamSynchronize calls."),
+    "gpu.cuda.device.synchronize.calls": ("counter", "{call}", "cudaDeviceSynchronize calls."),
+    "gpu.cuda.event.synchronize.calls": ("counter", "{call}", "cudaEventSynchronize calls."),
+    "gpu.cuda.api.errors": ("counter", "{call}", "CUDA runtime calls that returned an error."),
+}
+_SYNC_CALLS = {"cudaStreamSynchronize": "gpu.cuda.stream.synchronize.calls",
+               "cudaDeviceSynchronize": "gpu.cuda.device.synchronize.calls",
+               "cudaEventSynchronize": "gpu.cuda.event.synchronize.calls"}
+
+
+def _base_api(api: str) -> str:
+    """cudaMemcpyAsync_ptsz -> cudaMemcpyAsync."""
+    return api.removesuffix("_ptsz").removesuffix("_ptds")
+
+
+def _enclosing_ids(pid: int, tid: int, enc: EnclosingCall) -> tuple[int, int]:
+    """(trace id, span id) of the span the python/torch processor makes for ``enc``."""
+    ids = op_ids if enc.kind == "torch" else call_ids
+    return ids(pid, tid, enc.start_ns, enc.root_ns)
+
+
+def _dev(device: int) -> dict[str, Any]:
+    return {"cuda.device.index": device} if device >= 0 else {}
+
+
+@dataclass(slots=True)
+class _Alloc:
+    size: int
+    device: int
+    hw_id: str | None = None  # resolved at allocation: its free/leak lands on the same series
+
+
+def _held(alloc: _Alloc) -> dict[str, Any]:
+    attrs = _dev(alloc.device)
+    if alloc.hw_id:
+        attrs["hw.id"] = alloc.hw_id
+    return attrs
+
+
+class CudaProcessor:
+    """Processor ``cuda``. Owns the outstanding-allocation table (bounded)."""
+
+    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
+        self.config = config
+        self._telemetry = ctx.telemetry
+        self._next = next_
+        self._gpus = ctx.gpus  # otel_ebpf.host.gpus.GpuResolver or None: hw.id beside cuda.device.index
+        self._ctx = ctx  # ctx.app_context (otel_ebpf/receivers/apptrace): the app span a thread is in -> span parent
+        self._allocs: dict[int, dict[int, _Alloc]] = {}  # pid -> ptr -> allocation
+        self._tracked = 0
+        self._handlers: dict[type, Callable[[Any, list[object]], None]] = {
+            MemcpyCall: self._memcpy, AllocCall: self._alloc, FreeCall: self._free,
+            SyncCall: self._sync, SetDeviceCall: self._set_device, KernelLaunch: self._launch,
+            KernelLaunchStats: self._launch_stats, CallStats: self._call_stats, ProcessExit: self._exit,
+        }
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    @property
+    def tracked_allocations(self) -> int:
+        return self._tracked
+
+    def _where(self, pid: int, device: int) -> dict[str, Any]:
+        """``cuda.device.index`` and, when the GPU is known, its ``hw.id`` (otel_ebpf.host.gpus)."""
+        attrs = _dev(device)
+        uuid = self._gpus.hw_id(pid, device) if self._gpus is not None else None
+        if uuid:
+            attrs["hw.id"] = uuid
+        return attrs
+
+    # ---- consume ---------------------------------------------------------------------
+    def consume(self, events: Sequence[object]) -> None:
+        out: list[object] = []
+        for ev in events:
+            handler = self._handlers.get(type(ev))
+            if handler is None:
+                out.append(ev)
+                continue
+            try:
+                handler(ev, out)
+            except Exception:  # hot path: count, never raise
+                log.debug("cannot process %r", ev, exc_info=True)
+                self._telemetry.dropped(TELEMETRY_NAME, "bad_event")
+        if out:
+            self._next.consume(out)
+
+    def _metric(self, out: list[object], pid: int, name: str, value: float, attrs: Attributes,
+                count: int = 1, buckets: tuple[int, ...] | None = None) -> None:
+        kind, unit, description = METRICS[name]
+        out.append(MetricRecord(pid, name, kind, value, attrs, unit=unit, description=description,
+                                scope=SCOPE, count=count, buckets=buckets))
+
+    def _call_span(self, ev: Any, extra: dict[str, Any], out: list[object], count_error: bool = True) -> None:
+        """The span of a completed call, and (``count_error``) the error counter when it failed."""
+        attrs: dict[str, Any] = {"cuda.api": ev.api, "cuda.return_code": ev.rc, "thread.id": ev.tid}
+        where = self._where(ev.pid, ev.device)
+        attrs.update(where)
+        error = None
+        if ev.rc != 0:
+            error = attrs["error.type"] = error_name(ev.rc)
+            if count_error:
+                self._metric(out, ev.pid, "gpu.cuda.api.errors", 1, {"cuda.api": ev.api, "error.type": error, **where})
+        if self.config.spans:
+            attrs.update(extra)
+            parent = self._parent(ev.pid, ev.tid, ev.start_ns, ev.enclosing)
+            out.append(SpanRecord(ev.pid, ev.api, ev.start_ns, ev.end_ns, attrs, scope=SCOPE, error=error,
+                                  trace_id=parent[0] if parent else None,
+                                  parent_span_id=parent[1] if parent else None))
+
+    def _parent(self, pid: int, tid: int, time_ns: int, enc: EnclosingCall | None) -> tuple[int, int] | None:
+        """(trace id, parent span id): the enclosing Python/PyTorch call, else the app span."""
+        if enc is not None:
+            return _enclosing_ids(pid, tid, enc)
+        store = self._ctx.app_context
+        return store.lookup(pid, tid, time_ns) if store is not None else None
+
+    # ---- handlers --------------------------------------------------------------------
+    def _memcpy(self, ev: MemcpyCall, out: list[object]) -> None:
+        kind = MEMCPY_KINDS.get(ev.kind, f"cudaMemcpyKind({ev.kind})")
+        extra: dict[str, Any] = {"cuda.bytes": ev.bytes, "cuda.memcpy.kind": kind}
+        if _base_api(ev.api) == "cudaMemcpyAsync":
+            extra["cuda.stream"] = hex(ev.stream)
+        self._call_span(ev, extra, out, count_error=False)  # metrics: _call_stats
+
+    def _alloc(self, ev: AllocCall, out: list[object]) -> None:
+        extra: dict[str, Any] = {"cuda.bytes": ev.size}
+        if ev.rc == 0:
+            extra["cuda.ptr"] = hex(ev.ptr)
+        base = _base_api(ev.api)
+        if base == "cudaMallocAsync":
+            extra["cuda.stream"] = hex(ev.stream)
+        elif base == "cudaMallocManaged":
+            extra["cuda.malloc.flags"] = ev.flags
+        self._call_span(ev, extra, out)
+        if ev.rc != 0:
+            return
+        self._metric(out, ev.pid, "gpu.cuda.memory.allocations", ev.size,
+                     {"cuda.api": ev.api, **self._where(ev.pid, ev.device)})
+        self._track(ev, out)
+
+    def _track(self, ev: AllocCall, out: list[object]) -> None:
+        table = self._allocs.setdefault(ev.pid, {})
+        old = table.pop(ev.ptr, None)
+        if old is not None:  # the same pointer again: its free was missed
+            self._tracked -= 1
+            self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", -old.size, _held(old))
+        if self._tracked >= self.config.max_tracked_allocations:
+            self._telemetry.dropped(TELEMETRY_NAME, "alloc_table_full")
+            if not table:
+                del self._allocs[ev.pid]
+            return
+        where = self._where(ev.pid, ev.device)
+        table[ev.ptr] = alloc = _Alloc(ev.size, ev.device, where.get("hw.id"))
+        self._tracked += 1
+        self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", ev.size, _held(alloc))
+
+    def _free(self, ev: FreeCall, out: list[object]) -> None:
+        table = self._allocs.get(ev.pid)
+        alloc = table.get(ev.ptr) if table is not None and ev.rc == 0 else None
+        extra: dict[str, Any] = {"cuda.ptr": hex(ev.ptr)}
+        if _base_api(ev.api) == "cudaFreeAsync":
+            extra["cuda.stream"] = hex(ev.stream)
+        if alloc is not None:
+            extra["cuda.bytes"] = alloc.size
+        self._call_span(ev, extra, out)
+        if ev.rc != 0 or ev.ptr == 0:  # cudaFree(NULL) is a no-op
+            return
+        if alloc is None or table is None:
+            self._telemetry.add("otel_ebpf.cuda.unknown_frees", 1, receiver=TELEMETRY_NAME)
+            return
+        del table[ev.ptr]
+        if not table:
+            del self._allocs[ev.pid]
+        self._tracked -= 1
+        self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", -alloc.size, _held(alloc))
+        self._metric(out, ev.pid, "gpu.cuda.memory.free.bytes", alloc.size, _held(alloc))
+
+    def _sync(self, ev: SyncCall, out: list[object]) -> None:
+        base = _base_api(ev.api)
+        extra: dict[str, Any] = {}
+        if base == "cudaStreamSynchronize":
+            extra["cuda.stream"] = hex(ev.handle)
+        elif base == "cudaEventSynchronize":
+            extra["cuda.event"] = hex(ev.handle)
+        self._call_span(ev, extra, out, count_error=False)  # metrics: _call_stats
+
+    def _call_stats(self, ev: CallStats, out: list[object]) -> None:
+        """Metrics of memcpy/synchronize calls, from the kernel's exact counts."""
+        if ev.calls <= 0:
+            return
+        where = self._where(ev.pid, ev.device)
+        error = error_name(ev.rc) if ev.rc != 0 else None
+        if error is not None:
+            self._metric(out, ev.pid, "gpu.cuda.api.errors", ev.calls,
+                         {"cuda.api": ev.api, "error.type": error, **where})
+        if ev.limited > 0:
+            self._telemetry.add("otel_ebpf.spans.rate_limited", ev.limited, receiver=TELEMETRY_NAME)
+        base = _base_api(ev.api)
+        if base in ("cudaMemcpy", "cudaMemcpyAsync"):
+            kind = MEMCPY_KINDS.get(ev.kind, f"cudaMemcpyKind({ev.kind})")
+            if error is None:
+                self._metric(out, ev.pid, "gpu.cuda.memory.copies", ev.bytes, {"cuda.memcpy.kind": kind, **where},
+                             count=ev.calls, buckets=ev.bytes_hist)
+            attrs = {"cuda.api": ev.api, "cuda.memcpy.kind": kind, **where}
+            if error is not None:
+                attrs["error.type"] = error
+            self._metric(out, ev.pid, "gpu.cuda.memory.copy.duration", ev.dur_ns / 1e9, attrs,
+                         count=ev.calls, buckets=ev.dur_hist)
+            return
+        self._metric(out, ev.pid, "gpu.cuda.synchronize.duration", ev.dur_ns / 1e9, {"cuda.api": ev.api, **where},
+                     count=ev.calls, buckets=ev.dur_hist)
+        counter = _SYNC_CALLS.get(base)
+        if counter is not None:
+            self._metric(out, ev.pid, counter, ev.calls, where)
+
+    def _set_device(self, ev: SetDeviceCall, out: list[object]) -> None:
+        self._call_span(ev, {"cuda.device.requested": ev.requested}, out)
+
+    def _launch(self, ev: KernelLaunch, out: list[object]) -> None:
+        if not self.config.spans:
+            return
+        attrs: dict[str, Any] = {
+            "cuda.api": ev.api, "thread.id": ev.tid, "cuda.kernel.func": hex(ev.func),
+            "cuda.kernel.grid": ev.grid, "cuda.kernel.block": ev.block,
+            "cuda.kernel.shared_mem": ev.shared_mem, "cuda.kernel.launch_seq": ev.seq,
+            "cuda.stream": hex(ev.stream), **self._where(ev.pid, ev.device)}
+        parent = self._parent(ev.pid, ev.tid, ev.time_ns, ev.enclosing)
+        out.append(SpanRecord(ev.pid, ev.api, ev.time_ns, ev.time_ns, attrs, scope=SCOPE,
+                              trace_id=parent[0] if parent else None, parent_span_id=parent[1] if parent else None))
+
+    def _launch_stats(self, ev: KernelLaunchStats, out: list[object]) -> None:
+        if ev.count <= 0:
+            return
+        dev = self._where(ev.pid, ev.device)
+        calls = {**dev, "pytorch.op.name": ev.op} if ev.op else dev
+        self._metric(out, ev.pid, "gpu.cuda.kernel.launch.calls", ev.count, calls)
+        self._metric(out, ev.pid, "gpu.cuda.kernel.grid.size", ev.grid_size, dev, count=ev.count)
+        self._metric(out, ev.pid, "gpu.cuda.kernel.block.size", ev.block_size, dev, count=ev.count)
+
+    def _exit(self, ev: ProcessExit, out: list[object]) -> None:
+        """Leak report for the process, then the exit itself (always passed on). Only the CUDA
+        receiver's own exit record counts: it is ordered after the process's last CUDA calls."""
+        try:
+            if ev.source not in ("", "cuda"):
+                return
+            table = self._allocs.pop(ev.pid, None)
+            if not table:
+                return
+            self._tracked -= len(table)
+            by_device: dict[tuple[int, str], list[int]] = {}
+            for alloc in table.values():
+                acc = by_device.setdefault((alloc.device, alloc.hw_id or ""), [0, 0])
+                acc[0] += alloc.size
+                acc[1] += 1
+            for (device, hw_id), (nbytes, count) in sorted(by_device.items()):
+                held = _held(_Alloc(0, device, hw_id or None))
+                self._metric(out, ev.pid, "gpu.cuda.memory.leaked", nbytes, held)
+                self._metric(out, ev.pid, "gpu.cuda.memory.leaked.allocations", count, held)
+            log.info("cuda: process %d (%s) exited with %d CUDA allocations (%d bytes) not freed",
+                     ev.pid, ev.comm, len(table), sum(a.size for a in table.values()))
+        finally:
+            if self._gpus is not None and ev.source in ("", "cuda"):
+                self._gpus.forget(ev.pid)
+            out.append(ev)

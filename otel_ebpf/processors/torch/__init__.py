@@ -1,0 +1,18 @@
+"""PyTorch processor: operator calls (otel_ebpf/receivers/torch) to nested spans and pytorch.op.duration."""
+from __future__ import annotations
+
+from otel_ebpf.core.pipeline import Consumer, Context, Factory
+
+from .config import Config
+from .processor import TorchProcessor, op_ids
+
+__all__ = ["Config", "TorchProcessor", "create", "factory", "op_ids"]
+
+
+def create(config: Config, ctx: Context, next_: Consumer) -> TorchProcessor:
+    return TorchProcessor(config, ctx, next_)
+
+
+factory = Factory(type="torch", config_class=Config, create=create,
+                  description="PyTorch operator calls to nested spans and the pytorch.op.duration histogram",
+                  default_on=False)

@@ -1,0 +1,661 @@
+/* CUDA runtime (libcudart.so.12) uprobes. Prepended with otel_ebpf/bpf/include/common.bpf.c.
+ *
+ * - Completed calls (memcpy, malloc/free, synchronize, cudaSetDevice): the uprobe saves the
+ *   arguments in `inflight`, keyed by (tid, api) so one API nested in another on the same
+ *   thread keeps both; the uretprobe pairs it, emits ONE record with start/end/rc, and deletes
+ *   the entry. A full `inflight` is counted in drops[OE_DROP_STATEMAP]. Entries of threads that
+ *   die inside a call are removed at thread exit.
+ * - Call accounting (memcpy, synchronize): at return every call is added to `call_stats`, keyed
+ *   by {pid, api, device, rc, memcpy kind}: calls, summed duration and bytes, and duration and
+ *   byte histograms whose bucket bounds come from Python (-DCUDA_DUR_BOUNDS_NS, the emitter's
+ *   latency bounds; -DCUDA_BYTES_BOUNDS, its powers of four). The metrics of these calls are
+ *   read from this map, so they stay exact whatever happens to the records. With
+ *   CUDA_SPAN_RATE = R > 0 a per-process token bucket (R per second, burst R) decides which of
+ *   these calls also get a record (a span); calls of at least CUDA_SPAN_SLOW_NS always do. The
+ *   others are counted in `limited`. The bucket is not atomic across threads of one process:
+ *   under contention it may admit slightly more or fewer than R per second; the counts are exact.
+ * - Kernel launches (cudaLaunchKernel, cudaLaunchKernelExC): entry only, so the cost lands on
+ *   the caller and no uretprobe trampoline runs. Counted per {pid, device, grid size, block
+ *   size} in a per-CPU hash that Python reads every stats interval (a full map is counted in
+ *   drops[OE_DROP_STATSMAP]). With CUDA_LAUNCH_SAMPLE_EVERY = N > 0, every Nth launch of a
+ *   process also emits a cuda_launch_rec.
+ * - The thread's device (cuda.device) comes from `thread_device`, written when cudaSetDevice
+ *   returns 0 (CUDA's current device is per host thread).
+ * - Nesting (OE_THREAD_CTX, common.bpf.c): each call's entry reads the thread's innermost open
+ *   Python function / PyTorch operator from oe_thread_ctx (written by the python and torch
+ *   programs of the same agent) and its record carries it (ctx_kind, ctx_start, ctx_root).
+ *   With CUDA_LAUNCH_CONTEXT=1 launches read it too: the operator's entry address joins the
+ *   launch counter key (so the counts are per operator) and sampled launches carry it.
+ *
+ * Parameters (-D): CUDA_MAX_INFLIGHT, CUDA_MAX_THREADS, CUDA_MAX_LAUNCH_KEYS,
+ * CUDA_LAUNCH_SAMPLE_EVERY, CUDA_LAUNCH_CONTEXT, CUDA_MAX_CALL_KEYS, CUDA_SPAN_RATE,
+ * CUDA_SPAN_SLOW_NS, CUDA_DUR_BOUNDS_NS + CUDA_DUR_NBOUNDS, CUDA_BYTES_BOUNDS + CUDA_BYTES_NBOUNDS.
+ */
+#include "cuda.h"
+
+#ifndef CUDA_MAX_INFLIGHT
+#define CUDA_MAX_INFLIGHT 16384
+#endif
+#ifndef CUDA_MAX_THREADS
+#define CUDA_MAX_THREADS 65536
+#endif
+#ifndef CUDA_MAX_LAUNCH_KEYS
+#define CUDA_MAX_LAUNCH_KEYS 4096
+#endif
+#ifndef CUDA_LAUNCH_SAMPLE_EVERY
+#define CUDA_LAUNCH_SAMPLE_EVERY 0
+#endif
+#ifndef CUDA_MAX_CALL_KEYS
+#define CUDA_MAX_CALL_KEYS 4096
+#endif
+#ifndef CUDA_SPAN_RATE
+#define CUDA_SPAN_RATE 0
+#endif
+#ifndef CUDA_SPAN_SLOW_NS
+#define CUDA_SPAN_SLOW_NS 0
+#endif
+#if !defined(CUDA_DUR_BOUNDS_NS) || !defined(CUDA_BYTES_BOUNDS)
+#error "CUDA_DUR_BOUNDS_NS and CUDA_BYTES_BOUNDS come from otel_ebpf/receivers/cuda/receiver.py"
+#endif
+#ifndef OE_THREAD_CTX
+#undef CUDA_LAUNCH_CONTEXT
+#define CUDA_LAUNCH_CONTEXT 0
+#endif
+#ifndef CUDA_LAUNCH_CONTEXT
+#define CUDA_LAUNCH_CONTEXT 1
+#endif
+
+struct cuda_call_key {
+    u32 tid;
+    u32 api;
+};
+
+struct cuda_call_state {
+    u64 start_ns;
+    u64 arg[5];
+    u64 ctx_start;   /* the enclosing call (oe_thread_ctx) at entry; 0: none */
+    u64 ctx_root;
+    u32 ctx_kind;
+    u32 _pad;
+};
+
+struct cuda_launch_key {
+    u32 pid;
+    s32 device;
+    u64 grid_size;   /* blocks: grid.x * grid.y * grid.z */
+    u64 block_size;  /* threads per block: block.x * block.y * block.z */
+    u64 op;          /* entry address of the enclosing PyTorch operator; 0: none (or not read) */
+};
+
+/* What a launch entry probe decoded. */
+struct cuda_launch_args {
+    u64 func;
+    u32 grid[3];
+    u32 block[3];
+    u64 shared_mem;
+    u64 stream;
+};
+
+/* cudaLaunchConfig_t (CUDA 12): grid@0 block@12 dynamicSmemBytes@24 stream@32 (attrs@40,
+ * numAttrs@48 not read). */
+struct cuda_launch_config {
+    u32 grid[3];
+    u32 block[3];
+    u64 shared_mem;
+    u64 stream;
+};
+
+/* Call accounting of memcpy and synchronize calls (see the top of this file). */
+struct cuda_call_stats_key {
+    u32 pid;
+    s32 device;
+    s32 rc;
+    u8 api;
+    u8 kind;         /* cudaMemcpyKind; 0 for synchronize */
+    u16 _pad;
+};
+
+struct cuda_call_stats {
+    u64 calls;
+    u64 limited;     /* calls the span rate limit gave no record */
+    u64 dur_ns;      /* summed durations */
+    u64 bytes;       /* summed bytes (memcpy) */
+    u64 dur_hist[CUDA_DUR_NBOUNDS + 1];
+    u64 bytes_hist[CUDA_BYTES_NBOUNDS + 1];
+};
+
+/* Per-process span budget, in nanoseconds of credit: a span costs 1e9 / CUDA_SPAN_RATE. */
+struct cuda_span_budget {
+    u64 credit_ns;
+    u64 last_ns;
+};
+
+BPF_HASH(inflight, struct cuda_call_key, struct cuda_call_state, CUDA_MAX_INFLIGHT);
+BPF_HASH(call_stats, struct cuda_call_stats_key, struct cuda_call_stats, CUDA_MAX_CALL_KEYS);
+BPF_PERCPU_ARRAY(call_stats_zero, struct cuda_call_stats, 1); /* never written: the insert value */
+#if CUDA_SPAN_RATE > 0
+BPF_HASH(span_budget, u32, struct cuda_span_budget, OE_MAX_PIDS);
+#endif
+BPF_HASH(thread_device, u32, s32, CUDA_MAX_THREADS);
+BPF_PERCPU_HASH(launch_stats, struct cuda_launch_key, u64, CUDA_MAX_LAUNCH_KEYS);
+#if CUDA_LAUNCH_SAMPLE_EVERY > 0
+BPF_HASH(launch_seq, u32, u64, OE_MAX_PIDS);
+#endif
+
+static __always_inline s32 cuda_device(u32 tid)
+{
+    s32 *dev = thread_device.lookup(&tid);
+    return dev ? *dev : -1;
+}
+
+/* The launch path's one lookup: a thread_device entry exists only for threads of traced
+ * processes, so finding it answers both "traced?" and "which device?". A traced thread seen
+ * for the first time gets an entry (device -1 until cudaSetDevice succeeds); a full map only
+ * costs the two-lookup path next time. Entries go at thread exit. Returns 0: not traced. */
+static __always_inline int launch_thread(u64 id, s32 *device)
+{
+    u32 tid = (u32)id;
+    s32 *dev = thread_device.lookup(&tid);
+    if (dev) {
+        *device = *dev;
+        return 1;
+    }
+    if (!oe_is_traced(id >> 32))
+        return 0;
+    s32 none = -1;
+    thread_device.insert(&tid, &none);
+    *device = -1;
+    return 1;
+}
+
+/* ---- completed calls -------------------------------------------------------------- */
+
+static __always_inline int cuda_enter(struct pt_regs *ctx, u32 api)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!oe_is_traced(id >> 32))
+        return 0;
+    struct cuda_call_key key = {};
+    key.tid = (u32)id;
+    key.api = api;
+    struct cuda_call_state st = {};
+    st.start_ns = bpf_ktime_get_ns();
+    st.arg[0] = PT_REGS_PARM1(ctx);
+    st.arg[1] = PT_REGS_PARM2(ctx);
+    st.arg[2] = PT_REGS_PARM3(ctx);
+    st.arg[3] = PT_REGS_PARM4(ctx);
+    st.arg[4] = PT_REGS_PARM5(ctx);
+#ifdef OE_THREAD_CTX
+    u64 op = 0;
+    st.ctx_kind = oe_ctx_get(key.tid, &st.ctx_start, &st.ctx_root, &op);
+#endif
+    if (inflight.update(&key, &st) != 0)
+        oe_drop(OE_DROP_STATEMAP);
+    return 0;
+}
+
+static __always_inline void cuda_fill(struct cuda_call *c, u8 type, u32 api,
+                                      struct cuda_call_state *st, struct pt_regs *ctx, u64 end_ns)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    c->type = type;
+    c->api = api;
+    c->pid = id >> 32;
+    c->tid = (u32)id;
+    c->device = cuda_device((u32)id);
+    c->start_ns = st->start_ns;
+    c->end_ns = end_ns;
+    c->rc = (s32)PT_REGS_RC(ctx);
+    c->ctx_kind = (u8)st->ctx_kind;
+    c->ctx_start = st->ctx_start;
+    c->ctx_root = st->ctx_root;
+}
+
+/* ---- call accounting and the span budget (memcpy, synchronize) --------------------- */
+
+/* name(v): the bucket of `v` for BOUNDS b[0] < b[1] < ...: the number of bounds below v, i.e.
+ * the first i with v <= b[i] (OTel explicit-bucket semantics; Python's bisect_left). */
+#define CUDA_BUCKET_FN(name, BOUNDS, NBOUNDS)                                              \
+    static __always_inline u32 name(u64 v)                                                 \
+    {                                                                                      \
+        u64 b[] = {BOUNDS};                                                                \
+        u32 i = 0;                                                                         \
+        _Pragma("unroll") for (u32 j = 0; j < NBOUNDS; j++) if (v > b[j]) i = j + 1;       \
+        return i;                                                                          \
+    }
+
+CUDA_BUCKET_FN(dur_bucket, CUDA_DUR_BOUNDS_NS, CUDA_DUR_NBOUNDS)
+CUDA_BUCKET_FN(bytes_bucket, CUDA_BYTES_BOUNDS, CUDA_BYTES_NBOUNDS)
+
+/* 1: this call gets a record (span); 0: the process is over its span rate. */
+static __always_inline int span_allowed(u32 pid, u64 now, u64 dur)
+{
+#if CUDA_SPAN_RATE > 0
+    const u64 cost = 1000000000ULL / CUDA_SPAN_RATE, burst = 1000000000ULL;
+    if (CUDA_SPAN_SLOW_NS > 0 && dur >= CUDA_SPAN_SLOW_NS)
+        return 1;
+    struct cuda_span_budget *b = span_budget.lookup(&pid);
+    if (!b) {
+        struct cuda_span_budget fresh = {};
+        fresh.credit_ns = burst - cost;
+        fresh.last_ns = now;
+        if (span_budget.update(&pid, &fresh) != 0)
+            oe_drop(OE_DROP_STATEMAP); /* no budget kept: this process is not limited */
+        return 1;
+    }
+    u64 credit = b->credit_ns + (now > b->last_ns ? now - b->last_ns : 0);
+    if (credit > burst)
+        credit = burst;
+    b->last_ns = now;
+    if (credit < cost) {
+        b->credit_ns = credit;
+        return 0;
+    }
+    b->credit_ns = credit - cost;
+#endif
+    return 1;
+}
+
+static __always_inline void call_account(struct cuda_call_stats_key *key, u64 dur, u64 bytes, int has_bytes,
+                                         int limited)
+{
+    struct cuda_call_stats *s = call_stats.lookup(key);
+    if (!s) {
+        u32 zero = 0;
+        struct cuda_call_stats *init = call_stats_zero.lookup(&zero);
+        if (!init)
+            return;
+        call_stats.insert(key, init); /* fails when another CPU inserted it meanwhile: fine */
+        s = call_stats.lookup(key);
+        if (!s) {
+            oe_drop(OE_DROP_STATSMAP);
+            return;
+        }
+    }
+    __sync_fetch_and_add(&s->calls, 1);
+    __sync_fetch_and_add(&s->dur_ns, dur);
+    if (limited)
+        __sync_fetch_and_add(&s->limited, 1);
+    u32 d = dur_bucket(dur);
+    if (d > CUDA_DUR_NBOUNDS)
+        d = CUDA_DUR_NBOUNDS;
+    __sync_fetch_and_add(&s->dur_hist[d], 1);
+    if (has_bytes) {
+        __sync_fetch_and_add(&s->bytes, bytes);
+        u32 k = bytes_bucket(bytes);
+        if (k > CUDA_BYTES_NBOUNDS)
+            k = CUDA_BYTES_NBOUNDS;
+        __sync_fetch_and_add(&s->bytes_hist[k], 1);
+    }
+}
+
+/* Accounts the returning call; 1 when it also gets a record. */
+static __always_inline int call_return(struct pt_regs *ctx, u32 api, struct cuda_call_state *st, u64 now,
+                                       u32 kind, u64 bytes, int has_bytes)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u64 dur = now > st->start_ns ? now - st->start_ns : 0;
+    int keep = span_allowed(id >> 32, now, dur);
+    struct cuda_call_stats_key key = {};
+    key.pid = id >> 32;
+    key.device = cuda_device((u32)id);
+    key.rc = (s32)PT_REGS_RC(ctx);
+    key.api = (u8)api;
+    key.kind = (u8)kind;
+    call_account(&key, dur, bytes, has_bytes, !keep);
+    return keep;
+}
+
+static __always_inline int memcpy_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    key.tid = (u32)bpf_get_current_pid_tgid();
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    if (!call_return(ctx, api, st, now, (u32)st->arg[3], st->arg[2], 1)) {
+        inflight.delete(&key);
+        return 0;
+    }
+    struct cuda_memcpy_rec *e = events.ringbuf_reserve(sizeof(struct cuda_memcpy_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        inflight.delete(&key);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    cuda_fill(&e->call, CUDA_EV_MEMCPY, api, st, ctx, now);
+    e->dst = st->arg[0];
+    e->src = st->arg[1];
+    e->bytes = st->arg[2];
+    e->kind = (u32)st->arg[3];
+    if (api == CUDA_API_cudaMemcpyAsync || api == CUDA_API_cudaMemcpyAsync_ptsz)
+        e->stream = st->arg[4];
+    events.ringbuf_submit(e, oe_wakeup_flags());
+    inflight.delete(&key);
+    return 0;
+}
+
+static __always_inline int alloc_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    key.tid = (u32)bpf_get_current_pid_tgid();
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    struct cuda_alloc_rec *e = events.ringbuf_reserve(sizeof(struct cuda_alloc_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        inflight.delete(&key);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    cuda_fill(&e->call, CUDA_EV_ALLOC, api, st, ctx, bpf_ktime_get_ns());
+    e->size = st->arg[1];
+    if (api == CUDA_API_cudaMallocManaged)
+        e->flags = (u32)st->arg[2];
+    else if (api != CUDA_API_cudaMalloc)
+        e->stream = st->arg[2];
+    if (e->call.rc == 0 && bpf_probe_read_user(&e->ptr, sizeof(e->ptr), (void *)st->arg[0]) != 0)
+        e->ptr = 0;
+    events.ringbuf_submit(e, oe_wakeup_flags());
+    inflight.delete(&key);
+    return 0;
+}
+
+static __always_inline int free_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    key.tid = (u32)bpf_get_current_pid_tgid();
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    struct cuda_free_rec *e = events.ringbuf_reserve(sizeof(struct cuda_free_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        inflight.delete(&key);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    cuda_fill(&e->call, CUDA_EV_FREE, api, st, ctx, bpf_ktime_get_ns());
+    e->ptr = st->arg[0];
+    if (api != CUDA_API_cudaFree)
+        e->stream = st->arg[1];
+    events.ringbuf_submit(e, oe_wakeup_flags());
+    inflight.delete(&key);
+    return 0;
+}
+
+static __always_inline int sync_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    key.tid = (u32)bpf_get_current_pid_tgid();
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    if (!call_return(ctx, api, st, now, 0, 0, 0)) {
+        inflight.delete(&key);
+        return 0;
+    }
+    struct cuda_sync_rec *e = events.ringbuf_reserve(sizeof(struct cuda_sync_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        inflight.delete(&key);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    cuda_fill(&e->call, CUDA_EV_SYNC, api, st, ctx, now);
+    if (api != CUDA_API_cudaDeviceSynchronize)
+        e->handle = st->arg[0];
+    events.ringbuf_submit(e, oe_wakeup_flags());
+    inflight.delete(&key);
+    return 0;
+}
+
+/* Commits the thread -> device binding before filling, so the record carries the new device. */
+static __always_inline int set_device_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    key.tid = tid;
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    s32 requested = (s32)st->arg[0];
+    if ((s32)PT_REGS_RC(ctx) == 0 && thread_device.update(&tid, &requested) != 0)
+        oe_drop(OE_DROP_STATEMAP);
+    struct cuda_set_device_rec *e = events.ringbuf_reserve(sizeof(struct cuda_set_device_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        inflight.delete(&key);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    cuda_fill(&e->call, CUDA_EV_SET_DEVICE, api, st, ctx, bpf_ktime_get_ns());
+    e->requested = requested;
+    events.ringbuf_submit(e, oe_wakeup_flags());
+    inflight.delete(&key);
+    return 0;
+}
+
+/* ---- kernel launches (entry only) ------------------------------------------------- */
+
+/* The enclosing call of a launch (CUDA_LAUNCH_CONTEXT): one more hash lookup on the hot path. */
+struct cuda_launch_ctx {
+    u64 start;
+    u64 root;
+    u64 op;     /* PyTorch operator entry address (0 for a Python function) */
+    u32 kind;
+    u32 _pad;
+};
+
+static __always_inline void launch_context(u32 tid, struct cuda_launch_ctx *lc)
+{
+#if CUDA_LAUNCH_CONTEXT
+    lc->kind = oe_ctx_get(tid, &lc->start, &lc->root, &lc->op);
+    if (lc->kind != OE_CTX_TORCH)
+        lc->op = 0;
+#endif
+}
+
+static __always_inline void launch_count(u32 pid, s32 device, struct cuda_launch_args *a, u64 op)
+{
+    struct cuda_launch_key key = {};
+    key.pid = pid;
+    key.device = device;
+    key.op = op;
+    key.grid_size = (u64)a->grid[0] * a->grid[1] * a->grid[2];
+    key.block_size = (u64)a->block[0] * a->block[1] * a->block[2];
+    u64 *n = launch_stats.lookup(&key);
+    if (n) {
+        /* per-CPU slot, but a preempted program on this CPU may share it: stay atomic */
+        __sync_fetch_and_add(n, 1);
+        return;
+    }
+    u64 one = 1;
+    if (launch_stats.insert(&key, &one) == 0)
+        return;
+    n = launch_stats.lookup(&key); /* inserted meanwhile from another CPU */
+    if (n)
+        __sync_fetch_and_add(n, 1);
+    else
+        oe_drop(OE_DROP_STATSMAP);
+}
+
+#if CUDA_LAUNCH_SAMPLE_EVERY > 0
+/* The process's launch number (1-based); 0 when it cannot be kept. Not atomic across threads
+ * of one process: the sample spacing may drift under contention, the counts above do not. */
+static __always_inline u64 launch_next_seq(u32 pid)
+{
+    u64 *seq = launch_seq.lookup(&pid);
+    if (seq) {
+        *seq += 1;
+        return *seq;
+    }
+    u64 first = 1;
+    if (launch_seq.insert(&pid, &first) != 0) {
+        oe_drop(OE_DROP_STATSMAP);
+        return 0;
+    }
+    return 1;
+}
+#endif
+
+/* sp: the caller's stack pointer at entry when shared_mem/stream are stack arguments (cudaLaunchKernel),
+ * 0 when `a` already holds them (cudaLaunchKernelExC). */
+static __always_inline int launch_entry(u32 api, u64 id, s32 device, struct cuda_launch_args *a, u64 sp)
+{
+    u32 pid = id >> 32;
+    struct cuda_launch_ctx lc = {};
+    launch_context((u32)id, &lc);
+    launch_count(pid, device, a, lc.op);
+#if CUDA_LAUNCH_SAMPLE_EVERY > 0
+    u64 seq = launch_next_seq(pid);
+    if (seq == 0 || seq % CUDA_LAUNCH_SAMPLE_EVERY != 0)
+        return 0;
+    struct cuda_launch_rec *e = events.ringbuf_reserve(sizeof(struct cuda_launch_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->type = CUDA_EV_LAUNCH;
+    e->api = api;
+    e->device = device;
+    e->pid = pid;
+    e->tid = (u32)id;
+    e->ts = bpf_ktime_get_ns();
+    e->func = a->func;
+    e->grid[0] = a->grid[0];
+    e->grid[1] = a->grid[1];
+    e->grid[2] = a->grid[2];
+    e->block[0] = a->block[0];
+    e->block[1] = a->block[1];
+    e->block[2] = a->block[2];
+    e->shared_mem = a->shared_mem;
+    e->stream = a->stream;
+    if (sp) {
+        /* 0(%rsp) is the return address; the 7th and 8th arguments follow */
+        bpf_probe_read_user(&e->shared_mem, sizeof(e->shared_mem), (void *)(sp + 8));
+        bpf_probe_read_user(&e->stream, sizeof(e->stream), (void *)(sp + 16));
+    }
+    e->seq = seq;
+    e->ctx_kind = (u8)lc.kind;
+    e->ctx_start = lc.start;
+    e->ctx_root = lc.root;
+    events.ringbuf_submit(e, oe_wakeup_flags());
+#endif
+    return 0;
+}
+
+/* cudaLaunchKernel(func, dim3 grid, dim3 block, args, sharedMem, stream). x86-64 SysV: a
+ * 12-byte dim3 by value takes two INTEGER registers, (x | y << 32) and z, whose upper 32 bits
+ * are undefined padding: rdi=func, rsi/rdx=grid, rcx/r8=block, r9=args, sharedMem and stream
+ * on the stack. */
+static __always_inline int launch_kernel_enter(struct pt_regs *ctx, u32 api)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    s32 device;
+    if (!launch_thread(id, &device))
+        return 0;
+    struct cuda_launch_args a = {};
+    u64 grid_xy = PT_REGS_PARM2(ctx), block_xy = PT_REGS_PARM4(ctx);
+    a.func = PT_REGS_PARM1(ctx);
+    a.grid[0] = (u32)grid_xy;
+    a.grid[1] = (u32)(grid_xy >> 32);
+    a.grid[2] = (u32)PT_REGS_PARM3(ctx);
+    a.block[0] = (u32)block_xy;
+    a.block[1] = (u32)(block_xy >> 32);
+    a.block[2] = (u32)PT_REGS_PARM5(ctx);
+    return launch_entry(api, id, device, &a, PT_REGS_SP(ctx));
+}
+
+/* cudaLaunchKernelExC(const cudaLaunchConfig_t *config, func, args) */
+static __always_inline int launch_exc_enter(struct pt_regs *ctx, u32 api)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    s32 device;
+    if (!launch_thread(id, &device))
+        return 0;
+    struct cuda_launch_config cfg = {};
+    struct cuda_launch_args a = {};
+    /* an unreadable config still counts the launch, with zero dimensions */
+    if (bpf_probe_read_user(&cfg, sizeof(cfg), (void *)PT_REGS_PARM1(ctx)) == 0) {
+        a.grid[0] = cfg.grid[0];
+        a.grid[1] = cfg.grid[1];
+        a.grid[2] = cfg.grid[2];
+        a.block[0] = cfg.block[0];
+        a.block[1] = cfg.block[1];
+        a.block[2] = cfg.block[2];
+        a.shared_mem = cfg.shared_mem;
+        a.stream = cfg.stream;
+    }
+    a.func = PT_REGS_PARM2(ctx);
+    return launch_entry(api, id, device, &a, 0);
+}
+
+/* ---- thread exit: forget per-thread state --------------------------------------- */
+
+/* Not filtered by `traced`: common.bpf.c may already have removed the process (order of
+ * the two exit hooks is not defined). Costs CUDA_API_COUNT + 1 hash deletes per thread exit. */
+RAW_TRACEPOINT_PROBE(sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    thread_device.delete(&tid);
+#ifdef OE_THREAD_CTX
+    oe_ctx_forget(tid);
+#endif
+    struct cuda_call_key key = {};
+    key.tid = tid;
+#pragma unroll
+    for (u32 api = 0; api < CUDA_API_COUNT; api++) {
+        key.api = api;
+        inflight.delete(&key);
+    }
+    u32 tgid = id >> 32;
+    if (tid == tgid) {
+#if CUDA_LAUNCH_SAMPLE_EVERY > 0
+        launch_seq.delete(&tgid);
+#endif
+#if CUDA_SPAN_RATE > 0
+        span_budget.delete(&tgid);
+#endif
+    }
+    return 0;
+}
+
+/* ---- probe functions: one pair per symbol (names used by receiver.py PROBES) ------ */
+
+#define CUDA_CALL(sym, ret_helper)                                                         \
+    int enter_##sym(struct pt_regs *ctx) { return cuda_enter(ctx, CUDA_API_##sym); }       \
+    int return_##sym(struct pt_regs *ctx) { return ret_helper(ctx, CUDA_API_##sym); }
+
+CUDA_CALL(cudaMemcpy, memcpy_return)
+CUDA_CALL(cudaMemcpy_ptds, memcpy_return)
+CUDA_CALL(cudaMemcpyAsync, memcpy_return)
+CUDA_CALL(cudaMemcpyAsync_ptsz, memcpy_return)
+CUDA_CALL(cudaMalloc, alloc_return)
+CUDA_CALL(cudaMallocAsync, alloc_return)
+CUDA_CALL(cudaMallocAsync_ptsz, alloc_return)
+CUDA_CALL(cudaMallocManaged, alloc_return)
+CUDA_CALL(cudaFree, free_return)
+CUDA_CALL(cudaFreeAsync, free_return)
+CUDA_CALL(cudaFreeAsync_ptsz, free_return)
+CUDA_CALL(cudaStreamSynchronize, sync_return)
+CUDA_CALL(cudaStreamSynchronize_ptsz, sync_return)
+CUDA_CALL(cudaDeviceSynchronize, sync_return)
+CUDA_CALL(cudaEventSynchronize, sync_return)
+CUDA_CALL(cudaSetDevice, set_device_return)
+
+int enter_cudaLaunchKernel(struct pt_regs *ctx) { return launch_kernel_enter(ctx, CUDA_API_cudaLaunchKernel); }
+int enter_cudaLaunchKernel_ptsz(struct pt_regs *ctx) { return launch_kernel_enter(ctx, CUDA_API_cudaLaunchKernel_ptsz); }
+int enter_cudaLaunchKernelExC(struct pt_regs *ctx) { return launch_exc_enter(ctx, CUDA_API_cudaLaunchKernelExC); }
+int enter_cudaLaunchKernelExC_ptsz(struct pt_regs *ctx) { return launch_exc_enter(ctx, CUDA_API_cudaLaunchKernelExC_ptsz); }

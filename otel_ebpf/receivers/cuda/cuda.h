@@ -1,0 +1,127 @@
+/* Records the CUDA runtime program (cuda.bpf.c) puts in the ring buffer, and the ids of the
+ * probed API functions. Each record struct starts with a u8 type (>= 16; 1 and 2 belong to
+ * common.bpf.c), has explicit padding, is zeroed before it is filled, and has exactly one
+ * Python mirror in otel_ebpf/receivers/cuda/receiver.py (checked by tests/unit/test_cuda_layout.py).
+ *
+ * Completed calls (entry and return paired in the kernel) share the head struct cuda_call;
+ * times are bpf_ktime_get_ns() (CLOCK_MONOTONIC), converted to epoch ns in Python.
+ */
+#ifndef OE_CUDA_H
+#define OE_CUDA_H
+
+#define CUDA_EV_MEMCPY 16
+#define CUDA_EV_ALLOC 17
+#define CUDA_EV_FREE 18
+#define CUDA_EV_SYNC 19
+#define CUDA_EV_SET_DEVICE 20
+#define CUDA_EV_LAUNCH 21
+
+/* API ids: the index into otel_ebpf/receivers/cuda/receiver.py APIS (checked by the layout test).
+ * _ptsz/_ptds are the per-thread-default-stream entry points (nvcc --default-stream
+ * per-thread); libcudart 12.9 exports the ones listed here. */
+#define CUDA_API_cudaLaunchKernel 0
+#define CUDA_API_cudaLaunchKernel_ptsz 1
+#define CUDA_API_cudaLaunchKernelExC 2
+#define CUDA_API_cudaLaunchKernelExC_ptsz 3
+#define CUDA_API_cudaMemcpy 4
+#define CUDA_API_cudaMemcpy_ptds 5
+#define CUDA_API_cudaMemcpyAsync 6
+#define CUDA_API_cudaMemcpyAsync_ptsz 7
+#define CUDA_API_cudaMalloc 8
+#define CUDA_API_cudaMallocAsync 9
+#define CUDA_API_cudaMallocAsync_ptsz 10
+#define CUDA_API_cudaMallocManaged 11
+#define CUDA_API_cudaFree 12
+#define CUDA_API_cudaFreeAsync 13
+#define CUDA_API_cudaFreeAsync_ptsz 14
+#define CUDA_API_cudaStreamSynchronize 15
+#define CUDA_API_cudaStreamSynchronize_ptsz 16
+#define CUDA_API_cudaDeviceSynchronize 17
+#define CUDA_API_cudaEventSynchronize 18
+#define CUDA_API_cudaSetDevice 19
+#define CUDA_API_COUNT 20
+
+/* The call's enclosing Python function / PyTorch operator (ctx_kind) */
+#define CUDA_CTX_NONE 0
+#define CUDA_CTX_PYTHON 1  /* == OE_CTX_PYTHON (common.bpf.c) */
+#define CUDA_CTX_TORCH 2   /* == OE_CTX_TORCH */
+
+/* Head of every completed-call record. 56 bytes. */
+struct cuda_call {
+    u8 type;
+    u8 api;            /* CUDA_API_* */
+    u8 ctx_kind;       /* CUDA_CTX_*: the innermost traced call open on the thread at entry */
+    u8 _pad;
+    s32 device;        /* thread's device from cudaSetDevice; -1: none seen */
+    u32 pid;
+    u32 tid;
+    u64 start_ns;      /* uprobe */
+    u64 end_ns;        /* uretprobe */
+    s32 rc;            /* cudaError_t returned */
+    u32 _pad2;
+    u64 ctx_start;     /* that call's start_ns (its id in the thread); 0: none */
+    u64 ctx_root;      /* start_ns of the outermost open call of that kind (its trace) */
+};
+
+/* cudaMemcpy(dst, src, count, kind) / cudaMemcpyAsync(dst, src, count, kind, stream) */
+struct cuda_memcpy_rec {
+    struct cuda_call call;
+    u64 dst;
+    u64 src;
+    u64 bytes;
+    u64 stream;        /* 0 for the synchronous variants */
+    u32 kind;          /* cudaMemcpyKind */
+    u32 _pad;
+};
+
+/* cudaMalloc(&p, size) / cudaMallocAsync(&p, size, stream) / cudaMallocManaged(&p, size, flags) */
+struct cuda_alloc_rec {
+    struct cuda_call call;
+    u64 ptr;           /* *devPtr after a successful call; 0 when rc != 0 */
+    u64 size;
+    u64 stream;        /* cudaMallocAsync only */
+    u32 flags;         /* cudaMallocManaged only */
+    u32 _pad;
+};
+
+/* cudaFree(p) / cudaFreeAsync(p, stream) */
+struct cuda_free_rec {
+    struct cuda_call call;
+    u64 ptr;
+    u64 stream;
+};
+
+/* cudaStreamSynchronize(stream) / cudaDeviceSynchronize() / cudaEventSynchronize(event) */
+struct cuda_sync_rec {
+    struct cuda_call call;
+    u64 handle;        /* the stream or event; 0 for cudaDeviceSynchronize */
+};
+
+/* cudaSetDevice(device); the binding is committed (call.device) only when rc == 0 */
+struct cuda_set_device_rec {
+    struct cuda_call call;
+    s32 requested;
+    u32 _pad;
+};
+
+/* A sampled kernel launch (entry only: launches are otherwise counted in-kernel). 96 bytes. */
+struct cuda_launch_rec {
+    u8 type;
+    u8 api;
+    u8 ctx_kind;       /* as in cuda_call */
+    u8 _pad;
+    s32 device;
+    u32 pid;
+    u32 tid;
+    u64 ts;
+    u64 func;          /* host stub address passed as `func` */
+    u32 grid[3];
+    u32 block[3];
+    u64 shared_mem;    /* dynamic shared memory bytes */
+    u64 stream;
+    u64 seq;           /* this launch's number in its process (1-based) */
+    u64 ctx_start;     /* as in cuda_call */
+    u64 ctx_root;
+};
+
+#endif /* OE_CUDA_H */

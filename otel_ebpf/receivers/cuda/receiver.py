@@ -1,0 +1,276 @@
+"""The CUDA runtime receiver: uprobes on libcudart (cuda.bpf.c) -> typed events (events.py).
+
+Calls are paired in the kernel and arrive as one ring-buffer record each (memcpy and
+synchronize calls over the span rate limit get none); kernel launches, and every memcpy and
+synchronize call, are counted in the kernel and read here, at most every ``stats_interval``, as
+:class:`KernelLaunchStats` and :class:`CallStats` deltas. Counters of processes that are gone are read one last time
+and deleted, and everything is read once more at shutdown.
+
+Threading: ``decode`` and ``poll_maps`` run on the receiver's poll thread only (see
+:class:`otel_ebpf.bpf.receiver.BpfReceiver`); they never raise for a bad record (the base counts it as
+``decode_error``).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import struct
+import time
+from dataclasses import dataclass
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from otel_ebpf.bpf import threadctx
+from otel_ebpf.bpf.receiver import BpfReceiver, Probe
+from otel_ebpf.core.buckets import bounds_for_unit
+from otel_ebpf.core.pipeline import Consumer, Context
+
+from .config import Config
+from .events import (
+    AllocCall,
+    CallStats,
+    EnclosingCall,
+    FreeCall,
+    KernelLaunch,
+    KernelLaunchStats,
+    MemcpyCall,
+    SetDeviceCall,
+    SyncCall,
+)
+
+__all__ = ["ALLOC", "APIS", "FREE", "LAUNCH", "MEMCPY", "MIRRORS", "PROBES", "SET_DEVICE", "SYNC", "Api",
+           "CudaReceiver", "Mirror"]
+
+log = logging.getLogger(__name__)
+ApiKind = Literal["launch", "launch_exc", "memcpy", "alloc", "free", "sync", "set_device"]
+
+
+@dataclass(frozen=True)
+class Api:
+    """A probed libcudart symbol; its index in :data:`APIS` is its CUDA_API_* id in cuda.h."""
+
+    symbol: str
+    kind: ApiKind
+    optional: bool = False  # per-thread-default-stream variants: absent from some builds
+
+
+APIS: tuple[Api, ...] = (
+    Api("cudaLaunchKernel", "launch"),
+    Api("cudaLaunchKernel_ptsz", "launch", True),
+    Api("cudaLaunchKernelExC", "launch_exc"),
+    Api("cudaLaunchKernelExC_ptsz", "launch_exc", True),
+    Api("cudaMemcpy", "memcpy"),
+    Api("cudaMemcpy_ptds", "memcpy", True),
+    Api("cudaMemcpyAsync", "memcpy"),
+    Api("cudaMemcpyAsync_ptsz", "memcpy", True),
+    Api("cudaMalloc", "alloc"),
+    Api("cudaMallocAsync", "alloc"),
+    Api("cudaMallocAsync_ptsz", "alloc", True),
+    Api("cudaMallocManaged", "alloc"),
+    Api("cudaFree", "free"),
+    Api("cudaFreeAsync", "free"),
+    Api("cudaFreeAsync_ptsz", "free", True),
+    Api("cudaStreamSynchronize", "sync"),
+    Api("cudaStreamSynchronize_ptsz", "sync", True),
+    Api("cudaDeviceSynchronize", "sync"),
+    Api("cudaEventSynchronize", "sync"),
+    Api("cudaSetDevice", "set_device"),
+)
+_SYMBOLS = tuple(a.symbol for a in APIS)
+
+# Launches are entry-only: the cost lands on the caller, no uretprobe trampoline.
+PROBES: tuple[Probe, ...] = tuple(
+    Probe(a.symbol, entry=f"enter_{a.symbol}",
+          ret=None if a.kind.startswith("launch") else f"return_{a.symbol}", optional=a.optional)
+    for a in APIS)
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """The Python mirror of one C record struct in cuda.h: its type byte, its layout as a
+    little-endian ``struct`` format (explicit ``x`` padding), and the C member designators of
+    the unpacked values, in order (checked against gcc by tests/unit/test_cuda_layout.py)."""
+
+    c_struct: str
+    etype: int
+    fmt: struct.Struct
+    fields: tuple[str, ...]
+
+
+_CALL_FMT = "BBBxiIIQQi4xQQ"
+_CALL_FIELDS = tuple(f"call.{f}" for f in ("type", "api", "ctx_kind", "device", "pid", "tid", "start_ns", "end_ns",
+                                          "rc", "ctx_start", "ctx_root"))
+MEMCPY = Mirror("cuda_memcpy_rec", 16, struct.Struct("<" + _CALL_FMT + "QQQQI4x"),
+                (*_CALL_FIELDS, "dst", "src", "bytes", "stream", "kind"))
+ALLOC = Mirror("cuda_alloc_rec", 17, struct.Struct("<" + _CALL_FMT + "QQQI4x"),
+               (*_CALL_FIELDS, "ptr", "size", "stream", "flags"))
+FREE = Mirror("cuda_free_rec", 18, struct.Struct("<" + _CALL_FMT + "QQ"),
+              (*_CALL_FIELDS, "ptr", "stream"))
+SYNC = Mirror("cuda_sync_rec", 19, struct.Struct("<" + _CALL_FMT + "Q"), (*_CALL_FIELDS, "handle"))
+SET_DEVICE = Mirror("cuda_set_device_rec", 20, struct.Struct("<" + _CALL_FMT + "i4x"),
+                    (*_CALL_FIELDS, "requested"))
+LAUNCH = Mirror("cuda_launch_rec", 21, struct.Struct("<BBBxiIIQQ3I3IQQQQQ"),
+                ("type", "api", "ctx_kind", "device", "pid", "tid", "ts", "func", "grid[0]", "grid[1]", "grid[2]",
+                 "block[0]", "block[1]", "block[2]", "shared_mem", "stream", "seq", "ctx_start", "ctx_root"))
+CTX_KINDS = {1: "python", 2: "torch"}  # cuda.h CUDA_CTX_*
+MIRRORS: tuple[Mirror, ...] = (MEMCPY, ALLOC, FREE, SYNC, SET_DEVICE, LAUNCH)
+_CALL_EVENTS: dict[int, tuple[struct.Struct, type]] = {
+    MEMCPY.etype: (MEMCPY.fmt, MemcpyCall),
+    ALLOC.etype: (ALLOC.fmt, AllocCall),
+    FREE.etype: (FREE.fmt, FreeCall),
+    SYNC.etype: (SYNC.fmt, SyncCall),
+    SET_DEVICE.etype: (SET_DEVICE.fmt, SetDeviceCall),
+}
+
+LaunchKey = tuple[int, int, int, int, int]  # pid, device, grid size, block size, operator address
+CallKey = tuple[int, int, int, int, int]  # pid, device, rc, api id, kind
+# The in-kernel call histograms use the emitter's own bounds, so their buckets merge as they are.
+DUR_BOUNDS_NS = tuple(round(b * 1e9) for b in bounds_for_unit("s"))
+BYTES_BOUNDS = tuple(int(b) for b in bounds_for_unit("By"))
+
+
+def _process_gone(pid: int) -> bool:
+    """True when ``pid`` has exited (no /proc entry, or a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return True
+    state = stat[stat.rfind(b")") + 2:][:1]
+    return state in (b"Z", b"X", b"")
+
+
+def _read_deltas(table: Any, totals: dict[Any, tuple[int, ...]], key_of: Callable[[Any], tuple[int, ...]],
+                 total_of: Callable[[Any], tuple[int, ...]]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(key, delta) of every cumulative in-kernel counter of ``table`` whose first field moved
+    since the last read (``totals`` keeps the last values, one entry per map entry, so it has
+    the map's bound). Keys start with the pid; the counters of processes that are gone are
+    deleted from the map and from ``totals`` after this, their final, read."""
+    out = []
+    gone: dict[int, bool] = {}
+    for key, value in table.items():
+        k, total = key_of(key), total_of(value)
+        prev = totals.get(k)
+        delta = total if prev is None else tuple(a - b for a, b in zip(total, prev, strict=True))
+        if delta[0] > 0:
+            out.append((k, delta))
+        totals[k] = total
+        if k[0] not in gone:
+            gone[k[0]] = _process_gone(k[0])
+        if gone[k[0]]:
+            with contextlib.suppress(KeyError):
+                del table[key]
+            totals.pop(k, None)
+    return out
+
+
+class CudaReceiver(BpfReceiver):
+    """Receiver ``cuda``: typed CUDA runtime events for the processes in ``ctx.target_pids``
+    (and their children), or every process that maps libcudart when there are none."""
+
+    name = "cuda"
+    src_file = Path(__file__).with_name("cuda.bpf.c")
+    library_key = "cudart"
+    lib_pattern = "libcudart.so"
+    probes = PROBES
+
+    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
+        super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages,
+                         pause_on_load=config.pause_on_load, extra_libraries=config.libraries,
+                         poll_interval=config.poll_interval)
+        self.config = config
+        self._launch_totals: dict[LaunchKey, tuple[int, ...]] = {}
+        self._call_totals: dict[CallKey, tuple[int, ...]] = {}
+        self._next_stats = 0.0
+        self._final_read = False
+
+    @property
+    def thread_context(self) -> bool:  # type: ignore[override]
+        """Read the per-thread call map (nesting) only when a python or torch receiver of this
+        agent writes it: without one every lookup would miss, and launches keep the cheapest path."""
+        return self.config.nesting and bool(self.ctx.thread_ctx_writers)
+
+    def cflags(self) -> list[str]:
+        c = self.config
+        return [f"-DCUDA_MAX_INFLIGHT={c.max_inflight}", f"-DCUDA_MAX_THREADS={c.max_threads}",
+                f"-DCUDA_MAX_LAUNCH_KEYS={c.max_launch_keys}",
+                f"-DCUDA_LAUNCH_SAMPLE_EVERY={c.launch_sample_every}",
+                f"-DCUDA_LAUNCH_CONTEXT={1 if self.thread_context and c.launch_context else 0}",
+                f"-DCUDA_MAX_CALL_KEYS={c.max_call_keys}", f"-DCUDA_SPAN_RATE={c.span_rate_limit}",
+                f"-DCUDA_SPAN_SLOW_NS={round(c.always_span_slower_than * 1e9)}",
+                f"-DCUDA_DUR_BOUNDS_NS={','.join(map(str, DUR_BOUNDS_NS))}", f"-DCUDA_DUR_NBOUNDS={len(DUR_BOUNDS_NS)}",
+                f"-DCUDA_BYTES_BOUNDS={','.join(map(str, BYTES_BOUNDS))}",
+                f"-DCUDA_BYTES_NBOUNDS={len(BYTES_BOUNDS)}"]
+
+    def _enclosing(self, kind: int, start: int, root: int) -> EnclosingCall | None:
+        if not kind:
+            return None
+        to_epoch = self.clock.to_epoch_ns  # the same offset as the python/torch receivers' (otel_ebpf.bpf.receiver)
+        return EnclosingCall(CTX_KINDS[kind], to_epoch(start), to_epoch(root))
+
+    # ---- ring-buffer records ----------------------------------------------------------
+    def decode(self, etype: int, raw: bytes) -> object | None:
+        """One record -> one event. Raises on a malformed record (the base counts it)."""
+        call = _CALL_EVENTS.get(etype)
+        if call is not None:
+            fmt, cls = call
+            _, api, kind, device, pid, tid, start, end, rc, cstart, croot, *rest = fmt.unpack_from(raw)
+            to_epoch = self.clock.to_epoch_ns
+            return cls(pid, tid, _SYMBOLS[api], device, to_epoch(start), to_epoch(end), rc, *rest,
+                       enclosing=self._enclosing(kind, cstart, croot))
+        if etype == LAUNCH.etype:
+            (_, api, kind, device, pid, tid, ts, func, gx, gy, gz, bx, by, bz, smem, stream,
+             seq, cstart, croot) = LAUNCH.fmt.unpack_from(raw)
+            return KernelLaunch(pid, tid, _SYMBOLS[api], device, self.clock.to_epoch_ns(ts), func,
+                                (gx, gy, gz), (bx, by, bz), smem, stream, seq,
+                                enclosing=self._enclosing(kind, cstart, croot))
+        raise ValueError(f"unknown CUDA record type {etype}")
+
+    # ---- in-kernel launch counters ----------------------------------------------------
+    def poll_maps(self) -> list[object]:
+        now = time.monotonic()
+        if not self._final_read and now < self._next_stats:
+            return []
+        self._next_stats = now + self.config.stats_interval
+        out: list[object] = []
+        for read in (self.read_launch_stats, self.read_call_stats):
+            try:
+                out.extend(read())
+            except Exception:  # a map read must not stop the poll loop
+                log.debug("%s: %s failed", self.name, read.__name__, exc_info=True)
+                self.ctx.telemetry.dropped(self.name, "map_read_error")
+        return out
+
+    def read_call_stats(self) -> list[CallStats]:
+        """Deltas of every memcpy/synchronize call counter since the last read; counters of
+        processes that are gone are deleted after this (final) read."""
+        if self.bpf is None:
+            return []
+        now_ns = time.time_ns()
+        nd = len(DUR_BOUNDS_NS) + 1
+        nb = len(BYTES_BOUNDS) + 1
+        return [CallStats(k[0], _SYMBOLS[k[3]], k[1], k[2], k[4], d[0], d[1], d[2], d[3], d[4:4 + nd], d[4 + nd:],
+                          now_ns)
+                for k, d in _read_deltas(
+                    self.bpf["call_stats"], self._call_totals,
+                    lambda key: (key.pid, key.device, key.rc, key.api, key.kind),
+                    lambda v: (v.calls, v.limited, v.dur_ns, v.bytes, *v.dur_hist[:nd], *v.bytes_hist[:nb]))]
+
+    def read_launch_stats(self) -> list[KernelLaunchStats]:
+        """Deltas of every launch counter since the last read; counters of processes that are
+        gone are deleted after this (final) read. A counter's operator address is named by the
+        torch receiver of the same agent (otel_ebpf.bpf.threadctx), while the process lives."""
+        if self.bpf is None:
+            return []
+        now_ns = time.time_ns()
+        return [KernelLaunchStats(k[0], k[1], k[2], k[3], d[0], now_ns,
+                                  (threadctx.op_name(self.ctx, k[0], k[4]) or "") if k[4] else "")
+                for k, d in _read_deltas(
+                    self.bpf["launch_stats"], self._launch_totals,
+                    lambda key: (key.pid, key.device, key.grid_size, key.block_size, key.op),
+                    lambda per_cpu: (sum(per_cpu),))]
+
+    def shutdown(self) -> None:
+        self._final_read = True  # the base's last drain reads the counters one more time
+        super().shutdown()

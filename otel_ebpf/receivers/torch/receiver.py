@@ -1,0 +1,243 @@
+"""The PyTorch receiver: uprobes on libtorch_cpu's at::_ops::<op>::call (torch.bpf.c) ->
+:class:`TorchOp` events.
+
+The library is found per process (``/proc/PID/maps``, ``torch/lib`` of the traced command's
+Python environment, config) and, since ``import torch`` opens it lazily, caught at ``openat``
+in the kernel (the process is held until the probes are attached). The operators' symbols
+are read from the library's symbol table once per library (BCC, about half a second for the
+430 MB libtorch_cpu.so of torch 2.13), then each gets a uprobe and a uretprobe. One BPF
+function serves them all; records carry the entry address, mapped back to the operator here
+through the process's ``/proc/PID/maps`` (cached per process, bounded).
+
+Threading: ``decode`` runs on the poll thread; attaching holds the base's attach lock.
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import glob
+import logging
+import os
+import re
+import struct
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from otel_ebpf.bpf import threadctx
+from otel_ebpf.bpf.receiver import BpfReceiver
+from otel_ebpf.core.errors import AttachError
+from otel_ebpf.host.libraries import mapped_libraries
+from otel_ebpf.core.pipeline import Consumer, Context
+
+from otel_ebpf.host.libraries import interpreter_of_command
+from otel_ebpf.bpf.python_usdt import attach_fn, vaddr_to_offset
+from .config import Config
+from .events import TorchOp
+
+__all__ = ["LIB_PATTERN", "OP", "TorchReceiver", "op_symbol_regex"]
+
+log = logging.getLogger(__name__)
+LIB_PATTERN = "libtorch_cpu.so"
+_MAX_PIDS = 4096  # processes whose libtorch mappings are cached
+_COUNTS = ("stack_too_deep", "unpaired_returns")  # torch.bpf.c TORCH_CNT_* order
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """Python mirror of a C record struct in torch.h (checked by tests/unit/test_torch_layout.py)."""
+
+    c_struct: str
+    etype: int
+    fmt: struct.Struct
+    fields: tuple[str, ...]
+
+
+OP = Mirror("torch_op_rec", 128, struct.Struct("<B3xIIIQQQQQ"),
+            ("type", "pid", "tid", "depth", "start_ns", "end_ns", "parent_start", "root_start", "ip"))
+
+
+def op_symbol_regex(ops: list[str]) -> bytes:
+    """Mangled ``at::_ops::<op>::call(...)`` for each op (Itanium ABI: <length><name>), not the
+    compiler's ``.cold`` split parts."""
+    alts = "|".join(f"{len(op)}{re.escape(op)}" for op in ops)
+    return f"^_ZN2at4_ops(?:{alts})4callE[^.]*$".encode()
+
+
+_SYM = re.compile(rb"^_ZN2at4_ops(\d+)")
+
+
+def _op_name(symbol: bytes) -> str:
+    m = _SYM.match(symbol)
+    if not m:
+        return symbol.decode(errors="replace")
+    n = int(m.group(1))
+    return symbol[m.end():m.end() + n].decode(errors="replace")
+
+
+class TorchReceiver(BpfReceiver):
+    """Receiver ``torch``: one :class:`TorchOp` per call of a configured operator."""
+
+    name = "torch"
+    src_file = Path(__file__).with_name("torch.bpf.c")
+    lib_pattern = LIB_PATTERN
+    thread_context = True  # writes the thread's innermost open operator for the cuda program (common.bpf.c)
+
+    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
+        super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages, pause_on_load=config.pause_on_load,
+                         extra_libraries=config.libraries, poll_interval=config.poll_interval)
+        self.config = config
+        ctx.thread_ctx_writers.add(self.name)  # the cuda program reads the map only then
+        self._ops: dict[tuple[int, int], dict[int, str]] = {}  # (st_dev, st_ino) -> file offset -> op
+        self._maps: OrderedDict[int, list[tuple[int, int, int, tuple[int, int]]]] = OrderedDict()
+        self._counts_seen = [0] * len(_COUNTS)
+        self._maps_lock = threading.Lock()  # op_at: this poll thread and the cuda receiver's (threadctx)
+
+    def start(self) -> None:
+        if self.bpf is None:
+            threadctx.register_ops(self.ctx, self.op_at)  # the cuda receiver names launch counters with it
+        super().start()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        threadctx.unregister_ops(self.ctx)
+
+    def cflags(self) -> list[str]:
+        c = self.config
+        return [f"-DTORCH_MAX_DEPTH={c.max_depth}", f"-DTORCH_MAX_THREADS={c.max_threads}",
+                f"-DTORCH_MIN_DURATION_NS={int(c.min_duration * 1e9)}"]
+
+    # ---- libraries -------------------------------------------------------------------------
+    def initial_libraries(self) -> list[str]:
+        paths = list(self._extra_libs)
+        for pid in self.ctx.target_pids:
+            paths += mapped_libraries(pid, LIB_PATTERN)
+        python = interpreter_of_command(list(self.ctx.libraries.get("command", [])))
+        if python and os.path.basename(python).startswith("python"):
+            from otel_ebpf.host.libraries import _python_site_dirs
+
+            for d in _python_site_dirs(python):
+                paths += glob.glob(os.path.join(d, "torch", "lib", LIB_PATTERN))
+        out: list[str] = []
+        for p in paths:
+            real = os.path.realpath(p)
+            if os.path.isfile(real) and real not in out:
+                out.append(real)
+        return out
+
+    def attach_library(self, path: str) -> int:
+        """Uprobe + uretprobe on every configured operator found in ``path``. Safe to call twice."""
+        from bcc import BPF
+
+        real = os.path.realpath(path)
+        with self._attach_lock:
+            if real in self._attached or self._bpf is None:
+                return 0
+            self._attached.add(real)
+            try:
+                st = os.stat(real)
+                found = BPF.get_user_functions_and_addresses(real.encode(), op_symbol_regex(self.config.ops))
+            except Exception as exc:
+                self._attach_failed(real, "at::_ops symbols", str(exc))
+                return 0
+            offsets: dict[int, str] = {}
+            n = 0
+            for sym, vaddr in found:
+                op = _op_name(sym)
+                try:
+                    off = vaddr_to_offset(real, vaddr)
+                    if off in offsets:  # listed in both .dynsym and .symtab
+                        continue
+                    n += self._attach_op(real, off)
+                    offsets[off] = op
+                except Exception as exc:
+                    self._attach_failed(real, sym.decode(errors="replace"), str(exc))
+            self._ops[(st.st_dev, st.st_ino)] = offsets
+        missing = sorted(set(self.config.ops) - set(offsets.values()))
+        if missing:
+            log.warning("torch: %s has no at::_ops::X::call for %s (not traced)", real, ", ".join(missing))
+        self.ctx.telemetry.add("otel_ebpf.probes.attached", n, receiver=self.name, library=os.path.basename(real))
+        log.info("torch: attached %d probes (%d operators) to %s", n, len(offsets), real)
+        return n
+
+    def _attach_op(self, path: str, offset: int) -> int:
+        attach = attach_fn()
+        n = 0
+        for kind, fn_name, prefix in ((0, "torch_op_enter", "p"), (1, "torch_op_return", "r")):
+            fn = self._bpf.load_func(fn_name.encode(), self._bpf.KPROBE)
+            ev = f"{prefix}_oe_torch_{os.stat(path).st_ino:x}_{offset:x}".encode()
+            fd = attach(fn.fd, kind, ev, path.encode(), offset, -1, 0)
+            if fd < 0:
+                raise OSError(f"perf_event_open for the uprobe at offset {offset:#x} failed")
+            self._bpf._add_uprobe_fd(ev, fd)
+            n += 1
+        return n
+
+    def _attach_failed(self, path: str, symbol: str, reason: str) -> None:
+        self.ctx.telemetry.add("otel_ebpf.probes.failed", 1, receiver=self.name, library=os.path.basename(path))
+        err = AttachError(path, symbol, reason)
+        if self.ctx.strict:
+            raise err
+        log.warning("torch: %s", err)
+
+    # ---- records ---------------------------------------------------------------------------
+    def _mappings(self, pid: int, refresh: bool) -> list[tuple[int, int, int, tuple[int, int]]]:
+        """(start, end, file offset, (dev, inode)) of pid's executable libtorch mappings."""
+        if not refresh and pid in self._maps:
+            return self._maps[pid]
+        out = []
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    parts = line.split(None, 5)
+                    if len(parts) < 6 or "x" not in parts[1] or LIB_PATTERN not in parts[5]:
+                        continue
+                    start, end = (int(x, 16) for x in parts[0].split("-"))
+                    st = os.stat(f"/proc/{pid}/map_files/{parts[0]}")
+                    out.append((start, end, int(parts[2], 16), (st.st_dev, st.st_ino)))
+        except OSError:
+            pass
+        self._maps[pid] = out
+        self._maps.move_to_end(pid)
+        if len(self._maps) > _MAX_PIDS:
+            self._maps.popitem(last=False)
+        return out
+
+    def op_at(self, pid: int, ip: int) -> str | None:
+        """The operator whose entry address in ``pid`` is ``ip``, or None. Thread-safe."""
+        with self._maps_lock:
+            for refresh in (False, True):
+                for start, end, off, ident in self._mappings(pid, refresh):
+                    if start <= ip < end:
+                        return self._ops.get(ident, {}).get(ip - start + off)
+        return None
+
+    def decode(self, etype: int, raw: bytes) -> object | None:
+        if etype != OP.etype:
+            raise ValueError(f"unknown PyTorch record type {etype}")
+        _, pid, tid, depth, start, end, parent, root, ip = OP.fmt.unpack_from(raw)
+        op = self.op_at(pid, ip)
+        if op is None:
+            self.ctx.telemetry.dropped(self.name, "unknown_op_address")
+            return None
+        to_epoch = self.clock.to_epoch_ns
+        return TorchOp(pid, tid, op, depth, to_epoch(start), to_epoch(end), to_epoch(parent) if parent else 0,
+                       to_epoch(root))
+
+    def poll_maps(self) -> list[object]:
+        if self.bpf is None:
+            return []
+        try:
+            counts = self.bpf["torch_counts"]
+            for i, reason in enumerate(_COUNTS):
+                total = counts[ct.c_int(i)].value
+                delta = total - self._counts_seen[i]
+                if delta > 0:
+                    if reason == "stack_too_deep":
+                        self.ctx.telemetry.dropped(self.name, reason, delta)
+                    else:
+                        self.ctx.telemetry.add("otel_ebpf.torch.unpaired_returns", delta, receiver=self.name)
+                    self._counts_seen[i] = total
+        except Exception:
+            self.ctx.telemetry.dropped(self.name, "map_read_error")
+        return []
