@@ -201,6 +201,7 @@ def test_collective_spans_carry_the_host_figures_of_the_step_before_them(
         assert select.select([proc.stdout], [], [], 30)[0], "sched_rank never printed 'ready'"
         assert proc.stdout.readline().startswith("ready pid=")
         ctx, sink = Context(target_pids=[proc.pid]), ListConsumer()
+        ctx.host_stats = HostStats(ctx.telemetry)
         sched = SchedReceiver(Config(), ctx, ListConsumer())
         receivers.append(sched)
         sched.start()
