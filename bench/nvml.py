@@ -46,7 +46,7 @@ def scenario(gpus: int, procs: int, links: int) -> str:
 
 
 def measure(gpus: int, procs: int, links: int, scrapes: int) -> dict[str, float]:
-    from otel_ebpf.receivers.nvml.nvml import load
+    from otel_ebpf.host.nvml import load
     from otel_ebpf.receivers.nvml.scrape import Scraper
     from otel_ebpf.core.telemetry import Telemetry
 

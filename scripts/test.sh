@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check otel_ebpf
 .venv/bin/mypy otel_ebpf
-.venv/bin/lint-imports  # the layers in pyproject.toml [tool.importlinter] (docs/architecture.md, "Code layout")
+.venv/bin/lint-imports --no-cache  # the layers in pyproject.toml [tool.importlinter] (docs/architecture.md, "Code layout")
 exec .venv/bin/python -m pytest -ra "$@"

@@ -202,7 +202,7 @@ class NvmlSource:
         self._handles: list[tuple[str, Any]] = []
 
     def open(self) -> str:
-        from otel_ebpf.receivers.nvml.nvml import load  # the receiver's loader: one set of messages
+        from otel_ebpf.host.nvml import load  # the nvml receiver uses the same loader: one set of messages
 
         nv, why = load(self.library)
         self._nv = nv

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 _SCRIPT = """
 import json, sys
-from otel_ebpf.receivers.nvml.nvml import load
+from otel_ebpf.host.nvml import load
 nv, why = load()
 if nv is None:
     print(json.dumps({"error": why})); sys.exit(0)

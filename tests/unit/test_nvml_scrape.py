@@ -22,7 +22,7 @@ from otel_ebpf.core.events import MetricRecord
 from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.receivers import nvml as nvml_pkg
 from otel_ebpf.receivers.nvml.metrics import SCRAPE_ERRORS
-from otel_ebpf.receivers.nvml.nvml import load
+from otel_ebpf.host.nvml import load
 from otel_ebpf.receivers.nvml.receiver import in_traced_tree
 from otel_ebpf.receivers.nvml.scrape import Deltas, Scraper
 from otel_ebpf.core.telemetry import Telemetry

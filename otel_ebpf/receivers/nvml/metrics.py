@@ -44,7 +44,7 @@ MIG_GPU_INSTANCE = "nvidia.gpu.mig.gpu_instance_id"
 MIG_COMPUTE_INSTANCE = "nvidia.gpu.mig.compute_instance_id"
 
 SCRAPE_DURATION = "otel_ebpf.nvml.scrape.duration"
-SCRAPE_ERRORS = "otel_ebpf.nvml.scrape.errors"
+from otel_ebpf.host.nvml import SCRAPE_ERRORS  # noqa: E402  one name for the loader and the receiver
 
 # name -> (instrument kind, UCUM unit, description). "updown" and "counter" records are deltas.
 METRICS: dict[str, tuple[MetricKind, str, str]] = {

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from otel_ebpf.core.events import MetricRecord
 
 from . import metrics as m
-from .nvml import NOT_FOUND, Calls
+from otel_ebpf.host.nvml import NOT_FOUND, Calls
 
 if TYPE_CHECKING:
     from .scrape import Gpu, Scraper

@@ -28,7 +28,7 @@ from otel_ebpf.core.pipeline import Consumer, Context
 
 from . import metrics as m
 from .config import Config
-from .nvml import load
+from otel_ebpf.host.nvml import load
 from .scrape import Scraper
 from .xid import XID_MEANINGS, XidError, XidWatcher
 

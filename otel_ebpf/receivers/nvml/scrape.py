@@ -32,7 +32,7 @@ from otel_ebpf.core.telemetry import Telemetry
 
 from . import metrics as m
 from .metrics import METRICS, SCOPE
-from .nvml import NOT_FOUND, Calls, GpuLost
+from otel_ebpf.host.nvml import NOT_FOUND, Calls, GpuLost
 from .processes import ProcessReader
 
 __all__ = ["Gpu", "Scraper"]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .nvml import Calls, error_name
+from otel_ebpf.host.nvml import Calls, error_name
 
 __all__ = ["XID_MEANINGS", "XidError", "XidWatcher"]
 

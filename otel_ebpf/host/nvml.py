@@ -23,7 +23,9 @@ from typing import Any
 
 from otel_ebpf.core.telemetry import Telemetry
 
-from .metrics import SCRAPE_ERRORS
+# the metric the nvml receiver declares (receivers/nvml/metrics.py); here so the loader needs no receiver
+SCRAPE_ERRORS = "otel_ebpf.nvml.scrape.errors"
+
 
 __all__ = ["FUNCTION_NOT_FOUND", "GPU_IS_LOST", "NOT_FOUND", "REPROBE_S", "Calls", "GpuLost", "error_name",
            "load"]
