@@ -83,6 +83,9 @@ def exit_status(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
+_FAILED_START_S = 2.0  # shutdown budget after a failed start (then the last metrics' 5 s grace)
+
+
 @dataclass
 class _Pipeline:
     name: str
@@ -172,10 +175,10 @@ class Agent:
 
             programs_loaded(self.ctx)
         except BaseException:
-            self.shutdown()
+            self.shutdown(timeout=_FAILED_START_S)  # nothing collected yet is worth a long wait
             raise
 
-    def shutdown(self, *, exiting: bool = False) -> None:
+    def shutdown(self, *, exiting: bool = False, timeout: float | None = None) -> None:
         """Drain and stop, in order. Safe twice and without start. ``exiting``: this process
         ends right after, so uprobes are released by a detached child instead of holding the
         exit ~0.1 s per probe (:func:`otel_ebpf.bpf.receiver.release_uprobes_in_background`)."""
@@ -189,7 +192,7 @@ class Agent:
         for rid, r in self.receivers.items():
             _quietly(r.shutdown, f"receiver {rid}")
         # one budget for handing on the backlog: pipelines, then exporters (service.shutdown_timeout)
-        deadline = time.monotonic() + self.cfg.service.shutdown_timeout
+        deadline = time.monotonic() + (self.cfg.service.shutdown_timeout if timeout is None else timeout)
         for p in self.pipelines:
             _quietly(functools.partial(p.queue.shutdown, deadline), f"pipeline {p.name} queue")
             for proc in p.processors:
