@@ -21,14 +21,13 @@ from __future__ import annotations
 import ctypes as ct
 import logging
 import os
-import struct
 from dataclasses import dataclass
 from typing import Any
 
+from otel_ebpf.bpf.usdt import vaddr_to_offset
 from otel_ebpf.core.errors import TargetError
 
-__all__ = ["PROBE_NAMES", "ArgSpec", "NoUsdtError", "UsdtSite", "arg_macros", "attach_site", "find_sites",
-           "vaddr_to_offset"]
+__all__ = ["PROBE_NAMES", "ArgSpec", "NoUsdtError", "UsdtSite", "arg_macros", "attach_site", "find_sites"]
 
 log = logging.getLogger(__name__)
 PROBE_NAMES = ("function__entry", "function__return")
@@ -74,25 +73,6 @@ class UsdtSite:
     offset: int
     semaphore_offset: int
     args: tuple[ArgSpec, ...]
-
-
-def vaddr_to_offset(path: str, vaddr: int) -> int:
-    """The file offset of virtual address ``vaddr`` in ELF64 little-endian ``path`` (PT_LOAD
-    segments). Raises ValueError when no segment holds it."""
-    with open(path, "rb") as fh:
-        ident = fh.read(64)
-        if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
-            raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
-        phoff, = struct.unpack_from("<Q", ident, 32)
-        phentsize, phnum = struct.unpack_from("<HH", ident, 54)
-        fh.seek(phoff)
-        table = fh.read(phentsize * phnum)
-    for i in range(phnum):
-        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz, _memsz, _align = struct.unpack_from(
-            "<IIQQQQQQ", table, i * phentsize)
-        if p_type == 1 and p_vaddr <= vaddr < p_vaddr + max(p_filesz, _memsz):
-            return vaddr - p_vaddr + p_offset
-    raise ValueError(f"{path}: address {vaddr:#x} is in no loadable segment")
 
 
 def _arg(raw: Any) -> ArgSpec:

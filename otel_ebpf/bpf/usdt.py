@@ -41,7 +41,7 @@ for _field in ("bp", "sp", "ip", *(f"r{n}" for n in range(8, 16))):
 _FLAG_CONSTANT, _FLAG_DEREF_OFFSET, _FLAG_DEREF_IDENT, _FLAG_BASE, _FLAG_INDEX = 1, 2, 4, 8, 16
 
 
-class UsdtError(Exception):
+class UsdtError(ValueError):
     """A USDT probe that is absent or whose arguments cannot be read; the message says which."""
 
 

@@ -160,10 +160,10 @@ class Emitter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._shut = False
-        self._agent = self._make_proc(Resource.create(dict(agent_attributes)))
         # Resource.create runs the SDK's resource detectors (a thread pool each time): run them
         # once; base.merge(Resource(attrs)) equals Resource.create(attrs) (tests/unit/test_emitter.py)
         self._base_resource = Resource.create({})
+        self._agent = self._make_proc(self._base_resource.merge(Resource(dict(agent_attributes))))
         # Prometheus has no spans: no span queue (and no thread) for it
         self.span_queues: list[SendingQueue[ReadableSpan]] = [
             SendingQueue(e.name, "spans", _span_sender(e), e.spans.shutdown, telemetry, capacity=e.queue_size,

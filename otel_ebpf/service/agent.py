@@ -27,6 +27,7 @@ from otel_ebpf.emit.emitter import Emitter, ExporterSpec
 from otel_ebpf.emit.exporters import build_exporters
 from otel_ebpf.core.errors import OtelEbpfError, TargetError
 from otel_ebpf.host.timeline import HostStats
+from otel_ebpf.core.telemetry import DROPPED
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context, Fanout
 from otel_ebpf.host import gpus
 from otel_ebpf.host.k8s import K8sMetadata
@@ -203,7 +204,7 @@ class Agent:
         """{'<where>/<reason>': count} of every drop so far (otel_ebpf.events.dropped)."""
         out: dict[str, int] = {}
         for name, attrs, value in self.ctx.telemetry.snapshot():
-            if name == "otel_ebpf.events.dropped" and value:
+            if name == DROPPED and value:
                 key = f"{attrs.get('receiver', '?')}/{attrs.get('reason', '?')}"
                 out[key] = out.get(key, 0) + value
         return out

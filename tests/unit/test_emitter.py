@@ -61,9 +61,10 @@ class Rig:
         self.telemetry = Telemetry()
         kwargs.setdefault("metrics_interval", 3600.0)
         retry = kwargs.pop("retry", RetryConfig())
+        kwargs.setdefault("resource_of", resource_of)
         self.emitter = Emitter([ExporterSpec("mem", self.spans, self.metrics, batch_delay=0.05, retry=retry)],
                                self.telemetry,
-                               resource_of=resource_of, agent_attributes={"service.name": "otel-ebpf"},
+                               agent_attributes={"service.name": "otel-ebpf"},
                                **kwargs)
 
     def finished(self) -> list[ReadableSpan]:
@@ -155,8 +156,7 @@ def test_process_resource_equals_the_sdks_resource_create(monkeypatch, env, with
             del a["service.name"]
         return a
 
-    r = Rig()
-    r.emitter._resource_of = attrs
+    r = Rig(resource_of=attrs)
     try:
         r.emitter.consume([span(7, comm="python")])
         (s,) = r.finished()

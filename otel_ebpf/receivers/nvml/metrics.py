@@ -20,6 +20,7 @@ from opentelemetry.semconv._incubating.attributes.network_attributes import NETW
 from opentelemetry.semconv._incubating.metrics import hw_metrics as hw
 
 from otel_ebpf.core.events import Attributes, MetricKind
+from otel_ebpf.host.nvml import SCRAPE_ERRORS
 
 __all__ = [
     "CLOCK_DOMAIN", "DIRECTION", "ERROR_TYPE", "GPU_INDEX", "HW_ID", "HW_PARENT", "HW_STATE", "HW_TASK",
@@ -44,7 +45,6 @@ MIG_GPU_INSTANCE = "nvidia.gpu.mig.gpu_instance_id"
 MIG_COMPUTE_INSTANCE = "nvidia.gpu.mig.compute_instance_id"
 
 SCRAPE_DURATION = "otel_ebpf.nvml.scrape.duration"
-from otel_ebpf.host.nvml import SCRAPE_ERRORS  # noqa: E402  one name for the loader and the receiver
 
 # name -> (instrument kind, UCUM unit, description). "updown" and "counter" records are deltas.
 METRICS: dict[str, tuple[MetricKind, str, str]] = {

@@ -31,7 +31,8 @@ from otel_ebpf.host.libraries import mapped_libraries
 from otel_ebpf.core.pipeline import Consumer, Context
 
 from otel_ebpf.host.libraries import interpreter_of_command
-from otel_ebpf.bpf.python_usdt import attach_fn, vaddr_to_offset
+from otel_ebpf.bpf.python_usdt import attach_fn
+from otel_ebpf.bpf.usdt import vaddr_to_offset
 from .config import Config
 from .events import TorchOp
 
