@@ -1,6 +1,6 @@
-"""otel_ebpf.bpf.paused without BPF: struct oe_paused (common.bpf.c) == its Python mirror, the drop
-slot of a full map, the same-process rule, /proc parsing, and which pins a starting agent
-treats as stale."""
+"""otel_ebpf.bpf.paused without loading a program: struct oe_paused (common.bpf.c) == its Python
+mirror, the drop slot of a full map, the same-process rule, /proc parsing, and which pins a
+starting agent treats as stale (opening a pin is bpf(2) BPF_OBJ_GET: root, hence tests/bpf)."""
 from __future__ import annotations
 
 import os
@@ -16,6 +16,8 @@ import pytest
 from otel_ebpf.bpf import paused
 from otel_ebpf.bpf.receiver import COMMON_SRC, DROP_REASONS
 from otel_ebpf.core.telemetry import Telemetry
+
+pytestmark = pytest.mark.bpf
 
 
 def test_oe_paused_key_and_value_match_their_mirrors(tmp_path: Path) -> None:
