@@ -1,5 +1,5 @@
 """otel_ebpf.core.processing: the processor skeleton (dispatch in order, pass-through, counted handler
-errors, lifecycle) and the METRICS-table records."""
+errors, lifecycle), the METRICS-table records and the per-batch counter sums."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +8,7 @@ import pytest
 
 from otel_ebpf.core.events import MetricRecord, ProcessExit
 from otel_ebpf.core.pipeline import Context, ListConsumer
-from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles, metric_record
+from otel_ebpf.core.processing import EventProcessor, MetricSpec, Sums, handles, metric_record
 from otel_ebpf.core.telemetry import DROPPED
 
 METRICS: dict[str, MetricSpec] = {
@@ -142,3 +142,53 @@ def test_a_subclass_may_take_a_type_over_and_mistakes_fail_at_class_creation() -
             def _b(self, ev: Thing, out: list[object]) -> None: ...
     with pytest.raises(TypeError, match="at least one"):
         handles()
+
+
+def test_sums_add_per_series_and_flush_one_record_each_in_first_added_order() -> None:
+    sums = Sums(METRICS, "otel_ebpf.test")
+    sums.add(1, "t.count", 1, {"b": 2, "a": 1})
+    sums.add(None, "t.count", 5, {})
+    sums.add(1, "t.count", 2, {"a": 1, "b": 2})  # same series, other key order
+    sums.add(1, "t.count", 0.5, {"a": 2})
+    assert len(sums) == 3
+    out: list[object] = []
+    sums.flush(out)
+    assert out == [
+        MetricRecord(1, "t.count", "counter", 3, {"a": 1, "b": 2}, "{thing}", "Things seen.", "otel_ebpf.test"),
+        MetricRecord(None, "t.count", "counter", 5, {}, "{thing}", "Things seen.", "otel_ebpf.test"),
+        MetricRecord(1, "t.count", "counter", 0.5, {"a": 2}, "{thing}", "Things seen.", "otel_ebpf.test")]
+    assert type(out[0].value) is int  # an int sum stays an int (exported as one)
+    assert list(out[0].attributes) == ["a", "b"]
+    out.clear()
+    sums.flush(out)
+    assert out == [] and len(sums) == 0
+    sums.add(1, "t.unknown", 1, {})
+    with pytest.raises(KeyError):
+        sums.flush(out)
+
+
+def test_the_batch_sums_are_flushed_after_the_events_and_a_failed_event_may_pass_on() -> None:
+    class Summing(EventProcessor[None]):
+        NAME = "summing"
+        SCOPE = "otel_ebpf.test"
+        METRICS = METRICS
+
+        @handles(Thing)
+        def _thing(self, ev: Thing, out: list[object]) -> None:
+            if ev.n < 0:
+                raise ValueError("negative thing")
+            self.sums.add(None, "t.count", ev.n, {"k": "v"})
+
+        def failed(self, event: object, out: list[object]) -> None:
+            out.append(("failed", event))
+
+    ctx, sink = Context(), ListConsumer()
+    proc = Summing(None, ctx, sink)
+    proc.consume([Thing(2), "x", Thing(-1), Thing(3)])
+    assert sink.events[:2] == ["x", ("failed", Thing(-1))]
+    (rec,) = sink.events[2:]
+    assert isinstance(rec, MetricRecord) and (rec.name, rec.value, rec.attributes) == ("t.count", 5, {"k": "v"})
+    assert ctx.telemetry.get(DROPPED, receiver="summing", reason="bad_event") == 0
+    sink.take()
+    proc.consume([Thing(1)])
+    assert [e.value for e in sink.events if isinstance(e, MetricRecord)] == [1]  # flushed: a new batch starts at 0

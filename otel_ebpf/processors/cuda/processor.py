@@ -71,12 +71,13 @@ Threading: single-threaded (the pipeline worker calls ``consume``); ``consume`` 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from otel_ebpf.core.events import Attributes, MetricKind, MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.core.events import ProcessExit, SpanRecord
+from otel_ebpf.core.ids import call_ids, op_ids
 from otel_ebpf.core.pipeline import Consumer, Context
+from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 
 from ...receivers.cuda.events import (
     AllocCall,
@@ -89,8 +90,6 @@ from ...receivers.cuda.events import (
     SetDeviceCall,
     SyncCall,
 )
-from otel_ebpf.core.ids import call_ids
-from otel_ebpf.core.ids import op_ids
 from .config import Config
 from .errors import error_name
 
@@ -101,7 +100,7 @@ SCOPE = "otel_ebpf.cuda"
 TELEMETRY_NAME = "cuda"
 MEMCPY_KINDS = {0: "HostToHost", 1: "HostToDevice", 2: "DeviceToHost", 3: "DeviceToDevice", 4: "Default"}
 # name -> (kind, unit, description)
-METRICS: dict[str, tuple[MetricKind, str, str]] = {
+METRICS: dict[str, MetricSpec] = {
     "gpu.cuda.kernel.launch.calls": ("counter", "{call}", "Kernel launches (cudaLaunchKernel*)."),
     "gpu.cuda.kernel.grid.size": ("histogram", "1", "Blocks per launched grid."),
     "gpu.cuda.kernel.block.size": ("histogram", "1", "Threads per block of launched kernels."),
@@ -139,6 +138,10 @@ def _dev(device: int) -> dict[str, Any]:
     return {"cuda.device.index": device} if device >= 0 else {}
 
 
+# the completed calls that get a span each (KernelLaunch: a zero-length span of its own)
+_Call = MemcpyCall | AllocCall | FreeCall | SyncCall | SetDeviceCall
+
+
 @dataclass(slots=True)
 class _Alloc:
     size: int
@@ -153,29 +156,18 @@ def _held(alloc: _Alloc) -> dict[str, Any]:
     return attrs
 
 
-class CudaProcessor:
+class CudaProcessor(EventProcessor[Config]):
     """Processor ``cuda``. Owns the outstanding-allocation table (bounded)."""
 
+    NAME = TELEMETRY_NAME
+    SCOPE = SCOPE
+    METRICS = METRICS
+
     def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
-        self.config = config
-        self._telemetry = ctx.telemetry
-        self._next = next_
+        super().__init__(config, ctx, next_)
         self._gpus = ctx.gpus  # otel_ebpf.host.gpus.GpuResolver or None: hw.id beside cuda.device.index
-        self._ctx = ctx  # ctx.app_context (otel_ebpf/receivers/apptrace): the app span a thread is in -> span parent
         self._allocs: dict[int, dict[int, _Alloc]] = {}  # pid -> ptr -> allocation
         self._tracked = 0
-        self._handlers: dict[type, Callable[[Any, list[object]], None]] = {
-            MemcpyCall: self._memcpy, AllocCall: self._alloc, FreeCall: self._free,
-            SyncCall: self._sync, SetDeviceCall: self._set_device, KernelLaunch: self._launch,
-            KernelLaunchStats: self._launch_stats, CallStats: self._call_stats, ProcessExit: self._exit,
-        }
-
-    # ---- lifecycle -------------------------------------------------------------------
-    def start(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
 
     @property
     def tracked_allocations(self) -> int:
@@ -189,29 +181,7 @@ class CudaProcessor:
             attrs["hw.id"] = uuid
         return attrs
 
-    # ---- consume ---------------------------------------------------------------------
-    def consume(self, events: Sequence[object]) -> None:
-        out: list[object] = []
-        for ev in events:
-            handler = self._handlers.get(type(ev))
-            if handler is None:
-                out.append(ev)
-                continue
-            try:
-                handler(ev, out)
-            except Exception:  # hot path: count, never raise
-                log.debug("cannot process %r", ev, exc_info=True)
-                self._telemetry.dropped(TELEMETRY_NAME, "bad_event")
-        if out:
-            self._next.consume(out)
-
-    def _metric(self, out: list[object], pid: int, name: str, value: float, attrs: Attributes,
-                count: int = 1, buckets: tuple[int, ...] | None = None) -> None:
-        kind, unit, description = METRICS[name]
-        out.append(MetricRecord(pid, name, kind, value, attrs, unit=unit, description=description,
-                                scope=SCOPE, count=count, buckets=buckets))
-
-    def _call_span(self, ev: Any, extra: dict[str, Any], out: list[object], count_error: bool = True) -> None:
+    def _call_span(self, ev: _Call, extra: dict[str, Any], out: list[object], count_error: bool = True) -> None:
         """The span of a completed call, and (``count_error``) the error counter when it failed."""
         attrs: dict[str, Any] = {"cuda.api": ev.api, "cuda.return_code": ev.rc, "thread.id": ev.tid}
         where = self._where(ev.pid, ev.device)
@@ -220,7 +190,7 @@ class CudaProcessor:
         if ev.rc != 0:
             error = attrs["error.type"] = error_name(ev.rc)
             if count_error:
-                self._metric(out, ev.pid, "gpu.cuda.api.errors", 1, {"cuda.api": ev.api, "error.type": error, **where})
+                self.metric(out, ev.pid, "gpu.cuda.api.errors", 1, {"cuda.api": ev.api, "error.type": error, **where})
         if self.config.spans:
             attrs.update(extra)
             parent = self._parent(ev.pid, ev.tid, ev.start_ns, ev.enclosing)
@@ -232,10 +202,11 @@ class CudaProcessor:
         """(trace id, parent span id): the enclosing Python/PyTorch call, else the app span."""
         if enc is not None:
             return _enclosing_ids(pid, tid, enc)
-        store = self._ctx.app_context
+        store = self.ctx.app_context  # otel_ebpf/receivers/apptrace: the app span a thread is in
         return store.lookup(pid, tid, time_ns) if store is not None else None
 
     # ---- handlers --------------------------------------------------------------------
+    @handles(MemcpyCall)
     def _memcpy(self, ev: MemcpyCall, out: list[object]) -> None:
         kind = MEMCPY_KINDS.get(ev.kind, f"cudaMemcpyKind({ev.kind})")
         extra: dict[str, Any] = {"cuda.bytes": ev.bytes, "cuda.memcpy.kind": kind}
@@ -243,6 +214,7 @@ class CudaProcessor:
             extra["cuda.stream"] = hex(ev.stream)
         self._call_span(ev, extra, out, count_error=False)  # metrics: _call_stats
 
+    @handles(AllocCall)
     def _alloc(self, ev: AllocCall, out: list[object]) -> None:
         extra: dict[str, Any] = {"cuda.bytes": ev.size}
         if ev.rc == 0:
@@ -255,7 +227,7 @@ class CudaProcessor:
         self._call_span(ev, extra, out)
         if ev.rc != 0:
             return
-        self._metric(out, ev.pid, "gpu.cuda.memory.allocations", ev.size,
+        self.metric(out, ev.pid, "gpu.cuda.memory.allocations", ev.size,
                      {"cuda.api": ev.api, **self._where(ev.pid, ev.device)})
         self._track(ev, out)
 
@@ -264,7 +236,7 @@ class CudaProcessor:
         old = table.pop(ev.ptr, None)
         if old is not None:  # the same pointer again: its free was missed
             self._tracked -= 1
-            self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", -old.size, _held(old))
+            self.metric(out, ev.pid, "gpu.cuda.memory.outstanding", -old.size, _held(old))
         if self._tracked >= self.config.max_tracked_allocations:
             self._telemetry.dropped(TELEMETRY_NAME, "alloc_table_full")
             if not table:
@@ -273,8 +245,9 @@ class CudaProcessor:
         where = self._where(ev.pid, ev.device)
         table[ev.ptr] = alloc = _Alloc(ev.size, ev.device, where.get("hw.id"))
         self._tracked += 1
-        self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", ev.size, _held(alloc))
+        self.metric(out, ev.pid, "gpu.cuda.memory.outstanding", ev.size, _held(alloc))
 
+    @handles(FreeCall)
     def _free(self, ev: FreeCall, out: list[object]) -> None:
         table = self._allocs.get(ev.pid)
         alloc = table.get(ev.ptr) if table is not None and ev.rc == 0 else None
@@ -293,9 +266,10 @@ class CudaProcessor:
         if not table:
             del self._allocs[ev.pid]
         self._tracked -= 1
-        self._metric(out, ev.pid, "gpu.cuda.memory.outstanding", -alloc.size, _held(alloc))
-        self._metric(out, ev.pid, "gpu.cuda.memory.free.bytes", alloc.size, _held(alloc))
+        self.metric(out, ev.pid, "gpu.cuda.memory.outstanding", -alloc.size, _held(alloc))
+        self.metric(out, ev.pid, "gpu.cuda.memory.free.bytes", alloc.size, _held(alloc))
 
+    @handles(SyncCall)
     def _sync(self, ev: SyncCall, out: list[object]) -> None:
         base = _base_api(ev.api)
         extra: dict[str, Any] = {}
@@ -305,6 +279,7 @@ class CudaProcessor:
             extra["cuda.event"] = hex(ev.handle)
         self._call_span(ev, extra, out, count_error=False)  # metrics: _call_stats
 
+    @handles(CallStats)
     def _call_stats(self, ev: CallStats, out: list[object]) -> None:
         """Metrics of memcpy/synchronize calls, from the kernel's exact counts."""
         if ev.calls <= 0:
@@ -312,7 +287,7 @@ class CudaProcessor:
         where = self._where(ev.pid, ev.device)
         error = error_name(ev.rc) if ev.rc != 0 else None
         if error is not None:
-            self._metric(out, ev.pid, "gpu.cuda.api.errors", ev.calls,
+            self.metric(out, ev.pid, "gpu.cuda.api.errors", ev.calls,
                          {"cuda.api": ev.api, "error.type": error, **where})
         if ev.limited > 0:
             self._telemetry.add("otel_ebpf.spans.rate_limited", ev.limited, receiver=TELEMETRY_NAME)
@@ -320,23 +295,25 @@ class CudaProcessor:
         if base in ("cudaMemcpy", "cudaMemcpyAsync"):
             kind = MEMCPY_KINDS.get(ev.kind, f"cudaMemcpyKind({ev.kind})")
             if error is None:
-                self._metric(out, ev.pid, "gpu.cuda.memory.copies", ev.bytes, {"cuda.memcpy.kind": kind, **where},
+                self.metric(out, ev.pid, "gpu.cuda.memory.copies", ev.bytes, {"cuda.memcpy.kind": kind, **where},
                              count=ev.calls, buckets=ev.bytes_hist)
             attrs = {"cuda.api": ev.api, "cuda.memcpy.kind": kind, **where}
             if error is not None:
                 attrs["error.type"] = error
-            self._metric(out, ev.pid, "gpu.cuda.memory.copy.duration", ev.dur_ns / 1e9, attrs,
+            self.metric(out, ev.pid, "gpu.cuda.memory.copy.duration", ev.dur_ns / 1e9, attrs,
                          count=ev.calls, buckets=ev.dur_hist)
             return
-        self._metric(out, ev.pid, "gpu.cuda.synchronize.duration", ev.dur_ns / 1e9, {"cuda.api": ev.api, **where},
+        self.metric(out, ev.pid, "gpu.cuda.synchronize.duration", ev.dur_ns / 1e9, {"cuda.api": ev.api, **where},
                      count=ev.calls, buckets=ev.dur_hist)
         counter = _SYNC_CALLS.get(base)
         if counter is not None:
-            self._metric(out, ev.pid, counter, ev.calls, where)
+            self.metric(out, ev.pid, counter, ev.calls, where)
 
+    @handles(SetDeviceCall)
     def _set_device(self, ev: SetDeviceCall, out: list[object]) -> None:
         self._call_span(ev, {"cuda.device.requested": ev.requested}, out)
 
+    @handles(KernelLaunch)
     def _launch(self, ev: KernelLaunch, out: list[object]) -> None:
         if not self.config.spans:
             return
@@ -349,15 +326,17 @@ class CudaProcessor:
         out.append(SpanRecord(ev.pid, ev.api, ev.time_ns, ev.time_ns, attrs, scope=SCOPE,
                               trace_id=parent[0] if parent else None, parent_span_id=parent[1] if parent else None))
 
+    @handles(KernelLaunchStats)
     def _launch_stats(self, ev: KernelLaunchStats, out: list[object]) -> None:
         if ev.count <= 0:
             return
         dev = self._where(ev.pid, ev.device)
         calls = {**dev, "pytorch.op.name": ev.op} if ev.op else dev
-        self._metric(out, ev.pid, "gpu.cuda.kernel.launch.calls", ev.count, calls)
-        self._metric(out, ev.pid, "gpu.cuda.kernel.grid.size", ev.grid_size, dev, count=ev.count)
-        self._metric(out, ev.pid, "gpu.cuda.kernel.block.size", ev.block_size, dev, count=ev.count)
+        self.metric(out, ev.pid, "gpu.cuda.kernel.launch.calls", ev.count, calls)
+        self.metric(out, ev.pid, "gpu.cuda.kernel.grid.size", ev.grid_size, dev, count=ev.count)
+        self.metric(out, ev.pid, "gpu.cuda.kernel.block.size", ev.block_size, dev, count=ev.count)
 
+    @handles(ProcessExit)
     def _exit(self, ev: ProcessExit, out: list[object]) -> None:
         """Leak report for the process, then the exit itself (always passed on). Only the CUDA
         receiver's own exit record counts: it is ordered after the process's last CUDA calls."""
@@ -375,8 +354,8 @@ class CudaProcessor:
                 acc[1] += 1
             for (device, hw_id), (nbytes, count) in sorted(by_device.items()):
                 held = _held(_Alloc(0, device, hw_id or None))
-                self._metric(out, ev.pid, "gpu.cuda.memory.leaked", nbytes, held)
-                self._metric(out, ev.pid, "gpu.cuda.memory.leaked.allocations", count, held)
+                self.metric(out, ev.pid, "gpu.cuda.memory.leaked", nbytes, held)
+                self.metric(out, ev.pid, "gpu.cuda.memory.leaked.allocations", count, held)
             log.info("cuda: process %d (%s) exited with %d CUDA allocations (%d bytes) not freed",
                      ev.pid, ev.comm, len(table), sum(a.size for a in table.values()))
         finally:
