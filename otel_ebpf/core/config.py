@@ -13,6 +13,12 @@ in ``field(metadata=...)``: that is the only place defaults live. :func:`build` 
 YAML data into those classes, naming the dotted key path of any unknown key or bad value.
 Everything is validated before any probe is loaded.
 
+Bounds are declared on the field, not re-checked by hand in each ``validate``:
+``doc(16384, "...", min=1)``, ``doc(256, "...", pow2=True, max=256)``,
+``doc(1.0, "...", duration=True, min=0.01)``. :func:`build` enforces them on every field
+(after type conversion, before the class's own ``validate``, which keeps only cross-field
+and special checks); :func:`constraints_text` renders them for the config reference.
+
 Component ids follow the collector: ``type`` or ``type/name`` (``otlp/backup``).
 Environment variables use the prefix ``OTEL_EBPF_`` (see :data:`ENV_PREFIX`).
 """
@@ -26,6 +32,7 @@ import re
 import stat
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
@@ -40,7 +47,9 @@ __all__ = [
     "ServiceConfig",
     "build",
     "component_type",
+    "constraints_text",
     "doc",
+    "key_path",
     "load_yaml_file",
     "parse_duration",
     "to_plain",
@@ -52,15 +61,83 @@ _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s|m|h)?\s*$")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
-def doc(default: Any, text: str, **extra: Any) -> Any:
-    """A dataclass field with its default and documentation (``duration=True`` accepts '10s')."""
-    meta = {"doc": text, **extra}
+def doc(default: Any, text: str, *, duration: bool = False, min: float | None = None,
+        max: float | None = None, pow2: bool = False, **extra: Any) -> Any:
+    """A dataclass field with its default, documentation and declared constraints.
+
+    ``duration=True`` accepts '10s' / '250ms' (seconds as a float). ``min`` / ``max`` are
+    inclusive bounds (seconds for a duration); ``pow2`` asks for a power of two (so >= 1).
+    :func:`build` enforces them, naming the key path. A default that breaks its own
+    constraints raises ValueError here, at import time.
+    """
+    meta: dict[str, Any] = {"doc": text, **extra}
+    if duration:
+        meta["duration"] = True
+    if min is not None:
+        meta["min"] = min
+    if max is not None:
+        meta["max"] = max
+    if pow2:
+        meta["pow2"] = True
+    if default is not None and _violation(meta, default) is not None:
+        raise ValueError(f"default {default!r} breaks its own constraint: {_violation(meta, default)}")
     # Mutable defaults are deep-copied per instance: a shallow copy (dataclasses.replace) would
     # share a nested config's lists and dicts between every instance and the prototype.
     if isinstance(default, (list, dict, set)) or (
             dataclasses.is_dataclass(default) and not isinstance(default, type)):
         return field(default_factory=functools.partial(copy.deepcopy, default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def _human(value: float, duration: bool) -> str:
+    """A bound or value as the user writes it: durations in h / s / ms / us, numbers plainly."""
+    if not duration:
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    if value >= 3600 and value % 3600 == 0:
+        return f"{value / 3600:g}h"
+    if value >= 1 or value == 0:
+        return f"{value:g}s"
+    if value >= 1e-3:
+        return f"{value * 1e3:g}ms"
+    return f"{value * 1e6:g}us"
+
+
+def _rule(meta: Mapping[str, Any]) -> str:
+    """The declared constraints of one field as words ('' when it has none)."""
+    dur = bool(meta.get("duration"))
+    lo, hi = meta.get("min"), meta.get("max")
+    if meta.get("pow2"):
+        if hi is not None:
+            return f"a power of two from {_human(lo if lo is not None else 1, dur)} to {_human(hi, dur)}"
+        return "a power of two" if lo is None or lo <= 1 else f"a power of two >= {_human(lo, dur)}"
+    if lo is not None and hi is not None:
+        return f"between {_human(lo, dur)} and {_human(hi, dur)}"
+    if lo is not None:
+        return f"at least {_human(lo, dur)}" if dur else f">= {_human(lo, dur)}"
+    if hi is not None:
+        return f"<= {_human(hi, dur)}"
+    return ""
+
+
+def _violation(meta: Mapping[str, Any], value: Any) -> str | None:
+    """The error message when ``value`` breaks the constraints in ``meta``, else None.
+
+    Only numbers are checked (bools are not numbers here); NaN breaks any bound.
+    """
+    rule = _rule(meta)
+    if not rule or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    lo, hi = meta.get("min"), meta.get("max")
+    ok = (lo is None or value >= lo) and (hi is None or value <= hi)
+    if meta.get("pow2"):
+        ok = ok and isinstance(value, int) and value >= 1 and not value & (value - 1)
+    return None if ok else f"must be {rule}, got {_human(value, bool(meta.get('duration')))}"
+
+
+def constraints_text(f: dataclasses.Field[Any]) -> str:
+    """The declared constraints of a config field in words, e.g. '>= 1', 'a power of two',
+    'between 200ms and 300s'; '' when it declares none. For the generated config reference."""
+    return _rule(f.metadata)
 
 
 def parse_duration(value: Any, path: str) -> float:
@@ -76,6 +153,11 @@ def parse_duration(value: Any, path: str) -> float:
         if m:
             return float(m.group(1)) * _UNITS[m.group(2)]
     raise ConfigError(path, f"expected a duration like 10s, 500ms or a number of seconds, got {value!r}")
+
+
+def key_path(path: str, key: str) -> str:
+    """The dotted path of ``key`` under ``path`` ('' is the top level: no leading dot)."""
+    return f"{path}.{key}" if path else key
 
 
 def component_type(component_id: str) -> str:
@@ -143,7 +225,8 @@ def _convert(tp: Any, value: Any, path: str, meta: dict[str, Any]) -> Any:
 def build(cls: type[T], data: Any, path: str = "") -> T:
     """Build dataclass ``cls`` from plain data; unknown keys and bad values raise ConfigError.
 
-    Missing keys take the field default. After building, an instance method
+    Missing keys take the field default. Then every field's declared constraints (``min``,
+    ``max``, ``pow2`` in :func:`doc`) are checked, and last an instance method
     ``validate(path)`` is called when the class defines one.
     """
     if data is None:
@@ -154,13 +237,15 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = [k for k in data if k not in fields]
     if unknown:
-        where = f"{path}.{unknown[0]}" if path else str(unknown[0])
-        raise ConfigError(where, f"unknown key (known keys: {', '.join(sorted(fields))})")
+        raise ConfigError(key_path(path, str(unknown[0])), f"unknown key (known keys: {', '.join(sorted(fields))})")
     kwargs = {}
     for name, value in data.items():
-        sub = f"{path}.{name}" if path else name
-        kwargs[name] = _convert(hints[name], value, sub, dict(fields[name].metadata))
+        kwargs[name] = _convert(hints[name], value, key_path(path, name), dict(fields[name].metadata))
     obj = cls(**kwargs)
+    for f in fields.values():  # every field, defaults included: a constraint is a contract
+        problem = _violation(f.metadata, getattr(obj, f.name))
+        if problem is not None:
+            raise ConfigError(key_path(path, f.name), problem)
     validate = getattr(obj, "validate", None)
     if callable(validate):
         validate(path)
@@ -210,18 +295,14 @@ class K8sConfig:
                        "CA bundle that signed the kubelet's serving certificate.")
     insecure_skip_verify: bool = doc(False, "Do not verify the kubelet's certificate (self-signed kubelets).")
     refresh_interval: float = doc(10.0, "Least time between two pod-list fetches (one is made when a pod "
-                                        "uid is not in the last list).", duration=True)
-    timeout: float = doc(2.0, "Longest wait for one pod-list fetch.", duration=True)
-    max_pods: int = doc(1024, "Pods kept from one list; the rest are counted as dropped (pod_table_full).")
+                                        "uid is not in the last list).", duration=True, min=1)
+    timeout: float = doc(2.0, "Longest wait for one pod-list fetch.", duration=True, min=0.1, max=60)
+    max_pods: int = doc(1024, "Pods kept from one list; the rest are counted as dropped (pod_table_full).",
+                        min=1)
 
     def validate(self, path: str) -> None:
         if self.kubelet_url not in ("auto", "off") and not self.kubelet_url.startswith(("http://", "https://")):
             raise ConfigError(f"{path}.kubelet_url", f"must be auto, off or an http(s) URL, not {self.kubelet_url!r}")
-        for key, bad, rule in (("refresh_interval", self.refresh_interval < 1, "at least 1s"),
-                               ("timeout", not 0.1 <= self.timeout <= 60, "between 100ms and 60s"),
-                               ("max_pods", self.max_pods < 1, ">= 1")):
-            if bad:
-                raise ConfigError(f"{path}.{key}", f"must be {rule}")
 
 
 @dataclass
@@ -232,11 +313,11 @@ class ServiceConfig:
     strict: bool = doc(False, "Make probe attach failures fatal instead of warnings.")
     service_name: str = doc("", "service.name for traced processes; empty means the executable name.")
     resource_attributes: dict[str, str] = doc({}, "Extra resource attributes added to every traced process.")
-    metrics_interval: float = doc(10.0, "How often metrics are collected and exported.", duration=True)
+    metrics_interval: float = doc(10.0, "How often metrics are collected and exported.", duration=True, min=0.05)
     max_processes: int = doc(1024, "Most traced processes with their own OTel resource at once; "
-                                   "beyond it the oldest is flushed and dropped (counted).")
+                                   "beyond it the oldest is flushed and dropped (counted).", min=1)
     max_queue: int = doc(65536, "Most events waiting between receivers and processors; "
-                               "beyond it events are dropped (counted in otel_ebpf.events.dropped).")
+                               "beyond it events are dropped (counted in otel_ebpf.events.dropped).", min=1)
     health_endpoint: str = doc("127.0.0.1:13133", "HOST:PORT serving /healthz and /readyz (otel_ebpf.service.health); "
                                                   "'' disables it. Loopback by default; 0.0.0.0:13133 in a pod.")
     k8s: K8sConfig = doc(K8sConfig(), "Kubernetes pod/container/node names on process resources.")
@@ -245,24 +326,17 @@ class ServiceConfig:
              "(stopped, hung, starved, killed): a supervisor process resumes it then, and stops are made only "
              "while the agent's poll loops and the supervisor renew their leases (half this time). A process "
              "resumed that way runs untraced until its probes attach; counted in "
-             "otel_ebpf.pauses.timed_out (docs/reliability.md, 'The pause guard').", duration=True)
+             "otel_ebpf.pauses.timed_out (docs/reliability.md, 'The pause guard').", duration=True,
+        min=0.2, max=300)
     shutdown_timeout: float = doc(
         60.0, "Longest the agent spends, once tracing stops, handing on what it collected: the pipeline's "
               "backlog, then each exporter's queue (the last metrics get 5s more). What is left then is counted "
-              "dropped (reasons shutdown, export_shutdown) and named in the run's summary.", duration=True)
+              "dropped (reasons shutdown, export_shutdown) and named in the run's summary.", duration=True,
+        min=1, max=3600)
 
     def validate(self, path: str) -> None:
         if self.health_endpoint:
             parse_host_port(self.health_endpoint, f"{path}.health_endpoint")
-        for key, value in (("max_processes", self.max_processes), ("max_queue", self.max_queue)):
-            if value < 1:
-                raise ConfigError(f"{path}.{key}", f"must be >= 1, got {value}")
-        if self.metrics_interval < 0.05:
-            raise ConfigError(f"{path}.metrics_interval", "must be at least 50ms")
-        if not 1 <= self.shutdown_timeout <= 3600:
-            raise ConfigError(f"{path}.shutdown_timeout", f"must be between 1s and 1h, got {self.shutdown_timeout}s")
-        if not 0.2 <= self.pause_timeout <= 300:
-            raise ConfigError(f"{path}.pause_timeout", f"must be between 200ms and 300s, got {self.pause_timeout}s")
 
 
 def load_yaml_file(path: str | os.PathLike[str], *, allow_insecure: bool = False) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from otel_ebpf.core.config import doc
-from otel_ebpf.core.errors import ConfigError
 
 __all__ = ["Config"]
 
@@ -17,11 +16,9 @@ class Config:
         65536, "Outstanding device allocations remembered at once, over all processes (about "
                "150 bytes each). Beyond it new allocations are not tracked: they count in "
                "gpu.cuda.memory.allocations but not in the outstanding/leaked metrics, and each "
-               "is counted as otel_ebpf.events.dropped{reason=alloc_table_full}.")
+               "is counted as otel_ebpf.events.dropped{reason=alloc_table_full}.", min=1)
     spans: bool = doc(True, "Emit a span per memcpy, malloc/free, synchronize and cudaSetDevice "
                             "call (metrics are emitted either way).")
 
     def validate(self, path: str) -> None:
-        if self.max_tracked_allocations < 1:
-            key = f"{path}.max_tracked_allocations" if path else "max_tracked_allocations"
-            raise ConfigError(key, f"must be >= 1, got {self.max_tracked_allocations}")
+        """Nothing to check beyond types and the bounds declared on the fields (otel_ebpf.core.config)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from otel_ebpf.core.config import doc
-from otel_ebpf.core.errors import ConfigError
 
 __all__ = ["Config"]
 
@@ -17,7 +16,7 @@ class Config:
         4096, "Communicators remembered at once (over all processes), and as many per-process "
               "id counters. Beyond it a new communicator is not remembered (counted as "
               "otel_ebpf.events.dropped{receiver=nccl, reason=comm_table_full}) and its calls "
-              "are emitted without cross-rank join ids.")
+              "are emitted without cross-rank join ids.", min=1)
     host: str = doc(
         "", "Host name used in the ids of ncclCommInitAll communicators (all their ranks live "
             "in one process, so the id only has to be unique); empty means this host's name.")
@@ -27,6 +26,4 @@ class Config:
               "parent.")
 
     def validate(self, path: str) -> None:
-        if self.max_comms < 1:
-            where = f"{path}.max_comms" if path else "max_comms"
-            raise ConfigError(where, f"must be >= 1, got {self.max_comms}")
+        """Nothing to check beyond types and the bounds declared on the fields (otel_ebpf.core.config)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from otel_ebpf.core.config import doc
-from otel_ebpf.core.errors import ConfigError
 
 __all__ = ["Config"]
 
@@ -19,13 +18,10 @@ class Config:
     max_processes: int = doc(
         16384, "Live processes whose lifecycle is remembered at once (about 1 KiB each). Beyond "
                "it the oldest is forgotten without a span, counted as "
-               "otel_ebpf.events.dropped{receiver=sched, reason=process_table_full}.")
+               "otel_ebpf.events.dropped{receiver=sched, reason=process_table_full}.", min=1)
     max_execs: int = doc(
         8, "Exec events kept per process span (a shell that execs a chain); later ones are "
-           "counted in the span's process.sched.execs.dropped attribute.")
+           "counted in the span's process.sched.execs.dropped attribute.", min=1)
 
     def validate(self, path: str) -> None:
-        for key in ("max_processes", "max_execs"):
-            if getattr(self, key) < 1:
-                where = f"{path}.{key}" if path else key
-                raise ConfigError(where, f"must be >= 1, got {getattr(self, key)}")
+        """Nothing to check beyond types and the bounds declared on the fields (otel_ebpf.core.config)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from otel_ebpf.core.config import doc
-from otel_ebpf.core.errors import ConfigError
 
 __all__ = ["Config"]
 
@@ -20,7 +19,7 @@ class Config:
     ringbuf_pages: int = doc(
         256, "Ring buffer size in pages (a power of two). A full buffer drops records, counted "
              "as otel_ebpf.events.dropped{reason=ringbuf_full}; sequence numbers are kept in the "
-             "kernel, so a dropped record never shifts the numbering of later calls.")
+             "kernel, so a dropped record never shifts the numbering of later calls.", pow2=True)
     pause_on_load: bool = doc(
         True, "Stop (SIGSTOP) a traced process that opens libnccl until the probes are attached, "
               "then continue it (SIGCONT), so its first ncclCommInitRank is seen: without it the "
@@ -28,28 +27,18 @@ class Config:
               "Trade-off: the process is stopped for the attach time (tens of ms), never longer "
               "than service.pause_timeout whatever the agent does (docs/reliability.md, 'The pause "
               "guard').")
-    poll_interval: float = doc(0.1, "Longest wait for ring-buffer records per poll round.", duration=True)
+    poll_interval: float = doc(0.1, "Longest wait for ring-buffer records per poll round.", duration=True, min=0.001)
     max_inflight: int = doc(
         10240, "Calls in progress tracked at once (entry seen, return not yet), over all threads. "
-               "Beyond it calls are not traced, counted as reason=state_map_full.")
+               "Beyond it calls are not traced, counted as reason=state_map_full.", min=1)
     max_comms: int = doc(
         4096, "Live communicators (per process, per handle) whose sequence numbers the kernel "
               "keeps. Beyond it new communicators' calls carry no sequence number and are not "
-              "joined across ranks (reason=state_map_full).")
+              "joined across ranks (reason=state_map_full).", min=1)
     max_p2p_counters: int = doc(
         65536, "(communicator, peer, direction) send/recv counters in the kernel, least recently "
                "used evicted first: an evicted pair restarts at 0 and its later sends and receives "
-               "no longer match.")
+               "no longer match.", min=1)
 
     def validate(self, path: str) -> None:
-        def where(key: str) -> str:
-            return f"{path}.{key}" if path else key
-
-        pages = self.ringbuf_pages
-        if pages < 1 or pages & (pages - 1):
-            raise ConfigError(where("ringbuf_pages"), f"must be a power of two, got {pages}")
-        for key in ("max_inflight", "max_comms", "max_p2p_counters"):
-            if getattr(self, key) < 1:
-                raise ConfigError(where(key), f"must be >= 1, got {getattr(self, key)}")
-        if self.poll_interval < 0.001:
-            raise ConfigError(where("poll_interval"), "must be at least 1ms")
+        """Nothing to check beyond types and the bounds declared on the fields (otel_ebpf.core.config)."""

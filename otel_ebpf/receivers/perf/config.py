@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otel_ebpf.core.config import doc
+from otel_ebpf.core.config import doc, key_path
 from otel_ebpf.core.errors import ConfigError
 
 __all__ = ["Config"]
@@ -22,23 +22,18 @@ class Config:
         "cycles, instructions, dtlb_misses (dTLB read misses). Software (always there): task_clock, "
         "context_switches, cpu_migrations. Where the hardware ones cannot be opened the receiver "
         "says so once ('perf counters not supported here: ...') and keeps the software ones.")
-    interval: float = doc(1.0, "How often the counters are read (plus once at shutdown).", duration=True)
+    interval: float = doc(1.0, "How often the counters are read (plus once at shutdown).", duration=True,
+                          min=0.01)
     max_processes: int = doc(
         1024, "Traced process trees with their own counters (one file descriptor per counter each). "
               "Beyond it new trees are not counted (otel_ebpf.events.dropped{receiver=perf, "
-              "reason=counter_limit}).")
+              "reason=counter_limit}).", min=1)
 
     def validate(self, path: str) -> None:
-        def where(key: str) -> str:
-            return f"{path}.{key}" if path else key
-
         known = HARDWARE_EVENTS + SOFTWARE_EVENTS
         for i, name in enumerate(self.events):
             if name not in known:
-                raise ConfigError(f"{where('events')}[{i}]", f"unknown perf event {name!r} (known: {', '.join(known)})")
+                raise ConfigError(f"{key_path(path, 'events')}[{i}]",
+                                  f"unknown perf event {name!r} (known: {', '.join(known)})")
         if len(set(self.events)) != len(self.events):
-            raise ConfigError(where("events"), "an event is listed twice")
-        if self.max_processes < 1:
-            raise ConfigError(where("max_processes"), f"must be >= 1, got {self.max_processes}")
-        if self.interval < 0.01:
-            raise ConfigError(where("interval"), "must be at least 10ms")
+            raise ConfigError(key_path(path, "events"), "an event is listed twice")

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from otel_ebpf.core.config import doc
+from otel_ebpf.core.config import doc, key_path
 from otel_ebpf.core.errors import ConfigError
 
 __all__ = ["IDENT", "MAX_ARGS", "MAX_DATA", "MAX_PROBES", "MAX_STR", "REG_ARGS", "SCALAR_TYPES", "ArgSpec",
@@ -188,32 +188,22 @@ class Config:
 
     probes: list[ProbeSpec] = doc([], f"User-declared probes (at most {MAX_PROBES}); empty: nothing is loaded.")
     ringbuf_pages: int = doc(64, "Ring buffer size in pages (a power of two); a full buffer drops records "
-                                 "(otel_ebpf.events.dropped{reason=ringbuf_full}).")
+                                 "(otel_ebpf.events.dropped{reason=ringbuf_full}).", pow2=True)
     max_inflight: int = doc(8192, "Calls in progress tracked per span probe (entry seen, return not yet). "
-                                  "Beyond it calls are not traced (reason=state_map_full).")
-    poll_interval: float = doc(0.1, "Longest wait for ring-buffer records per poll round.", duration=True)
+                                  "Beyond it calls are not traced (reason=state_map_full).", min=1)
+    poll_interval: float = doc(0.1, "Longest wait for ring-buffer records per poll round.", duration=True, min=0.001)
     check_targets: bool = doc(True, "Check at config time that every library, symbol, USDT probe and "
                                     "tracepoint field exists on this host (false: only at start).")
 
     def validate(self, path: str) -> None:
-        def where(key: str) -> str:
-            return f"{path}.{key}" if path else key
-
-        pages = self.ringbuf_pages
-        if pages < 1 or pages & (pages - 1):
-            raise ConfigError(where("ringbuf_pages"), f"must be a power of two, got {pages}")
-        if self.max_inflight < 1:
-            raise ConfigError(where("max_inflight"), f"must be >= 1, got {self.max_inflight}")
-        if self.poll_interval < 0.001:
-            raise ConfigError(where("poll_interval"), "must be at least 1ms")
         if len(self.probes) > MAX_PROBES:
-            raise ConfigError(where("probes"), f"at most {MAX_PROBES} probes, got {len(self.probes)}")
+            raise ConfigError(key_path(path, "probes"), f"at most {MAX_PROBES} probes, got {len(self.probes)}")
         names: set[str] = set()
         for i, p in enumerate(self.probes):
             if p.name in names:
-                raise ConfigError(where(f"probes[{i}].name"), f"duplicate probe name {p.name!r}")
+                raise ConfigError(key_path(path, f"probes[{i}].name"), f"duplicate probe name {p.name!r}")
             names.add(p.name)
         if self.check_targets and self.probes:
             from .targets import resolve_all
 
-            resolve_all(self.probes, where("probes"))
+            resolve_all(self.probes, key_path(path, "probes"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from otel_ebpf.core.config import doc
+from otel_ebpf.core.config import doc, key_path
 from otel_ebpf.core.errors import ConfigError
 
 __all__ = ["DEFAULT_OPS", "Config"]
@@ -35,33 +35,21 @@ class Config:
         duration=True)
     max_depth: int = doc(
         16, "Nested operator calls kept per thread (a power of two, at most 256). Deeper ones are not "
-            "recorded (reason=stack_too_deep).")
+            "recorded (reason=stack_too_deep).", pow2=True, max=256)
     max_threads: int = doc(
         4096, "Threads with an operator stack in the kernel at once. Beyond it new threads are not traced "
-              "(reason=state_map_full).")
+              "(reason=state_map_full).", min=1)
     pause_on_load: bool = doc(
         True, "Stop (SIGSTOP) a traced process that opens libtorch_cpu.so until the probes are attached "
               "(about a second: the library's symbol table is read), then continue it. See receivers.cuda.")
     ringbuf_pages: int = doc(
-        256, "Ring buffer size in pages (a power of two). A full buffer drops records (reason=ringbuf_full).")
-    poll_interval: float = doc(0.1, "Longest wait for ring-buffer records per poll round.", duration=True)
+        256, "Ring buffer size in pages (a power of two). A full buffer drops records (reason=ringbuf_full).",
+        pow2=True)
+    poll_interval: float = doc(0.1, "Longest wait for ring-buffer records per poll round.", duration=True, min=0.001)
 
     def validate(self, path: str) -> None:
-        def where(key: str) -> str:
-            return f"{path}.{key}" if path else key
-
         if not self.ops:
-            raise ConfigError(where("ops"), "name at least one operator")
+            raise ConfigError(key_path(path, "ops"), "name at least one operator")
         for i, op in enumerate(self.ops):
             if not isinstance(op, str) or not _OP.match(op):
-                raise ConfigError(f"{where('ops')}[{i}]", f"not an at::_ops name: {op!r}")
-        d = self.max_depth
-        if d < 1 or d > 256 or d & (d - 1):
-            raise ConfigError(where("max_depth"), f"must be a power of two from 1 to 256, got {d}")
-        pages = self.ringbuf_pages
-        if pages < 1 or pages & (pages - 1):
-            raise ConfigError(where("ringbuf_pages"), f"must be a power of two, got {pages}")
-        if self.max_threads < 1:
-            raise ConfigError(where("max_threads"), f"must be >= 1, got {self.max_threads}")
-        if self.poll_interval < 0.001:
-            raise ConfigError(where("poll_interval"), "must be at least 1ms")
+                raise ConfigError(f"{key_path(path, 'ops')}[{i}]", f"not an at::_ops name: {op!r}")
