@@ -44,95 +44,80 @@ Single-threaded (the pipeline worker); ``start``/``shutdown`` are idempotent.
 """
 from __future__ import annotations
 
-import logging
 import socket
-from collections.abc import Callable, Sequence
-from typing import Any
 
+from otel_ebpf.core.events import AttrValue, ProcessExit, SpanLinkRecord, SpanRecord
 from otel_ebpf.core.ids import derive_id
-from otel_ebpf.core.events import AttrValue, MetricRecord, ProcessExit, SpanLinkRecord, SpanRecord
-from otel_ebpf.host.timeline import StepTracker
 from otel_ebpf.core.pipeline import Consumer, Context
-
+from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
+from otel_ebpf.host.timeline import StepTracker
 from otel_ebpf.receivers.nccl import events as ev_mod
+from otel_ebpf.receivers.nccl.events import (
+    NcclCollective,
+    NcclCommEnd,
+    NcclCommInfo,
+    NcclCommInit,
+    NcclCommInitAll,
+    NcclCommSplit,
+    NcclGroup,
+    NcclP2P,
+)
 
 from .comms import Comm, CommTable, collective_ids, group_ids, p2p_ids
 from .config import Config
 
-__all__ = ["NcclProcessor"]
+__all__ = ["METRICS", "SCOPE", "NcclProcessor"]
 
-log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.nccl"
 _OK = (0, 7)  # ncclSuccess, ncclInProgress
-_METRICS = {
-    "nccl.calls": ("{call}", "NCCL collective and send/recv calls."),
-    "nccl.bytes": ("By", "Bytes named by NCCL calls (count x datatype size)."),
-    "nccl.comm.inits": ("{communicator}", "Communicators created."),
-    "nccl.comm.destroys": ("{communicator}", "Communicators destroyed or aborted."),
-    "nccl.errors": ("{call}", "NCCL calls that returned an error."),
+# name -> (kind, unit, description); the counters are summed per batch (EventProcessor.sums)
+METRICS: dict[str, MetricSpec] = {
+    "nccl.calls": ("counter", "{call}", "NCCL collective and send/recv calls."),
+    "nccl.bytes": ("counter", "By", "Bytes named by NCCL calls (count x datatype size)."),
+    "nccl.comm.inits": ("counter", "{communicator}", "Communicators created."),
+    "nccl.comm.destroys": ("counter", "{communicator}", "Communicators destroyed or aborted."),
+    "nccl.errors": ("counter", "{call}", "NCCL calls that returned an error."),
+    "nccl.enqueue.duration": ("histogram", "s", "Host-side time inside NCCL calls (enqueue, not GPU execution)."),
 }
-_DURATION = ("nccl.enqueue.duration", "s", "Host-side time inside NCCL calls (enqueue, not GPU execution).")
 Out = list[object]
+_Op = NcclCollective | NcclP2P  # the calls that move data: same attributes, metrics and group links
+_CommCall = NcclCommInit | NcclCommInitAll | NcclCommSplit  # the calls that make communicators
 
 
-class NcclProcessor:
+class NcclProcessor(EventProcessor[Config]):
     """Consumer turning ``otel_ebpf.receivers.nccl`` events into SpanRecord/MetricRecord."""
 
+    NAME = "nccl"
+    SCOPE = SCOPE
+    METRICS = METRICS
+
     def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
-        self.config = config
-        self.ctx = ctx
-        self.next = next_
+        super().__init__(config, ctx, next_)
         self.host = config.host or socket.gethostname()
         self.comms = CommTable(config.max_comms, ctx.telemetry, self.host)
         self._gpus = ctx.gpus  # otel_ebpf.host.gpus.GpuResolver or None
         self._steps = StepTracker(getattr(ctx, "host_stats", None))  # ml.step.* host figures
-        self._sums: dict[tuple[int, str, tuple[tuple[str, AttrValue], ...]], float] = {}
-        self._handlers: dict[type, Callable[[Any, Out], None]] = {
-            ev_mod.NcclCollective: self._collective, ev_mod.NcclP2P: self._p2p,
-            ev_mod.NcclGroup: self._group, ev_mod.NcclCommInit: self._init,
-            ev_mod.NcclCommInitAll: self._init_all, ev_mod.NcclCommSplit: self._split,
-            ev_mod.NcclCommEnd: self._end, ev_mod.NcclCommInfo: self._info,
-        }
-
-    def start(self) -> None:
-        pass
 
     def shutdown(self) -> None:
         self.comms.clear()
-        self._sums.clear()
+        self.sums.clear()
 
-    def consume(self, events: Sequence[object]) -> None:
-        out: Out = []
-        for ev in events:
-            handler = self._handlers.get(type(ev))
-            if handler is None:
-                if isinstance(ev, ProcessExit) and ev.source in ("", "nccl"):
-                    # only after the NCCL receiver's own exit record, which its ring buffer
-                    # orders after the process's last NCCL calls (another receiver's may not be)
-                    self.comms.forget_process(ev.pid)
-                    if self._gpus is not None:
-                        self._gpus.forget(ev.pid)
-                out.append(ev)
-                continue
-            try:
-                handler(ev, out)
-            except Exception:  # hot path: count and go on
-                log.debug("cannot process %r", ev, exc_info=True)
-                self.ctx.telemetry.dropped("nccl", "bad_event")
-        self._flush_sums(out)
-        if out:
-            self.next.consume(out)
+    @handles(ProcessExit)
+    def _exit(self, ev: ProcessExit, out: Out) -> None:
+        """Frees the process's communicators; the exit always passes on."""
+        try:
+            if ev.source in ("", "nccl"):
+                # only after the NCCL receiver's own exit record, which its ring buffer
+                # orders after the process's last NCCL calls (another receiver's may not be)
+                self.comms.forget_process(ev.pid)
+                if self._gpus is not None:
+                    self._gpus.forget(ev.pid)
+        finally:
+            out.append(ev)
 
     # ---- metrics ---------------------------------------------------------------------
     def _count(self, pid: int, name: str, value: float, **attrs: AttrValue) -> None:
-        key = (pid, name, tuple(sorted(attrs.items())))
-        self._sums[key] = self._sums.get(key, 0.0) + value
-
-    def _flush_sums(self, out: Out) -> None:
-        for (pid, name, attrs), value in self._sums.items():
-            unit, text = _METRICS[name]
-            out.append(MetricRecord(pid, name, "counter", value, dict(attrs), unit, text, SCOPE))
-        self._sums.clear()
+        self.sums.add(pid, name, float(value), attrs)  # float sums, as before the shared Sums
 
     def _error(self, pid: int, function: str, rc: int) -> str | None:
         if rc in _OK:
@@ -145,7 +130,7 @@ class NcclProcessor:
         self.ctx.telemetry.add("otel_ebpf.nccl.unjoined", 1, reason=reason)
 
     # ---- collectives and p2p ---------------------------------------------------------
-    def _op_attrs(self, ev: Any, comm: Comm | None) -> dict[str, AttrValue]:
+    def _op_attrs(self, ev: _Op, comm: Comm | None) -> dict[str, AttrValue]:
         attrs: dict[str, AttrValue] = {"nccl.op": ev.op, "nccl.count": ev.count,
                                        "nccl.datatype": ev_mod.datatype_name(ev.datatype),
                                        "nccl.timing": "host_enqueue", "thread.id": ev.tid}
@@ -174,7 +159,7 @@ class NcclProcessor:
         if uuid:
             attrs["hw.id"] = uuid
 
-    def _op_metrics(self, ev: Any, attrs: dict[str, AttrValue]) -> None:
+    def _op_metrics(self, ev: _Op, attrs: dict[str, AttrValue]) -> None:
         dims: dict[str, AttrValue] = {"nccl.op": ev.op, "nccl.datatype": attrs["nccl.datatype"]}
         for key in ("nccl.comm.id", "hw.id"):
             if key in attrs:
@@ -184,29 +169,28 @@ class NcclProcessor:
         if size is not None:
             self._count(ev.pid, "nccl.bytes", ev.count * size, **dims)
 
-    def _duration(self, ev: Any, attrs: dict[str, AttrValue], out: Out) -> None:
+    def _duration(self, ev: _Op, attrs: dict[str, AttrValue], out: Out) -> None:
         dims: dict[str, AttrValue] = {k: attrs[k] for k in ("nccl.op", "nccl.comm.id", "hw.id") if k in attrs}
-        name, unit, text = _DURATION
-        out.append(MetricRecord(ev.pid, name, "histogram", max(0, ev.end_ns - ev.start_ns) / 1e9, dims,
-                                unit, text, SCOPE))
+        self.metric(out, ev.pid, "nccl.enqueue.duration", max(0, ev.end_ns - ev.start_ns) / 1e9, dims)
 
-    def _group_links(self, ev: Any) -> tuple[SpanLinkRecord, ...]:
+    def _group_links(self, ev: _Op) -> tuple[SpanLinkRecord, ...]:
         if not ev.group:
             return ()
         trace, span = group_ids(self.host, ev.pid, ev.group)
         return (SpanLinkRecord(trace, span, {"nccl.link": "group"}),)
 
-    def _joinable(self, ev: Any, comm: Comm | None, error: str | None) -> Comm | None:
-        """``comm`` when the call can take join ids (issued, comm known, numbered), else None."""
+    def _joinable(self, ev: _Op, comm: Comm | None, error: str | None) -> tuple[Comm, int] | None:
+        """(``comm``, the call's seq) when the call can take join ids (issued, comm known,
+        numbered), else None."""
         if error is not None:
             return None
-        reason = "unknown_comm" if comm is None else "no_seq" if ev.seq is None else None
-        if reason is not None:
-            self._unjoined(reason)
+        if comm is None or ev.seq is None:
+            self._unjoined("unknown_comm" if comm is None else "no_seq")
             return None
-        return comm
+        return comm, ev.seq
 
-    def _collective(self, ev: Any, out: Out) -> None:
+    @handles(NcclCollective)
+    def _collective(self, ev: NcclCollective, out: Out) -> None:
         comm = self.comms.get(ev.pid, ev.comm)
         attrs = self._op_attrs(ev, comm)
         if ev.redop is not None:
@@ -216,12 +200,13 @@ class NcclProcessor:
         attrs.update(self._steps.attributes((ev.pid, ev.comm), ev.pid, ev.tid, ev.start_ns, ev.end_ns))
         error = self._error(ev.pid, "nccl" + ev.op, ev.rc)
         trace = parent = span = None
-        joined = self._joinable(ev, comm, error)
+        joinable = self._joinable(ev, comm, error)
+        joined, seq = joinable if joinable is not None else (None, 0)
         if joined is not None and joined.rank is None:
             self._unjoined("no_rank")  # the shared trace, but no parent: who is rank 0 is unknown
-            trace = collective_ids(joined.comm_id, ev.seq, 0)[0]
+            trace = collective_ids(joined.comm_id, seq, 0)[0]
         elif joined is not None and joined.rank is not None:
-            trace, parent, span = collective_ids(joined.comm_id, ev.seq, joined.rank)
+            trace, parent, span = collective_ids(joined.comm_id, seq, joined.rank)
             if joined.rank == 0 and self.config.root_spans:
                 out.append(self._root_span(ev, attrs, trace, parent))
         out.append(SpanRecord(ev.pid, "nccl" + ev.op, ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
@@ -230,27 +215,29 @@ class NcclProcessor:
         self._op_metrics(ev, attrs)
         self._duration(ev, attrs, out)
 
-    def _root_span(self, ev: Any, attrs: dict[str, AttrValue], trace: int, span: int) -> SpanRecord:
+    def _root_span(self, ev: NcclCollective, attrs: dict[str, AttrValue], trace: int, span: int) -> SpanRecord:
         keep = ("nccl.op", "nccl.comm.id", "nccl.nranks", "nccl.seq", "nccl.count", "nccl.datatype",
                 "nccl.bytes", "nccl.redop", "nccl.root", "nccl.timing")
         root = {k: attrs[k] for k in keep if k in attrs}
         return SpanRecord(ev.pid, f"nccl {ev.op}", ev.start_ns, ev.end_ns, root, SCOPE, trace_id=trace,
                           span_id=span)
 
-    def _p2p(self, ev: Any, out: Out) -> None:
+    @handles(NcclP2P)
+    def _p2p(self, ev: NcclP2P, out: Out) -> None:
         comm = self.comms.get(ev.pid, ev.comm)
         attrs = self._op_attrs(ev, comm)
         attrs["nccl.peer"] = ev.peer
         error = self._error(ev.pid, "nccl" + ev.op, ev.rc)
         trace = span = None
         links = self._group_links(ev)
-        joined = self._joinable(ev, comm, error)
+        joinable = self._joinable(ev, comm, error)
+        joined, seq = joinable if joinable is not None else (None, 0)
         if joined is not None and joined.rank is None:
             self._unjoined("no_rank")
         elif joined is not None and joined.rank is not None:
             send = ev.op == "Send"
             src, dst = (joined.rank, ev.peer) if send else (ev.peer, joined.rank)
-            trace, send_span, recv_span = p2p_ids(joined.comm_id, src, dst, ev.seq)
+            trace, send_span, recv_span = p2p_ids(joined.comm_id, src, dst, seq)
             span, other = (send_span, recv_span) if send else (recv_span, send_span)
             links = (SpanLinkRecord(trace, other, {"nccl.link": "recv" if send else "send"}), *links)
         out.append(SpanRecord(ev.pid, "nccl" + ev.op, ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
@@ -258,7 +245,8 @@ class NcclProcessor:
         self._op_metrics(ev, attrs)
         self._duration(ev, attrs, out)
 
-    def _group(self, ev: Any, out: Out) -> None:
+    @handles(NcclGroup)
+    def _group(self, ev: NcclGroup, out: Out) -> None:
         trace, span = group_ids(self.host, ev.pid, ev.group)
         attrs: dict[str, AttrValue] = {"nccl.group.id": format(span, "016x"), "nccl.group.size": ev.members,
                                        "nccl.timing": "host_enqueue", "thread.id": ev.tid}
@@ -266,7 +254,7 @@ class NcclProcessor:
                               span_id=span, error=self._error(ev.pid, "ncclGroupEnd", ev.rc)))
 
     # ---- communicators ---------------------------------------------------------------
-    def _comm_span(self, ev: Any, name: str, attrs: dict[str, AttrValue], comm_id: str | None,
+    def _comm_span(self, ev: _CommCall, name: str, attrs: dict[str, AttrValue], comm_id: str | None,
                    rank: int | None, error: str | None, out: Out) -> None:
         trace = span = None
         if comm_id is not None:
@@ -283,7 +271,8 @@ class NcclProcessor:
         self.comms.add(pid, handle, comm)
         self._count(pid, "nccl.comm.inits", 1, **{"nccl.function": function})
 
-    def _init(self, ev: Any, out: Out) -> None:
+    @handles(NcclCommInit)
+    def _init(self, ev: NcclCommInit, out: Out) -> None:
         error = self._error(ev.pid, ev.function, ev.rc)
         comm_id = None
         if error is None and ev.comm:
@@ -292,7 +281,8 @@ class NcclProcessor:
         attrs: dict[str, AttrValue] = {"nccl.rank": ev.rank, "nccl.nranks": ev.nranks}
         self._comm_span(ev, ev.function, attrs, comm_id, ev.rank, error, out)
 
-    def _init_all(self, ev: Any, out: Out) -> None:
+    @handles(NcclCommInitAll)
+    def _init_all(self, ev: NcclCommInitAll, out: Out) -> None:
         error = self._error(ev.pid, "ncclCommInitAll", ev.rc)
         attrs: dict[str, AttrValue] = {"nccl.nranks": ev.ndev, "nccl.devices": tuple(ev.devices)}
         comm_id = None
@@ -303,7 +293,8 @@ class NcclProcessor:
                     self._created(ev.pid, "ncclCommInitAll", handle, Comm(comm_id, rank, ev.ndev, device))
         self._comm_span(ev, "ncclCommInitAll", attrs, comm_id, None, error, out)
 
-    def _split(self, ev: Any, out: Out) -> None:
+    @handles(NcclCommSplit)
+    def _split(self, ev: NcclCommSplit, out: Out) -> None:
         error = self._error(ev.pid, "ncclCommSplit", ev.rc)
         parent = self.comms.get(ev.pid, ev.parent)
         attrs: dict[str, AttrValue] = {"nccl.split.color": ev.color, "nccl.split.key": ev.key}
@@ -318,7 +309,8 @@ class NcclProcessor:
             self._unjoined("unknown_comm")
         self._comm_span(ev, "ncclCommSplit", attrs, child_id if ev.comm else None, None, error, out)
 
-    def _end(self, ev: Any, out: Out) -> None:
+    @handles(NcclCommEnd)
+    def _end(self, ev: NcclCommEnd, out: Out) -> None:
         function = "ncclCommAbort" if ev.abort else "ncclCommDestroy"
         error = self._error(ev.pid, function, ev.rc)
         comm = self.comms.remove(ev.pid, ev.comm) if error is None else self.comms.get(ev.pid, ev.comm)
@@ -332,7 +324,8 @@ class NcclProcessor:
             self._count(ev.pid, "nccl.comm.destroys", 1, **{"nccl.function": function})
         out.append(SpanRecord(ev.pid, function, ev.start_ns, ev.end_ns, attrs, SCOPE, error=error))
 
-    def _info(self, ev: Any, _out: Out) -> None:
+    @handles(NcclCommInfo)
+    def _info(self, ev: NcclCommInfo, _out: Out) -> None:
         comm = self.comms.get(ev.pid, ev.comm)
         if comm is None or ev.rc != 0:
             return
