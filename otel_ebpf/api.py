@@ -39,6 +39,7 @@ from otel_ebpf.service import components
 from otel_ebpf.core.config import build
 from otel_ebpf.core.errors import ConfigError, OtelEbpfError, TargetError
 from otel_ebpf.host.timeline import HostStats
+from otel_ebpf.bpf.clock import KernelClock
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context
 from otel_ebpf.report.otlpfiles import read_otlp_json
 from otel_ebpf.core.telemetry import DROPPED
@@ -96,7 +97,7 @@ class Session:
         if max_events < 1:
             raise ConfigError("max_events", f"must be at least 1, got {max_events}")
         self.processed, self.keep, self.stop_timeout = processed, keep, stop_timeout
-        self.ctx = Context(libraries={"command": self.command})
+        self.ctx = Context(libraries={"command": self.command}, clock=KernelClock())  # one for every receiver
         self.ctx.host_stats = HostStats(self.ctx.telemetry)
         self._buffer = _Buffer(self.ctx, max_events)
         self._max = max_events

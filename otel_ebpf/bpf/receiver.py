@@ -27,7 +27,7 @@ from typing import Any
 from otel_ebpf.bpf import paused as paused_map
 from otel_ebpf.bpf import pauseguard
 from otel_ebpf.bpf import threadctx
-from otel_ebpf.bpf.clock import KernelClock
+from otel_ebpf.bpf import clock as kernel_clock
 from otel_ebpf.core.errors import AttachError, BccMissingError, BpfLoadError, KernelHeadersError, PrivilegeError
 from otel_ebpf.core.events import LibraryLoaded, ProcessExit
 from otel_ebpf.core.pipeline import Consumer, Context
@@ -54,21 +54,6 @@ HEADERS_HINT = ("install the headers of the running kernel (Debian/Ubuntu: apt i
                 "the generic ones (linux-headers-amd64) and link them: ln -s /usr/src/linux-headers-X-amd64 "
                 "/lib/modules/$(uname -r)/build; ln -s /usr/src/linux-headers-X-common "
                 "/lib/modules/$(uname -r)/source  (scripts/setup.sh does this)")
-
-
-_clock_offset: int | None = None
-
-
-def _agent_clock() -> KernelClock:
-    """A clock with the offset of the first one made in this process: every receiver converts
-    kernel time alike, so a start time one program shares with another (oe_thread_ctx: the
-    enclosing Python / PyTorch call of a CUDA call) gives the same epoch ns, hence the same ids."""
-    global _clock_offset
-    clock = KernelClock()
-    if _clock_offset is None:
-        _clock_offset = clock.offset_ns
-    clock.offset_ns = _clock_offset
-    return clock
 
 
 def import_bcc() -> Any:
@@ -182,7 +167,7 @@ class BpfReceiver:
                  pause_on_load: bool = False, extra_libraries: Sequence[str] = (),
                  poll_interval: float = 0.1) -> None:
         self.ctx, self.next = ctx, next_
-        self.clock = _agent_clock()
+        self.clock = kernel_clock.shared(ctx)  # the agent's one clock: every receiver converts alike
         self._ctx_pin: str | None = None  # oe_thread_ctx's bpffs pin while loaded (thread_context)
         self._ringbuf_pages = ringbuf_pages
         self._pause = pause_on_load

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from otel_ebpf.core.services import GpuTable, HostTimeline, KernelTime, ProcessResources
 from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = [
@@ -63,17 +64,23 @@ class Context:
     target_pids: list[int] = field(default_factory=list)
     follow_children: bool = True
     libraries: dict[str, list[str]] = field(default_factory=dict)
+    # The shared services (otel_ebpf.core.services), each made once by whoever builds the context (the
+    # Agent, the Python API's Session, the gateway, a test); None: not offered. Components use them only
+    # through these Protocols; nothing a receiver owns is reached through them.
+    # Kernel monotonic -> epoch ns (otel_ebpf.bpf.clock.KernelClock): one for every receiver of the agent.
+    # A context without one gets one from the first BPF receiver made with it (otel_ebpf.bpf.clock.shared).
+    clock: KernelTime | None = None
     # Process identity cache (otel_ebpf.host.processes.ResourceCache): receivers fill it as soon as a
     # process is seen (exec, library open, first record), while /proc/PID still describes it.
-    resources: Any = None
+    resources: ProcessResources | None = None
     # GPU identity (otel_ebpf.host.gpus.GpuResolver): CUDA ordinal -> hw.id, shared by the cuda/nccl processors.
-    gpus: Any = None
+    gpus: GpuTable | None = None
     # Cumulative host counters over time (otel_ebpf.host.timeline.HostStats): sched and other host receivers
-    # feed it, the nccl processor reads the figures of each step. Made by whoever builds the context
-    # (the Agent, the Python API's Session, the gateway); None: no host figures.
-    host_stats: Any = None
+    # push samples from their own threads, the nccl processor reads the figures of each step.
+    host_stats: HostTimeline | None = None
     # Current application span per thread (otel_ebpf/receivers/apptrace/store.py AppContextStore): set by the apptrace
-    # receiver from SDK begin/end fires; cuda (and other) processors parent their spans on it.
+    # receiver from SDK begin/end fires; cuda (and other) processors parent their spans on it. Typed Any until
+    # the apptrace receiver keeps it as an AppContext (otel_ebpf.core.services) rather than its concrete class.
     app_context: Any = None
     # Receivers of this agent whose programs write the per-thread call map (oe_thread_ctx: python, torch),
     # added as they are made; the cuda program reads that map only when one exists.

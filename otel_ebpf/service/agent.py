@@ -27,6 +27,7 @@ from otel_ebpf.emit.emitter import Emitter, ExporterSpec
 from otel_ebpf.emit.exporters import build_exporters
 from otel_ebpf.core.errors import OtelEbpfError, TargetError
 from otel_ebpf.host.timeline import HostStats
+from otel_ebpf.bpf.clock import KernelClock
 from otel_ebpf.core.telemetry import DROPPED
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context, Fanout
 from otel_ebpf.host import gpus
@@ -106,7 +107,8 @@ class Agent:
     def __post_init__(self) -> None:
         svc = self.cfg.service
         self.ctx = Context(strict=svc.strict, target_pids=list(self.target_pids),
-                           libraries={"command": list(self.command)}, pause_timeout=svc.pause_timeout)
+                           libraries={"command": list(self.command)}, pause_timeout=svc.pause_timeout,
+                           clock=KernelClock())  # one kernel clock for every receiver
         self.ctx.host_stats = HostStats(self.ctx.telemetry)
         self.resources = ResourceCache(max_entries=max(2 * svc.max_processes, 64),
                                        service_name=svc.service_name or None,
