@@ -1,7 +1,9 @@
 """otel_ebpf.core.config: typed build of nested dataclasses, key paths in errors, durations, YAML files."""
 from __future__ import annotations
 
+import dataclasses
 import os
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
@@ -12,7 +14,9 @@ from otel_ebpf.core.config import (
     ServiceConfig,
     build,
     component_type,
+    constraints_text,
     doc,
+    key_path,
     load_yaml_file,
     parse_duration,
     to_plain,
@@ -209,3 +213,149 @@ def test_load_yaml_file_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file") as info:
         load_yaml_file(tmp_path / "nope.yaml")
     assert "nope.yaml" in str(info.value)
+
+
+# ---- declared constraints (doc(min=, max=, pow2=)) -----------------------------------------
+
+
+@dataclass
+class Bounded:
+    count: int = doc(4, "A count.", min=1)
+    offset: int = doc(0, "An offset.", min=0)
+    pages: int = doc(8, "Pages (a power of two).", pow2=True)
+    depth: int = doc(16, "Depth (a power of two, at most 256).", pow2=True, max=256)
+    rate: int = doc(10, "A rate.", min=0, max=1000)
+    ratio: float = doc(0.5, "A ratio.", max=1.0)
+    interval: float = doc(1.0, "An interval.", duration=True, min=0.01)
+    wait: float = doc(0.2, "A wait.", duration=True, min=0.2, max=300)
+    longest: float = doc(60.0, "A longest wait.", duration=True, max=3600)
+    label: str | None = doc(None, "Unconstrained.")
+
+
+@dataclass
+class HoldsBounded:
+    part: Bounded = doc(Bounded(), "A nested part.")
+    parts: list[Bounded] = doc([], "Nested parts.")
+
+    def validate(self, path: str) -> None:
+        assert self.part.count >= 1  # declared constraints are checked before validate runs
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"count": 0}, "must be >= 1, got 0"),
+    ({"offset": -1}, "must be >= 0, got -1"),
+    ({"pages": 3}, "must be a power of two, got 3"),
+    ({"pages": 0}, "must be a power of two, got 0"),
+    ({"pages": -4}, "must be a power of two, got -4"),
+    ({"depth": 512}, "must be a power of two from 1 to 256, got 512"),
+    ({"depth": 12}, "must be a power of two from 1 to 256, got 12"),
+    ({"rate": 1001}, "must be between 0 and 1000, got 1001"),
+    ({"ratio": 1.5}, "must be <= 1, got 1.5"),
+    ({"interval": "5ms"}, "must be at least 10ms, got 5ms"),
+    ({"wait": "100ms"}, "must be between 200ms and 300s, got 100ms"),
+    ({"wait": "10m"}, "must be between 200ms and 300s, got 600s"),
+    ({"longest": "2h"}, "must be <= 1h, got 2h"),
+    ({"ratio": float("nan")}, "must be <= 1, got nan"),
+])
+def test_declared_constraints_are_enforced_naming_the_key(data, message):
+    err = error_at(Bounded, data, "receivers.x")
+    (key,) = data
+    assert err.path == f"receivers.x.{key}" and str(err).endswith(message)
+
+
+@pytest.mark.parametrize("data", [
+    {"count": 1, "offset": 0, "pages": 1, "depth": 256, "rate": 0, "ratio": 1.0, "interval": "10ms",
+     "wait": "300s", "longest": "1h"},
+    {"pages": 1 << 20, "depth": 1, "rate": 1000, "wait": "200ms", "longest": 0},
+])
+def test_declared_bounds_are_inclusive(data):
+    build(Bounded, data)
+
+
+def test_constraints_in_nested_configs_name_the_full_path():
+    assert error_at(HoldsBounded, {"part": {"pages": 6}}, "processors.p").path == "processors.p.part.pages"
+    assert error_at(HoldsBounded, {"parts": [{}, {"count": 0}]}).path == "parts[1].count"
+
+
+def test_constraints_run_before_the_class_validate():
+    assert error_at(HoldsBounded, {"part": {"count": 0}}).path == "part.count"  # not an AssertionError
+
+
+@pytest.mark.parametrize(("default", "extra"), [(3, {"pow2": True}), (0, {"min": 1}), (0.001, {"duration": True,
+                                                                                                "min": 0.01})])
+def test_a_default_that_breaks_its_own_constraint_fails_at_declaration(default, extra):
+    with pytest.raises(ValueError, match="breaks its own constraint"):
+        doc(default, "Bad.", **extra)
+
+
+def test_constraints_text_renders_each_kind():
+    texts = {f.name: constraints_text(f) for f in dataclasses.fields(Bounded)}
+    assert texts == {"count": ">= 1", "offset": ">= 0", "pages": "a power of two",
+                     "depth": "a power of two from 1 to 256", "rate": "between 0 and 1000", "ratio": "<= 1",
+                     "interval": "at least 10ms", "wait": "between 200ms and 300s", "longest": "<= 1h",
+                     "label": ""}
+
+
+def test_key_path():
+    assert key_path("", "a") == "a" and key_path("receivers.cuda", "a") == "receivers.cuda.a"
+
+
+# ---- every registered config declares its bounds ----------------------------------------------
+
+
+def _config_classes() -> list[type]:
+    from otel_ebpf.emit.exporters import EXPORTER_TYPES
+    from otel_ebpf.gateway import components as gateway_components
+    from otel_ebpf.gateway.config import GatewayServiceConfig
+    from otel_ebpf.service import components
+
+    factories = [*components.receivers().values(), *components.processors().values(),
+                 *gateway_components.receivers().values(), *gateway_components.processors().values()]
+    roots = [getattr(f, "config_class", f) for f in factories]
+    roots += [ServiceConfig, GatewayServiceConfig, *EXPORTER_TYPES.values()]
+    seen: list[type] = []
+    todo = list(roots)
+    while todo:  # nested configs too (service.k8s, probes.probes[].args[])
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.append(cls)
+        for hint in typing.get_type_hints(cls).values():
+            todo += [t for t in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(t) and isinstance(t, type)]
+    return seen
+
+
+def _int_fields(cls: type) -> list[dataclasses.Field]:
+    hints = typing.get_type_hints(cls)
+    return [f for f in dataclasses.fields(cls) if hints[f.name] is int]
+
+
+def test_the_walk_finds_every_kind_of_config():
+    classes = _config_classes()
+    assert {"ServiceConfig", "K8sConfig", "GatewayServiceConfig", "ProbeSpec", "ArgSpec"} <= \
+        {c.__qualname__ for c in classes}
+    assert len({c.__module__ for c in classes if c.__qualname__ == "Config"}) > 20  # every component's
+
+
+def test_every_int_documented_as_a_power_of_two_declares_pow2():
+    undeclared = [f"{cls.__module__}.{cls.__qualname__}.{f.name}" for cls in _config_classes()
+                  for f in _int_fields(cls) if "power of two" in f.metadata.get("doc", "")
+                  and not f.metadata.get("pow2")]
+    assert undeclared == []
+    assert any(f.metadata.get("pow2") for cls in _config_classes() for f in _int_fields(cls))
+
+
+def test_every_agent_limit_declares_a_lower_bound():
+    # max_* ints size tables and queues: 0 would disable them silently. Gateway receivers and exporters
+    # are left out: their configs still check by hand (otel_ebpf.gateway.receiver, otel_ebpf.emit).
+    from otel_ebpf.gateway import components as gateway_components
+    from otel_ebpf.gateway.config import GatewayServiceConfig
+    from otel_ebpf.service import components
+
+    roots = [f.config_class for f in (*components.receivers().values(), *components.processors().values(),
+                                      *gateway_components.processors().values())]
+    modules = {r.__module__ for r in (*roots, ServiceConfig, GatewayServiceConfig)}  # nested configs too
+    undeclared = [f"{cls.__module__}.{cls.__qualname__}.{f.name}" for cls in _config_classes()
+                  if cls.__module__ in modules for f in _int_fields(cls)
+                  if f.name.startswith("max_") and f.metadata.get("min") is None and not f.metadata.get("pow2")]
+    assert undeclared == []
