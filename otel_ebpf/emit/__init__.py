@@ -6,7 +6,7 @@ Nothing is re-exported here, so importing one module loads only what it needs; i
 * :mod:`.exporters` - the ``exporters:`` config section and the SDK exporters it builds.
 * :mod:`.sending` - each exporter's own bounded sending queue (worker thread, batching, retries).
 * :mod:`.forward` - the gateway's emit stage (spans and metrics received over OTLP).
-* :mod:`.otlp_in`, :mod:`.readable` - decoded OTLP requests -> SDK objects.
+* :mod:`.otlp_in` - decoded OTLP requests -> SDK objects (the gateway's ingest).
 * :mod:`.jsonfile`, :mod:`.prometheus` - OTLP JSON lines files, the Prometheus endpoint.
 * :mod:`.histograms`, :mod:`.ids` - weighted histograms, derived ids.
 

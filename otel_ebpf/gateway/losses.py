@@ -91,7 +91,7 @@ class AgentLossLedger:
         receiver, reason = attrs.get("receiver", ""), attrs.get("reason", "")
         if reason in NOT_LOST:
             return 0
-        value = dp.as_int
+        value: int = dp.as_int
         if cumulative:
             key = (resource, receiver, reason)
             with self._lock:

@@ -2,9 +2,9 @@
 
 ::
 
-    OtlpServer --spans--> BoundedQueue(traces) -> collective_join -> ... -> ExportGate -> Forwarder -> exporters
-               --metrics-> BoundedQueue(metrics) ---------------------------------------> Forwarder
-    ticker ------Tick----> BoundedQueue(traces)   (timeouts fire while a hung job sends nothing)
+    OtlpReceiver -> OtlpIngest -spans-> BoundedQueue(traces) -> collective_join -> ... -> ExportGate -> Forwarder
+                               -metrics-> BoundedQueue(metrics) ---------------------------------> Forwarder
+    ticker ------------------Tick-----> BoundedQueue(traces)   (timeouts fire while a hung job sends nothing)
 
 Backpressure, end to end: a stalled exporter fills its span queue; the ExportGate then holds the
 pipeline worker (up to ``service.max_export_wait``); the trace queue fills; the receiver refuses
@@ -38,7 +38,7 @@ from otel_ebpf.gateway import components
 from otel_ebpf.gateway.config import GatewayConfig
 from otel_ebpf.gateway.exportgate import ExportGate
 from otel_ebpf.gateway.losses import AgentLossLedger, GatewayTelemetry
-from otel_ebpf.gateway.receiver import OtlpInReceiver
+from otel_ebpf.gateway.ingest import OtlpIngest
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context
 from otel_ebpf.host.processes import gateway_resource_attributes
 from otel_ebpf.core.telemetry import LOST
@@ -80,8 +80,10 @@ class Gateway:
         self.metrics = BoundedQueue(self.forwarder, self.ctx.telemetry, max_events=svc.max_metric_queue,
                                     name="metrics")
         self.losses = AgentLossLedger(self.ctx.telemetry)
-        self.receivers = {rid: OtlpInReceiver(cfg.receivers[rid], self.ctx, self.traces, self.metrics, name=rid,
-                                              losses=self.losses)
+        rfactories = components.receiver_factories()
+        self.receivers = {rid: rfactories[rid.split("/")[0]].create(
+            cfg.receivers[rid], self.ctx, OtlpIngest(self.ctx.telemetry, self.traces, self.metrics, name=rid,
+                                                     losses=self.losses))
                           for rid in pipe.receivers}
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None

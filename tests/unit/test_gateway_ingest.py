@@ -13,7 +13,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from otel_ebpf.gateway.exportgate import ExportGate
 from otel_ebpf.gateway.losses import GatewayTelemetry
-from otel_ebpf.gateway.receiver import OtlpInReceiver, OtlpReceiverConfig
+from otel_ebpf.gateway.ingest import OtlpIngest
+from otel_ebpf.receivers.otlp import Config as OtlpReceiverConfig, OtlpReceiver
 from otel_ebpf.core.pipeline import BoundedQueue, Context, ListConsumer
 from otel_ebpf.core.telemetry import DROPPED, RECEIVED, REFUSED
 from tests.unit.test_otlp_server import make_spans
@@ -28,7 +29,7 @@ def test_full_queue_refuses_the_request_whole_and_the_sdk_retry_lands_once(trans
     assert traces.offer(["a", "b"])  # 2 of 3 taken: a request of 2 spans does not fit
     cfg = OtlpReceiverConfig(grpc_endpoint="127.0.0.1:0", http_endpoint="127.0.0.1:0", wait_for_room=0.0,
                              retry_after=0.3)
-    receiver = OtlpInReceiver(cfg, ctx, traces, metrics)
+    receiver = OtlpReceiver(cfg, ctx, OtlpIngest(ctx.telemetry, traces, metrics))
     receiver.start()
     try:
         if transport == "grpc":

@@ -1,6 +1,15 @@
-"""OTLP in: gRPC and HTTP servers for OTLP exports (see :mod:`otel_ebpf.receivers.otlp.server`)."""
+"""OTLP receiver: OTLP/gRPC and OTLP/HTTP exports in, one decoded ``Export*ServiceRequest`` per
+request out (the gateway's receiver, see :mod:`otel_ebpf.gateway`).
+
+:mod:`.config` (``Config``), :mod:`.receiver` (the component, backpressure), :mod:`.server`
+(both transports, stats, OTLP/JSON), :mod:`._http`, :mod:`._status`.
+"""
 from __future__ import annotations
 
+from otel_ebpf.core.pipeline import Factory
+
+from .config import Config
+from .receiver import Offering, OtlpReceiver, create
 from .server import (
     SIGNALS,
     OtlpBindError,
@@ -15,12 +24,20 @@ from .server import (
 
 __all__ = [
     "SIGNALS",
+    "Config",
+    "Offering",
     "OtlpBindError",
+    "OtlpReceiver",
     "OtlpServer",
     "OtlpServerStats",
     "Signal",
     "count_items",
+    "create",
+    "factory",
     "parse_endpoint",
     "parse_otlp_json",
     "to_otlp_json",
 ]
+
+factory = Factory(type="otlp", config_class=Config, create=create,
+                  description="OTLP/gRPC and OTLP/HTTP from the agents.")

@@ -334,7 +334,7 @@ class OtlpServer:
         # Raw bytes in (no request_deserializer, unlike the generated add_*Servicer_to_server)
         # so malformed protobuf is a counted INVALID_ARGUMENT, not grpcio's uncounted
         # "Exception deserializing request!" (StatusCode.INTERNAL).
-        empty_response = signal.response_cls().SerializeToString()
+        empty_response: bytes = signal.response_cls().SerializeToString()
 
         def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
             self._counters.add("requests")

@@ -1,0 +1,88 @@
+"""The gateway's ingest: the stage after its OTLP receiver (:mod:`otel_ebpf.receivers.otlp`).
+Each decoded export request becomes SDK objects (:mod:`otel_ebpf.emit.otlp_in`): spans go to
+one queue, each request's ``MetricsData`` to another (:class:`Queue`: thread-safe ``offer``,
+e.g. BoundedQueues).
+
+Backpressure: a request is queued whole or not at all. When its queue has no room for all of
+it after the receiver's ``wait_for_room``, :meth:`OtlpIngest.offer` returns False and the
+receiver refuses the request (UNAVAILABLE / 503 with a ``retry_after`` hint): nothing of it is
+kept or counted as received, so the agent's retry duplicates nothing. Refusals count in the
+receiver's stats (``refused`` requests) and in ``otel_ebpf.events.refused{receiver, signal}``
+(spans / points).
+
+Counted in the gateway's Telemetry once a request is queued: ``otel_ebpf.events.received
+{receiver}`` (spans and metric data points converted) and ``otel_ebpf.events.dropped{receiver,
+reason}`` (``malformed_span``, ``malformed_link``, ``malformed_metric``,
+``unsupported_metric_type``). Each queued metrics request is read by ``losses`` (the agents'
+drop counters, :mod:`otel_ebpf.gateway.losses`). Rejected requests (malformed, too large) are
+counted by the receiver's server. Thread-safe: called on the receiver's server threads.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from otel_ebpf.core.telemetry import RECEIVED, REFUSED, Telemetry
+from otel_ebpf.emit.otlp_in import metrics_from_request, spans_from_request
+from otel_ebpf.gateway.losses import AgentLossLedger
+from otel_ebpf.receivers.otlp import count_items
+
+__all__ = ["OtlpIngest", "Queue"]
+
+
+class Queue(Protocol):
+    def offer(self, events: Sequence[object], *, block_s: float = 0.0) -> bool:
+        """Queue ``events`` whole (True) or none of them (False), waiting up to ``block_s``."""
+
+
+class OtlpIngest:
+    """Decoded OTLP requests -> SDK spans (``spans``) and MetricsData (``metrics``), counted
+    under ``receiver=name``. ``losses``: reads the agents' drop counters from each queued
+    metrics request (optional). Requests of other types are ignored."""
+
+    def __init__(self, telemetry: Telemetry, spans: Queue, metrics: Queue, name: str = "otlp",
+                 losses: AgentLossLedger | None = None) -> None:
+        self.name = name
+        self._telemetry = telemetry
+        self._spans = spans
+        self._metrics = metrics
+        self._losses = losses
+
+    def offer(self, events: Sequence[object], *, block_s: float = 0.0) -> bool:
+        """Queue every request of ``events`` (True), or stop at the first refused (False)."""
+        for request in events:
+            if isinstance(request, ExportTraceServiceRequest):
+                if not self._traces(request, block_s):
+                    return False
+            elif isinstance(request, ExportMetricsServiceRequest) and not self._metrics_in(request, block_s):
+                return False
+        return True
+
+    def consume(self, events: Sequence[object]) -> None:
+        self.offer(events)
+
+    def _count(self, received: int, drops: Mapping[str, int]) -> None:
+        self._telemetry.add(RECEIVED, received, receiver=self.name)
+        for reason, n in drops.items():
+            self._telemetry.dropped(self.name, reason, n)
+
+    def _traces(self, request: ExportTraceServiceRequest, block_s: float) -> bool:
+        spans, drops = spans_from_request(request)
+        if not self._spans.offer(spans, block_s=block_s):
+            self._telemetry.add(REFUSED, len(spans), receiver=self.name, signal="traces")
+            return False
+        self._count(len(spans), drops)
+        return True
+
+    def _metrics_in(self, request: ExportMetricsServiceRequest, block_s: float) -> bool:
+        data, drops = metrics_from_request(request)
+        if data.resource_metrics and not self._metrics.offer([data], block_s=block_s):
+            self._telemetry.add(REFUSED, count_items(request), receiver=self.name, signal="metrics")
+            return False
+        self._count(max(0, count_items(request) - sum(drops.values())), drops)
+        if self._losses is not None:
+            self._losses.observe(request)
+        return True
