@@ -19,7 +19,7 @@ from otel_ebpf.core.pipeline import Factory
 
 @dataclass
 class Limits:
-    size: int = doc(8, "Size.")
+    size: int = doc(8, "Size (a power of two).", pow2=True)
     rate: float = doc(1.0, "Rate.")
 
 
@@ -31,7 +31,7 @@ class FakeReceiverConfig:
 
 @dataclass
 class FakeProcessorConfig:
-    timeout: float = doc(5.0, "Timeout.", duration=True)
+    timeout: float = doc(5.0, "Timeout.", duration=True, min=0.1)
 
 
 def _create(config, ctx, next_):
@@ -194,6 +194,16 @@ def test_unknown_component_type(tmp_path):
 def test_unknown_key_inside_a_component(tmp_path):
     err = load_error(config_file(tmp_path, {"receivers": {"fake": {"limits": {"bogus": 1}}}}))
     assert err.path == "receivers.fake.limits.bogus"
+
+
+@pytest.mark.parametrize(("data", "path", "message"), [
+    ({"receivers": {"fake/x": {"limits": {"size": 6}}}}, "receivers.fake/x.limits.size",
+     "must be a power of two, got 6"),
+    ({"processors": {"pair": {"timeout": "50ms"}}}, "processors.pair.timeout", "must be at least 100ms, got 50ms"),
+])
+def test_declared_bounds_are_checked_at_load_naming_the_component(tmp_path, data, path, message):
+    err = load_error(config_file(tmp_path, data))
+    assert err.path == path and str(err).endswith(message)
 
 
 def test_unknown_top_level_key(tmp_path):
