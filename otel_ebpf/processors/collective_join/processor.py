@@ -42,33 +42,36 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from otel_ebpf.core.events import AttrValue, SpanEventRecord
 from otel_ebpf.core.ids import derive_id
-from otel_ebpf.core.readable import ReadableSpan, SpanMaker, resource_attribute, with_changes
-from otel_ebpf.core.events import AttrValue, MetricRecord, SpanEventRecord
-from otel_ebpf.host.timeline import straggler_attributes
 from otel_ebpf.core.pipeline import Consumer, Context
+from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
+from otel_ebpf.core.readable import ReadableSpan, SpanMaker, resource_attribute, with_changes
 from otel_ebpf.host.processes import gateway_resource_attributes
+from otel_ebpf.host.timeline import straggler_attributes
 
 from .config import Config
-from .store import Collective, Store
+from .store import Collective, Front, Store
 
-__all__ = ["CollectiveJoin", "create"]
+__all__ = ["METRICS", "SCOPE", "CollectiveJoin", "create"]
 
 log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.collective_join"
 _ROOT_KEEP = ("nccl.op", "nccl.comm.id", "nccl.nranks", "nccl.seq", "nccl.count", "nccl.datatype",
               "nccl.bytes", "nccl.redop", "nccl.root", "nccl.timing")
 _SIG = ("nccl.op", "nccl.count", "nccl.datatype")
-_COUNTERS = {
-    "nccl.straggler.count": ("{collective}", "Complete collectives in which this rank started last."),
-    "nccl.desync.count": ("{collective}", "Collectives reported as hung: ranks missing after desync_timeout."),
-    "nccl.join.released": ("{collective}", "Collectives released by the join, by outcome."),
-    "nccl.join.late": ("{span}", "Spans that arrived after their collective was released."),
+# name -> (kind, unit, description); the counters are summed per batch (EventProcessor.sums)
+METRICS: dict[str, MetricSpec] = {
+    "nccl.straggler.count": ("counter", "{collective}", "Complete collectives in which this rank started last."),
+    "nccl.desync.count": ("counter", "{collective}",
+                          "Collectives reported as hung: ranks missing after desync_timeout."),
+    "nccl.join.released": ("counter", "{collective}", "Collectives released by the join, by outcome."),
+    "nccl.join.late": ("counter", "{span}", "Spans that arrived after their collective was released."),
+    "nccl.collective.skew": ("histogram", "s", "First to last rank arrival (start) of each collective."),
 }
-_SKEW = ("nccl.collective.skew", "s", "First to last rank arrival (start) of each collective.")
 Out = list[object]
 
 
@@ -85,62 +88,66 @@ def _ranges(ranks: Sequence[int], limit: int = 32) -> str:
     return ",".join(runs) + (",..." if i < len(ranks) else "")
 
 
-class CollectiveJoin:
+class CollectiveJoin(EventProcessor[Config]):
     """Consumer joining NCCL rank spans; see the module doc. ``clock`` (monotonic seconds) and
-    ``wall_ns`` (epoch ns, for event times) are injectable for tests."""
+    ``wall_ns`` (epoch ns, for event times) are injectable for tests. Takes SDK ``ReadableSpan``
+    objects of exactly that class (what ``otel_ebpf.emit.otlp_in`` and ``core.readable`` build)."""
+
+    NAME = "collective_join"
+    SCOPE = SCOPE
+    METRICS = METRICS
 
     def __init__(self, config: Config, ctx: Context, next_: Consumer, *,
                  clock: Callable[[], float] = time.monotonic, wall_ns: Callable[[], int] = time.time_ns) -> None:
-        self.config = config
-        self.ctx = ctx
-        self.next = next_
+        super().__init__(config, ctx, next_)
         self.store = Store(config.max_pending, config.max_spans, config.max_comms)
         self._clock = clock
         self._wall_ns = wall_ns
         self._timeout = config.timeout
         self._desync = config.effective_desync_timeout
         self._maker = SpanMaker(gateway_resource_attributes(), SCOPE)
-        self._sums: dict[tuple[str, tuple[tuple[str, AttrValue], ...]], int] = {}
-        self._pending_metrics: list[MetricRecord] = []
+        self._now = clock()  # clock() at the start of the batch being consumed
+        self._pending_metrics: Out = []  # skew records, sent after the batch's spans
         self._warned: OrderedDict[str, list[Any]] = OrderedDict()  # comm -> [last warning, left out since]
-
-    def start(self) -> None:
-        pass
 
     def shutdown(self) -> None:
         """Release everything pending (as partial) to the next stage. Safe twice."""
         out: Out = []
         for entry in self.store.pending():
             self._release(self.store.pop(entry.key), "partial", out)
-        self._flush_sums(out)
+        self._flush_metrics(out)
         self.store.clear()
         if out:
-            self.next.consume(out)
+            self._next.consume(out)
 
     def consume(self, events: Sequence[object]) -> None:
-        out: Out = []
-        now = self._clock()
-        for ev in events:
-            if not isinstance(ev, ReadableSpan):
-                out.append(ev)  # Tick and everything else: pass on
-                continue
-            try:
-                self._span(ev, now, out)
-            except Exception:  # hot path: count, pass the span on, go on
-                log.debug("cannot join %r", ev, exc_info=True)
-                self._unjoined("error")
-                out.append(ev)
-        self._expire(now, out)
-        self._flush_sums(out)
-        if out:
-            self.next.consume(out)
+        """Spans are joined, everything else (Tick included) passes on; then what timed out is
+        released (:meth:`end_batch`)."""
+        self._now = self._clock()
+        super().consume(events)
+
+    def failed(self, event: object, out: Out) -> None:
+        """A span that could not be joined is counted and passed on unchanged."""
+        self._unjoined("error")
+        out.append(event)
+
+    def end_batch(self, out: Out) -> None:
+        self._expire(self._now, out)
+        self._flush_metrics(out)
+
+    def _flush_metrics(self, out: Out) -> None:
+        out.extend(self._pending_metrics)
+        self._pending_metrics.clear()
+        self.sums.flush(out)
 
     # ---- intake ----------------------------------------------------------------------
     def _unjoined(self, reason: str) -> None:
         self.ctx.telemetry.add("otel_ebpf.collective_join.unjoined", 1, reason=reason)
 
-    def _span(self, span: ReadableSpan, now: float, out: Out) -> None:
-        attrs: Any = span.attributes
+    @handles(ReadableSpan)
+    def _span(self, span: ReadableSpan, out: Out) -> None:
+        now = self._now
+        attrs = _attributes(span)
         comm = attrs.get("nccl.comm.id")
         seq = attrs.get("nccl.seq")
         if type(comm) is not str or type(seq) is not int or "nccl.peer" in attrs:
@@ -171,7 +178,8 @@ class CollectiveJoin:
             return
         self._add(entry, span, attrs, rank, nranks, out)
 
-    def _add(self, entry: Collective, span: ReadableSpan, attrs: Any, rank: int, nranks: int, out: Out) -> None:
+    def _add(self, entry: Collective, span: ReadableSpan, attrs: Mapping[str, Any], rank: int, nranks: int,
+             out: Out) -> None:
         sig = (attrs.get("nccl.op"), attrs.get("nccl.count"), attrs.get("nccl.datatype"))
         if entry.sig is None:
             entry.sig = sig
@@ -194,15 +202,16 @@ class CollectiveJoin:
             self._release(old, "evicted", out)
         return entry
 
-    def _root(self, span: ReadableSpan, attrs: Any, key: tuple[str, int], now: float, out: Out) -> None:
+    def _root(self, span: ReadableSpan, attrs: Mapping[str, Any], key: tuple[str, int], now: float, out: Out) -> None:
         entry = self.store.get(key)
         if entry is None:
             if self.store.was_released(key):
                 self._late(span, "root", out, keep=False)
                 return
             nranks = attrs.get("nccl.nranks")
-            ok = type(nranks) is int and 0 < nranks <= self.config.max_ranks
-            entry = self._new(key, span.context.trace_id, nranks if ok else 1, now, out)
+            if type(nranks) is not int or not 0 < nranks <= self.config.max_ranks:
+                nranks = 1
+            entry = self._new(key, span.context.trace_id, nranks, now, out)
         if entry.root is not None:
             self._unjoined("duplicate_root")
             return
@@ -271,8 +280,8 @@ class CollectiveJoin:
         if ranks:
             start, last, last_rank, end = _arrivals(ranks)
             for span in ranks.values():
-                attrs = dict(span.attributes)
-                attrs["nccl.wait_ns"] = last - span.start_time
+                attrs = dict(_attributes(span))
+                attrs["nccl.wait_ns"] = last - _times(span)[0]
                 out.append(with_changes(span, attrs))
             join["nccl.skew_ns"] = last - start
             self._skew(entry, ranks[last_rank], (last - start) / 1e9)
@@ -280,7 +289,7 @@ class CollectiveJoin:
                 host = resource_attribute(ranks[last_rank], "host.name")
                 join["nccl.straggler.rank"] = last_rank
                 join["nccl.straggler.host"] = "" if host is None else str(host)
-                join.update(straggler_attributes({r: sp.attributes for r, sp in ranks.items()}, last_rank))
+                join.update(straggler_attributes({r: _attributes(sp) for r, sp in ranks.items()}, last_rank))
                 if entry.nranks > 1:
                     dims: dict[str, AttrValue] = {"nccl.rank": last_rank, "host.name": str(host)}
                     self._count("nccl.straggler.count", **dims)
@@ -296,20 +305,21 @@ class CollectiveJoin:
     def _skew(self, entry: Collective, straggler: ReadableSpan, skew_s: float) -> None:
         if len(entry.ranks) < 2:
             return
-        attrs: Any = straggler.attributes
+        attrs = _attributes(straggler)
         dims = {"nccl.comm.id": entry.key[0], "nccl.op": str(attrs.get("nccl.op"))}
-        name, unit, text = _SKEW
-        self._pending_metrics.append(MetricRecord(None, name, "histogram", skew_s, dims, unit, text, SCOPE))
+        self.metric(self._pending_metrics, None, "nccl.collective.skew", skew_s, dims)
 
-    def _root_span(self, entry: Collective, join: dict[str, Any], start: int | None, end: int | None) -> Any:
+    def _root_span(self, entry: Collective, join: dict[str, Any], start: int | None,
+                   end: int | None) -> ReadableSpan:
         root = entry.root
         if root is not None:
-            attrs = dict(root.attributes)
+            attrs = dict(_attributes(root))
             attrs.update(join)
-            return with_changes(root, attrs, start_ns=min(root.start_time, start or root.start_time),
-                                end_ns=max(root.end_time, end or root.end_time), events=entry.events)
+            root_start, root_end = _times(root)
+            return with_changes(root, attrs, start_ns=min(root_start, start or root_start),
+                                end_ns=max(root_end, end or root_end), events=entry.events)
         comm, seq = entry.key
-        model = next(iter(entry.ranks.values())).attributes  # no root: at least one rank span
+        model = _attributes(next(iter(entry.ranks.values())))  # no root: at least one rank span
         attrs = {k: model[k] for k in _ROOT_KEEP if k in model}
         attrs["nccl.join.synthesized"] = True
         attrs.update(join)
@@ -319,24 +329,24 @@ class CollectiveJoin:
 
     # ---- metrics ---------------------------------------------------------------------
     def _count(self, name: str, **attrs: AttrValue) -> None:
-        key = (name, tuple(sorted(attrs.items())))
-        self._sums[key] = self._sums.get(key, 0) + 1
-
-    def _flush_sums(self, out: Out) -> None:
-        out.extend(self._pending_metrics)
-        self._pending_metrics.clear()
-        for (name, attrs), value in self._sums.items():
-            unit, text = _COUNTERS[name]
-            out.append(MetricRecord(None, name, "counter", value, dict(attrs), unit, text, SCOPE))
-        self._sums.clear()
+        self.sums.add(None, name, 1, attrs)  # int sums, as before the shared Sums
 
 
-def _arrivals(ranks: dict[int, Any]) -> tuple[int, int, int, int]:
+def _attributes(span: ReadableSpan) -> Mapping[str, Any]:
+    return span.attributes or {}
+
+
+def _times(span: ReadableSpan) -> tuple[int, int]:
+    """(start, end) epoch ns of a finished span (always set on one received over OTLP)."""
+    return span.start_time or 0, span.end_time or 0
+
+
+def _arrivals(ranks: dict[int, ReadableSpan]) -> tuple[int, int, int, int]:
     """(first start, last start, the rank that started last (highest on ties), last end)."""
     first = last = end = None
     last_rank = -1
     for rank, span in ranks.items():
-        s, e = span.start_time, span.end_time
+        s, e = _times(span)
         if first is None or s < first:
             first = s
         if last is None or s > last or (s == last and rank > last_rank):
@@ -347,7 +357,7 @@ def _arrivals(ranks: dict[int, Any]) -> tuple[int, int, int, int]:
     return first, last, last_rank, end
 
 
-def _host_of(front: Any, rank: int) -> Any:
+def _host_of(front: Front | None, rank: int) -> Any:
     """host.name of the resource a rank's last span came from, or None."""
     resource = front.resources.get(rank) if front is not None else None
     return resource.attributes.get("host.name") if resource is not None else None

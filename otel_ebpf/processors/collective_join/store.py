@@ -19,6 +19,7 @@ from collections import OrderedDict
 from typing import Any
 
 from otel_ebpf.core.events import SpanEventRecord
+from otel_ebpf.core.readable import ReadableSpan
 
 __all__ = ["Collective", "Front", "Key", "Store"]
 
@@ -36,8 +37,8 @@ class Collective:
         self.trace_id = trace_id
         self.nranks = nranks
         self.first = first  # clock() at the first arrival
-        self.ranks: dict[int, Any] = {}
-        self.root: Any = None
+        self.ranks: dict[int, ReadableSpan] = {}
+        self.root: ReadableSpan | None = None
         self.sig: tuple[Any, Any, Any] | None = None
         self.mismatch: set[str] | None = None
         self.events: list[SpanEventRecord] = []
