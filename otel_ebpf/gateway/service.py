@@ -40,7 +40,7 @@ from otel_ebpf.gateway.exportgate import ExportGate
 from otel_ebpf.gateway.losses import AgentLossLedger, GatewayTelemetry
 from otel_ebpf.gateway.ingest import OtlpIngest
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context
-from otel_ebpf.host.processes import gateway_resource_attributes
+from otel_ebpf.host.identity import gateway_resource_attributes
 from otel_ebpf.core.telemetry import LOST
 
 __all__ = ["Gateway"]

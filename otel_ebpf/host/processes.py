@@ -20,30 +20,33 @@ Rank precedence (first source that holds a non-negative integer wins): torchrun
 (``OMPI_COMM_WORLD_*``) over MPICH (``PMI_RANK``, ``PMI_SIZE``) over Slurm (``SLURM_PROCID``,
 ``SLURM_LOCALID``, ``SLURM_NTASKS``, ``SLURM_NODEID``): a launcher nested in ``srun`` sets the
 inner, more specific values.
+
+Layout: cgroup parsing is :mod:`otel_ebpf.host.cgroups`, the host's and the services' own
+resources :mod:`otel_ebpf.host.identity`, attribute types and text cleaning
+:mod:`otel_ebpf.host.attributes`.
 """
 from __future__ import annotations
 
 import functools
 import os
-import platform
 import pwd
 import re
-import socket
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import TypeAlias
+from collections.abc import Sequence
 
 from opentelemetry.semconv._incubating.attributes import host_attributes as _host
-from opentelemetry.semconv._incubating.attributes import os_attributes as _os
 from opentelemetry.semconv._incubating.attributes import process_attributes as _proc
 # container.id and k8s.pod.uid are stable only in recent semconv; the incubating names are the
 # same strings and exist in every version pyproject allows (>=0.48b0).
 from opentelemetry.semconv._incubating.attributes.container_attributes import CONTAINER_ID
 from opentelemetry.semconv._incubating.attributes.k8s_attributes import K8S_POD_UID
-from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME, SERVICE_VERSION
+from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME
 
-from otel_ebpf.core.version import __version__
+from otel_ebpf.host.attributes import MAX_VALUE_CHARS, AttributeValue, Attributes, clean as _clean
+from otel_ebpf.host.cgroups import container_id_from_cgroup, pod_uid_from_cgroup
+# Re-exported: the agent, the Python API and the collective_join processor import them from here.
+from otel_ebpf.host.identity import agent_resource_attributes, gateway_resource_attributes, host_attributes
 from otel_ebpf.host.k8s import DOWNWARD_ENV_NAMES, K8sMetadata
 from otel_ebpf.host.redact import DEFAULT_REDACT_PATTERNS, REDACTED, redact_command_line
 
@@ -51,12 +54,9 @@ __all__ = [
     "CUDA_VISIBLE_DEVICES", "DEFAULT_REDACT_PATTERNS", "ENV_VARIABLES", "MAX_COMMAND_LINE_CHARS",
     "MAX_VALUE_CHARS", "ML_LOCAL_RANK", "ML_LOCAL_WORLD_SIZE", "ML_MASTER_ADDR", "ML_NODE_RANK", "ML_RANK",
     "ML_WORLD_SIZE", "REDACTED", "SLURM_JOB_ID", "SLURM_STEP_ID", "AttributeValue", "Attributes",
-    "ResourceCache", "agent_resource_attributes", "container_id_from_cgroup", "gateway_resource_attributes",
-    "host_attributes", "pod_uid_from_cgroup", "process_attributes", "process_environment", "redact_command_line",
+    "ResourceCache", "agent_resource_attributes", "gateway_resource_attributes", "host_attributes",
+    "process_attributes", "process_environment", "redact_command_line",
 ]
-
-AttributeValue: TypeAlias = str | int | tuple[str, ...]
-Attributes: TypeAlias = dict[str, AttributeValue]
 
 # otel-ebpf's own attribute namespace: semantic conventions have no names for these yet.
 ML_RANK = "ml.rank"
@@ -70,7 +70,6 @@ SLURM_STEP_ID = "slurm.step.id"
 CUDA_VISIBLE_DEVICES = "cuda.visible_devices"
 
 MAX_COMMAND_LINE_CHARS = 4096
-MAX_VALUE_CHARS = 256
 _MAX_CMDLINE_READ = 128 * 1024
 _MAX_ENVIRON_READ = 1024 * 1024
 _MAX_SMALL_READ = 64 * 1024
@@ -93,62 +92,8 @@ _GPU_ENV = frozenset(("CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES"))
 ENV_VARIABLES = (frozenset(v for vs in _INT_SOURCES.values() for v in vs) | frozenset(_STR_SOURCES.values())
                  | _GPU_ENV | DOWNWARD_ENV_NAMES)
 
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 _UINT = re.compile(r"^[0-9]{1,19}$")  # /proc/PID/stat numbers
 _SMALL_UINT = re.compile(r"^[0-9]{1,9}$")  # ranks and sizes from the environment
-
-
-def _clean(text: str, cap: int = MAX_VALUE_CHARS) -> str:
-    """Strip control characters, then cut to ``cap`` characters."""
-    return _CONTROL.sub("", text)[:cap]
-
-
-# --- cgroup ------------------------------------------------------------------------------------
-
-# One path segment naming a container: docker (cgroupfs ``<id>``, systemd ``docker-<id>.scope``),
-# containerd (``cri-containerd-<id>.scope``), CRI-O (``crio-<id>.scope``), podman
-# (``libpod-<id>.scope``). ``crio-conmon-`` / ``libpod-conmon-`` are the monitor processes beside
-# the container, not in it, and do not match.
-_CONTAINER_SEGMENT = re.compile(r"^(?:(?:docker|cri-containerd|crio|libpod|containerd)-)?([0-9a-f]{64})"
-                                r"(?:\.scope)?$")
-# ``pod<uid>`` (cgroupfs driver) or ``kubepods-<qos>-pod<uid_with_underscores>.slice`` (systemd
-# driver, also ``kubelet-kubepods-…`` on kind/k3s); a prefix must name kubepods. Static pods have
-# a 32-hex UID, no dashes.
-_POD_UID = re.compile(r"(?:^|-)pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
-                      r"|[0-9a-f]{32})(?:\.slice)?$")
-
-
-def _cgroup_paths(text: str) -> list[str]:
-    """The path of every ``hierarchy-ID:controllers:path`` line, in file order."""
-    return [parts[2] for parts in (line.split(":", 2) for line in text.splitlines()) if len(parts) == 3]
-
-
-def _pod_segment(segment: str) -> re.Match[str] | None:
-    m = _POD_UID.search(segment)
-    return m if m and (m.start() == 0 or "kubepods" in segment[:m.start()]) else None
-
-
-def _last_segment_match(text: str, match: Callable[[str], re.Match[str] | None]) -> str | None:
-    for path in _cgroup_paths(text):
-        found = [m.group(1) for m in map(match, path.split("/")) if m]
-        if found:
-            return found[-1]  # innermost, e.g. docker-in-docker
-    return None
-
-
-def container_id_from_cgroup(text: str) -> str | None:
-    """The 64-hex container id in ``/proc/PID/cgroup`` text (v1 or v2), or None on the host.
-
-    The first line (file order) that names a container wins; within it, the innermost segment.
-    Paths are as seen from the reader's cgroup namespace: run the agent in the host's one.
-    """
-    return _last_segment_match(text, _CONTAINER_SEGMENT.match)
-
-
-def pod_uid_from_cgroup(text: str) -> str | None:
-    """The Kubernetes pod UID in ``/proc/PID/cgroup`` text, with dashes, or None outside a pod."""
-    uid = _last_segment_match(text, _pod_segment)
-    return uid.replace("_", "-") if uid else None
 
 
 # --- /proc reading -----------------------------------------------------------------------------
@@ -315,42 +260,6 @@ def _read_live(proc_root: str, pid: int, stat: tuple[str, int, int], redact: Seq
             attrs[key] = value
     attrs.update(_command_attributes(_argv(proc_root, pid), redact))
     return attrs
-
-
-# --- host and agent ----------------------------------------------------------------------------
-
-_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64", "armv7l": "arm32",
-         "ppc64le": "ppc64", "ppc64": "ppc64", "s390x": "s390x", "i386": "x86", "i686": "x86"}
-
-
-@functools.lru_cache(maxsize=1)
-def _host_attributes() -> tuple[tuple[str, str], ...]:
-    machine = platform.machine()
-    return ((_host.HOST_NAME, _clean(socket.gethostname())),
-            (_host.HOST_ARCH, _ARCH.get(machine.lower(), _clean(machine))),
-            (_os.OS_TYPE, platform.system().lower() or "linux"),
-            (_os.OS_DESCRIPTION, _clean(platform.release())))
-
-
-def host_attributes() -> Attributes:
-    """host.name, host.arch, os.type, os.description (kernel release) of the agent's host.
-
-    Computed once per agent process; returns a fresh dict the caller may mutate.
-    """
-    return dict(_host_attributes())
-
-
-def agent_resource_attributes() -> Attributes:
-    """The agent's own resource: service.name ``otel-ebpf``, service.version and host attributes.
-
-    ``telemetry.sdk.*`` are left to the SDK's ``Resource.create``.
-    """
-    return {SERVICE_NAME: "otel-ebpf", SERVICE_VERSION: __version__, **host_attributes()}
-
-
-def gateway_resource_attributes() -> Attributes:
-    """The gateway's own resource (its metrics, and collective root spans it synthesizes)."""
-    return {SERVICE_NAME: "otel-ebpf-gateway", SERVICE_VERSION: __version__, **host_attributes()}
 
 
 # --- cache -------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ import pytest
 from otel_ebpf.core.config import K8sConfig, build
 from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.host.k8s import KUBELET_ERRORS, K8sMetadata, kubelet_url, parse_pod_list
-from otel_ebpf.host.processes import ResourceCache, container_id_from_cgroup, pod_uid_from_cgroup
+from otel_ebpf.host.cgroups import container_id_from_cgroup, pod_uid_from_cgroup
+from otel_ebpf.host.processes import ResourceCache
 from otel_ebpf.service.settings import AgentConfig
 from otel_ebpf.core.telemetry import DROPPED, Telemetry
 from tests.unit.test_resources import _env, make_proc

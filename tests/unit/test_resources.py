@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from otel_ebpf.core.version import __version__
-from otel_ebpf.host import processes as r
+from otel_ebpf.host import cgroups, identity, processes as r
 DATA = Path(__file__).parent / "data" / "cgroup"
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
@@ -144,15 +144,15 @@ def test_every_fixture_has_a_case() -> None:
 def test_cgroup_fixture_container_and_pod(name: str) -> None:
     text = (DATA / name).read_text()
     container, pod = CGROUP_CASES[name]
-    assert r.container_id_from_cgroup(text) == container
-    assert r.pod_uid_from_cgroup(text) == pod
+    assert cgroups.container_id_from_cgroup(text) == container
+    assert cgroups.pod_uid_from_cgroup(text) == pod
 
 
 @pytest.mark.parametrize("text", ["", "garbage", "0::", "\x00\x01::/docker/zz", "0::/docker/" + "a" * 63,
                                   "0::/docker/" + "A" * 64, "0::/" + "a" * 65])
 def test_cgroup_junk_is_none(text: str) -> None:
-    assert r.container_id_from_cgroup(text) is None
-    assert r.pod_uid_from_cgroup(text) is None
+    assert cgroups.container_id_from_cgroup(text) is None
+    assert cgroups.pod_uid_from_cgroup(text) is None
 
 
 # --- fake /proc --------------------------------------------------------------------------------
@@ -376,8 +376,8 @@ def test_real_child_every_attribute(child: subprocess.Popen[bytes]) -> None:
         "slurm.job.id": "991", "cuda.visible_devices": "2,3", "ml.master_addr": "10.0.0.1",
     }
     cgroup = Path("/proc/self/cgroup").read_text()
-    for key, value in (("container.id", r.container_id_from_cgroup(cgroup)),
-                       ("k8s.pod.uid", r.pod_uid_from_cgroup(cgroup))):
+    for key, value in (("container.id", cgroups.container_id_from_cgroup(cgroup)),
+                       ("k8s.pod.uid", cgroups.pod_uid_from_cgroup(cgroup))):
         if value:
             expected[key] = value
     assert attrs == expected
@@ -387,13 +387,13 @@ def test_real_child_every_attribute(child: subprocess.Popen[bytes]) -> None:
 # --- host and agent ----------------------------------------------------------------------------
 
 def test_host_and_agent_attributes() -> None:
-    host = r.host_attributes()
+    host = identity.host_attributes()
     assert host["host.name"] == socket.gethostname()
     assert host["os.type"] == "linux" and host["os.description"] == platform.release()
     assert host["host.arch"] in {"amd64", "arm64", "arm32", "ppc64", "s390x", "x86", platform.machine()}
     host["host.name"] = "mutated"
-    assert r.host_attributes()["host.name"] == socket.gethostname()
-    agent = r.agent_resource_attributes()
+    assert identity.host_attributes()["host.name"] == socket.gethostname()
+    agent = identity.agent_resource_attributes()
     assert agent["service.name"] == "otel-ebpf" and agent["service.version"] == __version__
     assert not [k for k in agent if k.startswith("telemetry.sdk")]
 
