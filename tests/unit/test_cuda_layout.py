@@ -32,8 +32,8 @@ from otel_ebpf.receivers.cuda.receiver import (
     PROBES,
     SET_DEVICE,
     CudaReceiver,
-    Mirror,
 )
+from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.telemetry import DROPPED
 
 CUDA_DIR = Path(cuda_receiver.__file__).resolve().parent
@@ -175,7 +175,10 @@ def test_receivers_of_one_process_convert_kernel_time_alike() -> None:
     from otel_ebpf.receivers.python import Config as PyConfig
     from otel_ebpf.receivers.python.receiver import PythonReceiver
 
-    assert _receiver().clock.offset_ns == PythonReceiver(PyConfig(), Context(), ListConsumer()).clock.offset_ns
+    ctx = Context()  # the receivers of one agent share its context, and so its one kernel clock
+    cuda = CudaReceiver(Config(), ctx, ListConsumer())
+    python = PythonReceiver(PyConfig(), ctx, ListConsumer())
+    assert cuda.clock is python.clock and cuda.clock.to_epoch_ns(123) == python.clock.to_epoch_ns(123)
 
 
 @pytest.mark.parametrize("raw", [b"\x10" + bytes(10), MEMCPY.fmt.pack(16, 200, *([0] * 14)),

@@ -12,7 +12,8 @@ from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.receivers.sched import Config, factory
 from otel_ebpf.receivers.sched import receiver as sched_receiver
 from otel_ebpf.receivers.sched.events import SchedExec, SchedExitCode, SchedFork, SchedProcStats
-from otel_ebpf.receivers.sched.receiver import EXEC, EXIT_CODE, FORK, MIRRORS, Mirror, SchedReceiver, _proc_delta
+from otel_ebpf.bpf.records import Mirror
+from otel_ebpf.receivers.sched.receiver import EXEC, EXIT_CODE, FORK, MIRRORS, SchedReceiver, _proc_delta
 
 from tests.support.layout import CLayout, assert_mirror, format_offsets, measure
 

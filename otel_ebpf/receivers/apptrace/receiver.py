@@ -23,6 +23,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from otel_ebpf.bpf.attach import claim_library
 from otel_ebpf.bpf.receiver import COMMON_SRC, BpfReceiver
 from otel_ebpf.core.errors import AttachError
 from otel_ebpf.core.pipeline import Consumer, Context
@@ -139,11 +140,10 @@ class AppTraceReceiver(BpfReceiver):
 
     def attach_library(self, path: str) -> int:
         """Attach to every location of otel_ebpf:event in ``path``; returns how many attached."""
-        real = os.path.realpath(path)
         with self._attach_lock:
-            if real in self._attached or self._bpf is None:
-                return 0
-            self._attached.add(real)
+            real = claim_library(self._attached, path, self._bpf is not None)
+        if real is None:
+            return 0
         n = 0
         try:
             import bcc

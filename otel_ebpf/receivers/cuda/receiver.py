@@ -12,17 +12,17 @@ Threading: ``decode`` and ``poll_maps`` run on the receiver's poll thread only (
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import struct
 import time
 from dataclasses import dataclass
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from otel_ebpf.bpf import threadctx
+from otel_ebpf.bpf.maps import MapDeltas
 from otel_ebpf.bpf.receiver import BpfReceiver, Probe
+from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.buckets import bounds_for_unit
 from otel_ebpf.core.pipeline import Consumer, Context
 
@@ -40,7 +40,7 @@ from .events import (
 )
 
 __all__ = ["ALLOC", "APIS", "FREE", "LAUNCH", "MEMCPY", "MIRRORS", "PROBES", "SET_DEVICE", "SYNC", "Api",
-           "CudaReceiver", "Mirror"]
+           "CudaReceiver"]
 
 log = logging.getLogger(__name__)
 ApiKind = Literal["launch", "launch_exc", "memcpy", "alloc", "free", "sync", "set_device"]
@@ -86,18 +86,6 @@ PROBES: tuple[Probe, ...] = tuple(
     for a in APIS)
 
 
-@dataclass(frozen=True)
-class Mirror:
-    """The Python mirror of one C record struct in cuda.h: its type byte, its layout as a
-    little-endian ``struct`` format (explicit ``x`` padding), and the C member designators of
-    the unpacked values, in order (checked against gcc by tests/unit/test_cuda_layout.py)."""
-
-    c_struct: str
-    etype: int
-    fmt: struct.Struct
-    fields: tuple[str, ...]
-
-
 _CALL_FMT = "BBBxiIIQQi4xQQ"
 _CALL_FIELDS = tuple(f"call.{f}" for f in ("type", "api", "ctx_kind", "device", "pid", "tid", "start_ns", "end_ns",
                                           "rc", "ctx_start", "ctx_root"))
@@ -130,41 +118,6 @@ DUR_BOUNDS_NS = tuple(round(b * 1e9) for b in bounds_for_unit("s"))
 BYTES_BOUNDS = tuple(int(b) for b in bounds_for_unit("By"))
 
 
-def _process_gone(pid: int) -> bool:
-    """True when ``pid`` has exited (no /proc entry, or a zombie waiting to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return True
-    state = stat[stat.rfind(b")") + 2:][:1]
-    return state in (b"Z", b"X", b"")
-
-
-def _read_deltas(table: Any, totals: dict[Any, tuple[int, ...]], key_of: Callable[[Any], tuple[int, ...]],
-                 total_of: Callable[[Any], tuple[int, ...]]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """(key, delta) of every cumulative in-kernel counter of ``table`` whose first field moved
-    since the last read (``totals`` keeps the last values, one entry per map entry, so it has
-    the map's bound). Keys start with the pid; the counters of processes that are gone are
-    deleted from the map and from ``totals`` after this, their final, read."""
-    out = []
-    gone: dict[int, bool] = {}
-    for key, value in table.items():
-        k, total = key_of(key), total_of(value)
-        prev = totals.get(k)
-        delta = total if prev is None else tuple(a - b for a, b in zip(total, prev, strict=True))
-        if delta[0] > 0:
-            out.append((k, delta))
-        totals[k] = total
-        if k[0] not in gone:
-            gone[k[0]] = _process_gone(k[0])
-        if gone[k[0]]:
-            with contextlib.suppress(KeyError):
-                del table[key]
-            totals.pop(k, None)
-    return out
-
-
 class CudaReceiver(BpfReceiver):
     """Receiver ``cuda``: typed CUDA runtime events for the processes in ``ctx.target_pids``
     (and their children), or every process that maps libcudart when there are none."""
@@ -180,8 +133,12 @@ class CudaReceiver(BpfReceiver):
                          pause_on_load=config.pause_on_load, extra_libraries=config.libraries,
                          poll_interval=config.poll_interval)
         self.config = config
-        self._launch_totals: dict[LaunchKey, tuple[int, ...]] = {}
-        self._call_totals: dict[CallKey, tuple[int, ...]] = {}
+        self._launches: MapDeltas[LaunchKey] = MapDeltas(
+            lambda key: (key.pid, key.device, key.grid_size, key.block_size, key.op), lambda per_cpu: (sum(per_cpu),))
+        nd, nb = len(DUR_BOUNDS_NS) + 1, len(BYTES_BOUNDS) + 1
+        self._calls: MapDeltas[CallKey] = MapDeltas(
+            lambda key: (key.pid, key.device, key.rc, key.api, key.kind),
+            lambda v: (v.calls, v.limited, v.dur_ns, v.bytes, *v.dur_hist[:nd], *v.bytes_hist[:nb]))
         self._next_stats = 0.0
         self._final_read = False
 
@@ -249,13 +206,9 @@ class CudaReceiver(BpfReceiver):
             return []
         now_ns = time.time_ns()
         nd = len(DUR_BOUNDS_NS) + 1
-        nb = len(BYTES_BOUNDS) + 1
         return [CallStats(k[0], _SYMBOLS[k[3]], k[1], k[2], k[4], d[0], d[1], d[2], d[3], d[4:4 + nd], d[4 + nd:],
                           now_ns)
-                for k, d in _read_deltas(
-                    self.bpf["call_stats"], self._call_totals,
-                    lambda key: (key.pid, key.device, key.rc, key.api, key.kind),
-                    lambda v: (v.calls, v.limited, v.dur_ns, v.bytes, *v.dur_hist[:nd], *v.bytes_hist[:nb]))]
+                for k, d in self._calls.moved(self.bpf["call_stats"])]
 
     def read_launch_stats(self) -> list[KernelLaunchStats]:
         """Deltas of every launch counter since the last read; counters of processes that are
@@ -266,10 +219,7 @@ class CudaReceiver(BpfReceiver):
         now_ns = time.time_ns()
         return [KernelLaunchStats(k[0], k[1], k[2], k[3], d[0], now_ns,
                                   (threadctx.op_name(self.ctx, k[0], k[4]) or "") if k[4] else "")
-                for k, d in _read_deltas(
-                    self.bpf["launch_stats"], self._launch_totals,
-                    lambda key: (key.pid, key.device, key.grid_size, key.block_size, key.op),
-                    lambda per_cpu: (sum(per_cpu),))]
+                for k, d in self._launches.moved(self.bpf["launch_stats"])]
 
     def shutdown(self) -> None:
         self._final_read = True  # the base's last drain reads the counters one more time

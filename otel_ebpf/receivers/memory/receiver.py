@@ -18,33 +18,24 @@ import logging
 import os
 import struct
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from otel_ebpf.bpf.maps import MapDeltas
 from otel_ebpf.bpf.receiver import BpfReceiver
+from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.pipeline import Consumer, Context
+from otel_ebpf.host.procfs import fault_count
 
 from .config import Config
 from .events import MemoryUsage, OomKill, PageFaults
 
-__all__ = ["FAULT_TRACEPOINT", "OOM", "MemoryReceiver", "Mirror", "read_statm"]
+__all__ = ["FAULT_TRACEPOINT", "OOM", "MemoryReceiver", "read_statm"]
 
 log = logging.getLogger(__name__)
 TRACEFS = "/sys/kernel/tracing/events"
 FAULT_TRACEPOINT = f"{TRACEFS}/exceptions/page_fault_user"
 OOM_FORMAT = f"{TRACEFS}/oom/mark_victim/format"
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-
-
-@dataclass(frozen=True)
-class Mirror:
-    """The Python mirror of a C record in memory.h: type byte, little-endian layout with explicit
-    padding, and the C members of the unpacked values in order (tests/unit/test_memory_layout.py)."""
-
-    c_struct: str
-    etype: int
-    fmt: struct.Struct
-    fields: tuple[str, ...]
 
 
 OOM = Mirror("mm_oom_rec", 80, struct.Struct("<B3xIQQQQQIiI4x16s"),
@@ -62,19 +53,6 @@ def read_statm(pid: int, proc_root: str = "/proc") -> tuple[int, int] | None:
         return None
 
 
-def _proc_faults(pid: int) -> int | None:
-    """minflt + majflt from /proc/PID/stat (fields 10 and 12), or None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-        rest = stat[stat.rfind(b")") + 2:].split()
-        if rest[0] in (b"Z", b"X"):
-            return None
-        return int(rest[7]) + int(rest[9])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 class MemoryReceiver(BpfReceiver):
     """Receiver ``memory`` (see the module docstring)."""
 
@@ -86,7 +64,8 @@ class MemoryReceiver(BpfReceiver):
                          poll_interval=min(config.interval, 0.1))
         self.config = config
         self.fault_tracepoint = config.fault_source == "tracepoint" and os.path.isdir(FAULT_TRACEPOINT)
-        self._fault_totals: dict[int, int] = {}
+        # pid -> (faults,): the tracepoint counters (mm_faults, per CPU) or /proc/PID/stat
+        self._faults: MapDeltas[int] = MapDeltas(lambda key: key.value, lambda per_cpu: (sum(per_cpu),))
         self._next_read = 0.0
         self._final_read = False
 
@@ -126,7 +105,7 @@ class MemoryReceiver(BpfReceiver):
         try:
             if self.fault_tracepoint:
                 return self.read_counters()
-            return [*self._faults_from_proc(), *self._usage(list(self._fault_totals))]
+            return [*self._faults_from_proc(), *self._usage(self._faults.totals.keys())]
         except Exception:  # a map read must not stop the poll loop
             log.debug("%s: reading maps failed", self.name, exc_info=True)
             self.ctx.telemetry.dropped(self.name, "map_read_error")
@@ -137,43 +116,39 @@ class MemoryReceiver(BpfReceiver):
         per process); counters of gone processes are deleted after this (final) read."""
         if self.bpf is None:
             return []
-        table = self.bpf["mm_faults"]
         now_ns = time.time_ns()
+        statm: dict[int, tuple[int, int] | None] = {}
+
+        def reaped(pid: int) -> bool:  # one statm read per process: gone, and its RSS
+            statm[pid] = read_statm(pid)  # a zombie still has one (all zeros): it is not gone yet
+            return statm[pid] is None
+
         out: list[object] = []
-        for key, per_cpu in table.items():
-            pid, total = key.value, sum(per_cpu)
-            delta = total - self._fault_totals.get(pid, 0)
-            if delta > 0:
-                out.append(PageFaults(pid, delta, now_ns))
-            self._to_host_stats(pid, total, now_ns)
-            statm = read_statm(pid)
-            if statm is None:  # gone
-                try:
-                    del table[key]
-                except KeyError:
-                    pass
-                self._fault_totals.pop(pid, None)
-                continue
-            self._fault_totals[pid] = total
-            if statm[1] > 0:  # a zombie reads as all zeros
-                out.append(MemoryUsage(pid, statm[0], statm[1], now_ns))
+        for row in self._faults.read(self.bpf["mm_faults"], reaped):
+            pid = row.key
+            if row.moved:
+                out.append(PageFaults(pid, row.delta[0], now_ns))
+            self._to_host_stats(pid, row.total[0], now_ns)
+            usage = statm[pid]
+            if usage is not None and usage[1] > 0:  # a zombie reads as all zeros
+                out.append(MemoryUsage(pid, usage[0], usage[1], now_ns))
         return out
 
     def _faults_from_proc(self) -> list[PageFaults]:
         if self.bpf is None:
             return []
         now_ns = time.time_ns()
-        pids = [k.value for k in self.bpf["traced"].keys()] if self.ctx.target_pids else list(self._fault_totals)
+        totals = self._faults.totals
+        pids = [k.value for k in self.bpf["traced"].keys()] if self.ctx.target_pids else totals.keys()
         out = []
         for pid in pids[: self.config.max_processes]:
-            total = _proc_faults(pid)
+            total = fault_count(pid)
             if total is None:
-                self._fault_totals.pop(pid, None)
+                totals.forget(pid)
                 continue
-            delta = total - self._fault_totals.get(pid, 0)
+            delta = totals.update(pid, (total,))[0][0]
             if delta > 0:
                 out.append(PageFaults(pid, delta, now_ns))
-            self._fault_totals[pid] = total
             self._to_host_stats(pid, total, now_ns)
         return out
 

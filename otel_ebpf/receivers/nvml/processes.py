@@ -27,25 +27,17 @@ from otel_ebpf.core.events import MetricRecord
 
 from . import metrics as m
 from otel_ebpf.host.nvml import NOT_FOUND, Calls
+from otel_ebpf.host.procfs import process_gone
 
 if TYPE_CHECKING:
     from .scrape import Gpu, Scraper
 
-__all__ = ["ProcessReader", "alive"]
+__all__ = ["ProcessReader"]
 
 _RUNNING = (("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"),
             ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2"))
 _TASKS = (("general", "smUtil"), ("encoder", "encUtil"), ("decoder", "decUtil"))
 _MEMBERS = ("smUtil", "memUtil", "encUtil", "decUtil")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X", b"")
 
 
 class ProcessReader:
@@ -86,7 +78,7 @@ class ProcessReader:
         for pid in pids:
             self._emit(scraper, gpu, out, pid, used.get(pid), samples.get(pid))
         for pid in self._pids - pids:  # left the GPU: back to 0 if still alive, else forgotten
-            if alive(pid):
+            if not process_gone(pid):
                 self._emit(scraper, gpu, out, pid, 0, None)
             scraper.deltas.last.pop((pid, "hw.gpu.memory.usage", tuple(sorted(gpu.attrs.items()))), None)
         self._pids = pids

@@ -29,6 +29,7 @@ from otel_ebpf.core.pipeline import Consumer, Context
 from . import metrics as m
 from .config import Config
 from otel_ebpf.host.nvml import load
+from otel_ebpf.host.procfs import parent_pid
 from .scrape import Scraper
 from .xid import XID_MEANINGS, XidError, XidWatcher
 
@@ -46,12 +47,10 @@ def in_traced_tree(pid: int, roots: Sequence[int], follow_children: bool = True,
             return True
         if not follow_children or current <= 1:
             return False
-        try:
-            with open(f"/proc/{current}/stat", "rb") as fh:
-                stat = fh.read()
-            current = int(stat[stat.rfind(b")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
+        parent = parent_pid(current)
+        if parent is None:
             return False
+        current = parent
     return False
 
 

@@ -24,7 +24,9 @@ import os
 import threading
 import time
 
+from otel_ebpf.bpf.maps import Totals
 from otel_ebpf.core.pipeline import Consumer, Context
+from otel_ebpf.host.procfs import process_gone
 
 from . import perfevent
 from .config import Config
@@ -51,7 +53,7 @@ class PerfReceiver:
         self._lock = threading.Lock()
         # (pid or None, event) -> [fds], last scaled total
         self._fds: dict[tuple[int | None, str], list[int]] = {}
-        self._totals: dict[tuple[int | None, str], int] = {}
+        self._totals: Totals[tuple[int | None, str]] = Totals()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -143,15 +145,14 @@ class PerfReceiver:
                     if running and running < enabled:
                         value, multiplexed = value * enabled // running, True
                     total += value
-                delta = total - self._totals.get(key, 0)
-                self._totals[key] = total
+                delta = self._totals.update(key, (total,))[0][0]
                 if delta > 0:
                     out.append(PerfCount(key[0], key[1], delta, multiplexed, now_ns))
-                if key[0] is not None and _gone(key[0]):
+                if key[0] is not None and process_gone(key[0]):
                     for fd in fds:
                         perfevent.close(fd)
                     del self._fds[key]
-                    self._totals.pop(key, None)
+                    self._totals.forget(key)
         return out
 
     def _send(self, records: list[PerfCount]) -> None:
@@ -163,11 +164,3 @@ class PerfReceiver:
         else:
             self.next.consume(records)
 
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return True
-    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X", b"")

@@ -24,10 +24,10 @@ import struct
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from otel_ebpf.bpf.receiver import BpfReceiver
+from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.errors import AttachError, OtelEbpfError
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.host.libraries import interpreter_of_command
@@ -39,16 +39,6 @@ from otel_ebpf.bpf.python_usdt import NoUsdtError, UsdtSite, arg_macros, attach_
 __all__ = ["CALL", "NO_ENTRY_MESSAGE", "PythonReceiver"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Mirror:
-    """Python mirror of a C record struct in python.h (checked by tests/unit/test_python_layout.py)."""
-
-    c_struct: str
-    etype: int
-    fmt: struct.Struct
-    fields: tuple[str, ...]
 
 
 CALL = Mirror("py_call_rec", 112, struct.Struct("<B3xIIIQQQQi4x128s64s"),

@@ -21,11 +21,12 @@ import re
 import struct
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 
 from otel_ebpf.bpf import threadctx
+from otel_ebpf.bpf.attach import claim_library
 from otel_ebpf.bpf.receiver import BpfReceiver
+from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.errors import AttachError
 from otel_ebpf.host.libraries import mapped_libraries
 from otel_ebpf.core.pipeline import Consumer, Context
@@ -42,16 +43,6 @@ log = logging.getLogger(__name__)
 LIB_PATTERN = "libtorch_cpu.so"
 _MAX_PIDS = 4096  # processes whose libtorch mappings are cached
 _COUNTS = ("stack_too_deep", "unpaired_returns")  # torch.bpf.c TORCH_CNT_* order
-
-
-@dataclass(frozen=True)
-class Mirror:
-    """Python mirror of a C record struct in torch.h (checked by tests/unit/test_torch_layout.py)."""
-
-    c_struct: str
-    etype: int
-    fmt: struct.Struct
-    fields: tuple[str, ...]
 
 
 OP = Mirror("torch_op_rec", 128, struct.Struct("<B3xIIIQQQQQ"),
@@ -130,11 +121,10 @@ class TorchReceiver(BpfReceiver):
         """Uprobe + uretprobe on every configured operator found in ``path``. Safe to call twice."""
         from bcc import BPF
 
-        real = os.path.realpath(path)
-        with self._attach_lock:
-            if real in self._attached or self._bpf is None:
+        with self._attach_lock:  # held while attaching: BCC's attach calls are not thread-safe
+            real = claim_library(self._attached, path, self._bpf is not None)
+            if real is None:
                 return 0
-            self._attached.add(real)
             try:
                 st = os.stat(real)
                 found = BPF.get_user_functions_and_addresses(real.encode(), op_symbol_regex(self.config.ops))
