@@ -71,8 +71,9 @@ class HostTimeline(Protocol):
     """Cumulative host counters per (pid, tid) over time: receivers push samples, processors ask
     for the increase over an interval (otel_ebpf.host.timeline has the interpolation rules)."""
 
-    def add(self, pid: int, time_ns: int, *, tid: int = 0, **counters: float) -> None:
-        """Cumulative ``counters`` of ``pid`` (thread ``tid``; 0: the process) at ``time_ns``."""
+    def add(self, pid: int, time_ns: int, *, tid: int = 0, growing: str = "", **counters: float) -> None:
+        """Cumulative ``counters`` of ``pid`` (thread ``tid``; 0: the process) at ``time_ns``;
+        ``growing``: the counter rising at 1 ns per ns at that time (a thread's state), if any."""
         ...
 
     def delta(self, pid: int, start_ns: int, end_ns: int, *, tid: int = 0) -> dict[str, float]:

@@ -6,8 +6,10 @@ Receivers call ``ctx.host_stats.add(pid, time_ns, **counters)`` with CUMULATIVE 
 ``page_faults``), each counter at its own times: several receivers may feed one pid.
 ``delta(pid, start_ns, end_ns)`` interpolates every counter linearly between the samples
 around ``start_ns`` and around ``end_ns`` and returns the differences. A counter with no sample
-at or before ``start_ns`` is left out (its value then is unknown); past its newest sample the
-newest value is used, after asking the registered sampler (if any) for a fresh one.
+at or before ``start_ns`` is left out (its value then is unknown). Past its newest sample the
+newest value is used, plus, for the counter the feeder said was ``growing`` then (a thread's
+state: on CPU, asleep, in the run queue), the time since that sample, up to ``extrapolate_ns``:
+a step that ends between two samples is not cut short by up to one feeder interval.
 
 ``tid`` (keyword) selects a thread's own series instead of the process's (0). Thread series
 are only sampled for threads someone asked about: ``watch(pid, tid)`` (done by
@@ -19,8 +21,9 @@ per counter (older ones age out; a sample on the line between its neighbours is 
 the window is ``max_samples`` changes of rate, at least ``max_samples`` x the feeder's interval);
 ``max_watched`` threads watched (least recently asked first out, counted as ``watch_evicted``).
 
-Thread safety: every method may be called from any thread (one lock). The sampler is called
-without the lock held, from the thread calling :meth:`HostStats.delta`.
+Thread safety: every method may be called from any thread (one lock). The store only reads
+what feeders pushed: it calls no feeder code, so a processor asking on the pipeline thread
+never runs a receiver's map reads (feeders sample on their own threads).
 """
 from __future__ import annotations
 
@@ -28,29 +31,32 @@ import bisect
 import statistics
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from otel_ebpf.core.services import HostTimeline
 
 __all__ = ["HostStats", "StepTracker", "step_attribute_name", "straggler_attributes", "straggler_figures",
            "why_late"]
 
 Key = tuple[int, int]  # (pid, tid); tid 0: the whole process
-Sampler = Callable[[int, int], None]
 _TELEMETRY_NAME = "host_stats"
 
 
 class _Series:
     """One counter's samples, in time order (bounded)."""
 
-    __slots__ = ("times", "values")
+    __slots__ = ("growing", "times", "values")
 
     def __init__(self, max_samples: int) -> None:
         self.times: deque[int] = deque(maxlen=max_samples)
         self.values: deque[float] = deque(maxlen=max_samples)
+        self.growing = False  # at the newest sample, the counter was growing at 1 ns per ns
 
-    def add(self, time_ns: int, value: float) -> None:
+    def add(self, time_ns: int, value: float, growing: bool = False) -> None:
         if self.times and time_ns < self.times[-1]:
             return  # out of order: keep the series monotonic in time
+        self.growing = growing
         if self.times and time_ns == self.times[-1]:
             self.values[-1] = value
             return
@@ -69,45 +75,44 @@ class _Series:
         expected = v0 + (v - v0) * (t1 - t0) / (t - t0)
         return abs(expected - v1) <= 0.5 + 1e-9 * abs(v - v0)
 
-    def newest(self) -> int:
-        return self.times[-1] if self.times else -1
-
-    def at(self, t: int) -> float | None:
-        """The value at ``t``: linear between the samples around it; the newest value after
-        the newest sample; None before the oldest (unknown)."""
+    def at(self, t: int, extrapolate_ns: int) -> float | None:
+        """The value at ``t``: linear between the samples around it; after the newest sample,
+        the newest value (+ the time since it, up to ``extrapolate_ns``, while ``growing``);
+        None before the oldest (unknown)."""
         times = self.times
         if not times or t < times[0]:
             return None
         i = bisect.bisect_right(times, t)
         if i >= len(times):
-            return self.values[-1]
+            return self.values[-1] + (min(t - times[-1], extrapolate_ns) if self.growing else 0)
         t0, t1 = times[i - 1], times[i]
         v0, v1 = self.values[i - 1], self.values[i]
         return v0 + (v1 - v0) * (t - t0) / (t1 - t0)
 
 
 class HostStats:
-    """Thread-safe, bounded store of cumulative counters per (pid, tid) over time."""
+    """Thread-safe, bounded store of cumulative counters per (pid, tid) over time.
+
+    ``extrapolate_ns``: longest a ``growing`` counter is taken to go on growing past its newest
+    sample (a few times the feeders' interval: the sched receiver samples every 20 ms)."""
 
     def __init__(self, telemetry: Any = None, *, max_keys: int = 4096, max_samples: int = 512,
-                 max_watched: int = 256) -> None:
+                 max_watched: int = 256, extrapolate_ns: int = 100_000_000) -> None:
         self._lock = threading.Lock()
         self._series: OrderedDict[Key, dict[str, _Series]] = OrderedDict()
         self._watched: OrderedDict[Key, None] = OrderedDict()
         self._max_keys, self._max_samples, self._max_watched = max_keys, max_samples, max_watched
-        self._sampler: Sampler | None = None
+        self._extrapolate_ns = extrapolate_ns
         self.telemetry = telemetry
 
     def _dropped(self, reason: str) -> None:
         if self.telemetry is not None:
             self.telemetry.dropped(_TELEMETRY_NAME, reason)
 
-    def set_sampler(self, sampler: Sampler | None) -> None:
-        """``sampler(pid, tid)`` adds a fresh sample of that key now (a receiver's map read)."""
-        self._sampler = sampler
-
-    def add(self, pid: int, time_ns: int, *, tid: int = 0, **counters: float) -> None:
-        """Cumulative ``counters`` of process ``pid`` (or its thread ``tid``) at ``time_ns``."""
+    def add(self, pid: int, time_ns: int, *, tid: int = 0, growing: str = "", **counters: float) -> None:
+        """Cumulative ``counters`` of process ``pid`` (or its thread ``tid``) at ``time_ns``;
+        ``growing``: the one of them rising at 1 ns per ns then (e.g. ``on_cpu_ns`` while the
+        thread runs), if any."""
         key = (pid, tid)
         with self._lock:
             series = self._series.get(key)
@@ -122,31 +127,20 @@ class HostStats:
                 s = series.get(name)
                 if s is None:
                     s = series[name] = _Series(self._max_samples)
-                s.add(time_ns, float(value))
+                s.add(time_ns, float(value), name == growing)
 
     def delta(self, pid: int, start_ns: int, end_ns: int, *, tid: int = 0) -> dict[str, float]:
         """Each counter's increase over [start_ns, end_ns] (see the module doc); {} if none."""
         if end_ns < start_ns:
             return {}
-        key = (pid, tid)
-        sampler = self._sampler
-        if sampler is not None and self._newest(key) < end_ns:
-            try:
-                sampler(pid, tid)
-            except Exception:  # a failing feeder must not break the caller's hot path
-                self._dropped("sampler_error")
         out: dict[str, float] = {}
+        limit = self._extrapolate_ns
         with self._lock:
-            for name, s in self._series.get(key, {}).items():
-                a, b = s.at(start_ns), s.at(end_ns)
+            for name, s in self._series.get((pid, tid), {}).items():
+                a, b = s.at(start_ns, limit), s.at(end_ns, limit)
                 if a is not None and b is not None:
                     out[name] = max(0.0, b - a)
         return out
-
-    def _newest(self, key: Key) -> int:
-        with self._lock:
-            series = self._series.get(key)
-            return max((s.newest() for s in series.values()), default=-1) if series else -1
 
     def watch(self, pid: int, tid: int) -> None:
         """Ask feeders to sample this thread from now on (bounded, most recent kept)."""
@@ -199,7 +193,7 @@ class StepTracker:
     this call's start. Thread figures come from the calling thread's series, the rest from the
     process's. Not thread-safe (one processor thread); at most ``max_keys`` keys."""
 
-    def __init__(self, stats: HostStats | None, max_keys: int = 4096) -> None:
+    def __init__(self, stats: HostTimeline | None, max_keys: int = 4096) -> None:
         self._stats = stats
         self._last: OrderedDict[Any, int] = OrderedDict()
         self._max = max_keys
@@ -220,7 +214,9 @@ class StepTracker:
             return _attrs(stats.delta(pid, prev, start_ns, tid=tid),
                           stats.delta(pid, prev, start_ns), start_ns - prev)
         except Exception:
-            stats._dropped("step_error")
+            telemetry = getattr(stats, "telemetry", None)
+            if telemetry is not None:
+                telemetry.dropped(_TELEMETRY_NAME, "step_error")
             return {}
 
 

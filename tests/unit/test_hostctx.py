@@ -41,20 +41,19 @@ def test_threads_are_their_own_series() -> None:
     assert hs.delta(9, 0, 10) == {}
 
 
-def test_sampler_is_asked_for_a_fresh_sample_past_the_newest() -> None:
-    hs = HostStats()
-    hs.add(1, 0, tid=2, runq_ns=0)
-    calls: list[tuple[int, int]] = []
-
-    def sampler(pid: int, tid: int) -> None:
-        calls.append((pid, tid))
-        hs.add(pid, 100, tid=tid, runq_ns=40)
-
-    hs.set_sampler(sampler)
-    assert hs.delta(1, 0, 50, tid=2) == {"runq_ns": 20}
-    assert calls == [(1, 2)]
-    hs.delta(1, 0, 50, tid=2)  # covered now: no second call
-    assert calls == [(1, 2)]
+def test_a_growing_counter_goes_on_past_the_newest_sample_up_to_the_limit() -> None:
+    """What the thread was doing at the newest sample (here: running) is taken to go on, so a
+    step ending between two of the feeder's samples is not cut short; others stay flat."""
+    hs = HostStats(extrapolate_ns=100)
+    hs.add(1, 0, tid=2, on_cpu_ns=0, runq_ns=0)
+    hs.add(1, 40, tid=2, growing="on_cpu_ns", on_cpu_ns=30, runq_ns=10)
+    assert hs.delta(1, 0, 70, tid=2) == {"on_cpu_ns": 60, "runq_ns": 10}
+    assert hs.delta(1, 0, 1000, tid=2) == {"on_cpu_ns": 130, "runq_ns": 10}  # 100 ns past at most
+    hs.add(1, 90, tid=2, growing="runq_ns", on_cpu_ns=70, runq_ns=15)  # a newer sample replaces the guess
+    assert hs.delta(1, 0, 70, tid=2) == {"on_cpu_ns": pytest.approx(54), "runq_ns": pytest.approx(13)}
+    assert hs.delta(1, 90, 100, tid=2) == {"on_cpu_ns": 0, "runq_ns": 10}
+    hs.add(1, 95, tid=2, on_cpu_ns=70, runq_ns=20)  # nothing growing
+    assert hs.delta(1, 95, 500, tid=2) == {"on_cpu_ns": 0, "runq_ns": 0}
 
 
 def test_bounds_evict_oldest_keys_and_watches_and_count_it() -> None:

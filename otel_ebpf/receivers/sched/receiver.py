@@ -6,11 +6,11 @@ Scheduler figures are accounted in the kernel and read here: every ``stats_inter
 per-process counters become :class:`SchedProcStats` / :class:`SchedCpuStats` deltas (counters
 of processes that are gone are read a last time and deleted); every ``sample_interval`` the
 threads watched in ``ctx.host_stats`` are sampled (cumulative, including the slice in
-progress) for the per-step figures of the NCCL processor.
+progress, and which counter is growing then) for the per-step figures of the NCCL processor.
 
-Threading: ``decode`` and ``poll_maps`` run on the receiver's poll thread; :meth:`sample_thread`
-may also run on the pipeline worker (through ``host_stats``' sampler); it only reads maps.
-Nothing here raises into the poll loop (the base counts bad records as ``decode_error``).
+Threading: everything here runs on the receiver's own poll thread (``decode``, ``poll_maps``
+and the samples it pushes into ``ctx.host_stats``); the pipeline thread only reads what was
+pushed. Nothing here raises into the poll loop (the base counts bad records as ``decode_error``).
 """
 from __future__ import annotations
 
@@ -135,9 +135,6 @@ class SchedReceiver(BpfReceiver):
                 self.shutdown()
                 raise err from None
             log.warning("%s: %s: forks and new threads are not seen", self.name, err)
-        stats = getattr(self.ctx, "host_stats", None)
-        if stats is not None:
-            stats.set_sampler(self.sample_thread)
 
     # ---- ring-buffer records ----------------------------------------------------------
     def decode(self, etype: int, raw: bytes) -> object | None:
@@ -173,7 +170,8 @@ class SchedReceiver(BpfReceiver):
         return out
 
     def sample_watched(self) -> None:
-        stats = getattr(self.ctx, "host_stats", None)
+        """Push a sample of every thread watched in ``ctx.host_stats`` (poll thread)."""
+        stats = self.ctx.host_stats
         if stats is None:
             return
         for pid, tid in stats.watched():
@@ -182,8 +180,9 @@ class SchedReceiver(BpfReceiver):
 
     def sample_thread(self, pid: int, tid: int) -> None:
         """Add thread ``tid``'s cumulative figures now (with the on/off-CPU slice in progress)
-        to ``ctx.host_stats``. Nothing when it is not (or no longer) a thread of ``pid``."""
-        bpf, stats = self.bpf, getattr(self.ctx, "host_stats", None)
+        to ``ctx.host_stats``, with the counter growing then (``growing``). Nothing when it is not
+        (or no longer) a thread of ``pid``. Poll thread only (it reads the threads map)."""
+        bpf, stats = self.bpf, self.ctx.host_stats
         if bpf is None or stats is None or not tid:
             return
         try:
@@ -194,16 +193,23 @@ class SchedReceiver(BpfReceiver):
         if t.tgid != pid:
             return
         on, off, runq = t.on_ns, list(t.off_ns), t.runq_ns
+        growing = ""
         if t.on_ts and now > t.on_ts:
             on += now - t.on_ts
+            growing = "on_cpu_ns"
         elif t.off_ts and now > t.off_ts:
-            wake = t.wake_ts if t.off_ts <= t.wake_ts <= now else now
+            woken = t.off_ts <= t.wake_ts <= now
+            wake = t.wake_ts if woken else now
             if t.reason < len(off):
                 off[t.reason] += wake - t.off_ts
+                growing = f"off_cpu_{OFF_CPU_REASONS[t.reason]}_ns"
             if t.wake_ts or t.reason == _R_RUNQ:
                 runq += now - wake
+            if woken:  # preempted threads are woken at once (sched.bpf.c)
+                growing = "runq_ns"
         counters = {f"off_cpu_{r}_ns": off[i] for i, r in enumerate(OFF_CPU_REASONS)}
-        stats.add(pid, self.clock.to_epoch_ns(now), tid=tid, on_cpu_ns=on, runq_ns=runq, **counters)
+        stats.add(pid, self.clock.to_epoch_ns(now), tid=tid, growing=growing, on_cpu_ns=on, runq_ns=runq,
+                  **counters)
 
     def read_stats(self) -> list[object]:
         """Deltas of every process's counters since the last read; processes that are gone
@@ -227,7 +233,7 @@ class SchedReceiver(BpfReceiver):
                 _delete(procs, key)
                 self._totals.pop(pid, None)
         out.extend(self._read_cpu(now_ns, gone))
-        stats = getattr(self.ctx, "host_stats", None)
+        stats = self.ctx.host_stats
         for pid in gone:
             if stats is not None:
                 stats.forget(pid)
@@ -247,9 +253,6 @@ class SchedReceiver(BpfReceiver):
 
     def shutdown(self) -> None:
         self._final_read = True  # the base's last drain reads the counters one more time
-        stats = getattr(self.ctx, "host_stats", None)
-        if stats is not None:
-            stats.set_sampler(None)
         super().shutdown()
 
 
