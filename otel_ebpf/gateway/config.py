@@ -32,7 +32,7 @@ from otel_ebpf.core.config import (
 from otel_ebpf.emit.exporters import EXPORTER_TYPES, FileExporterConfig, OtlpExporterConfig
 from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.gateway import components
-from otel_ebpf.gateway.receiver import OtlpReceiverConfig
+from otel_ebpf.receivers.otlp import Config as OtlpReceiverConfig
 from otel_ebpf.receivers.otlp.server import parse_endpoint
 from otel_ebpf.service.settings import _build_section, _merge
 

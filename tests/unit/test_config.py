@@ -345,15 +345,16 @@ def test_every_int_documented_as_a_power_of_two_declares_pow2():
     assert any(f.metadata.get("pow2") for cls in _config_classes() for f in _int_fields(cls))
 
 
-def test_every_agent_limit_declares_a_lower_bound():
-    # max_* ints size tables and queues: 0 would disable them silently. Gateway receivers and exporters
-    # are left out: their configs still check by hand (otel_ebpf.gateway.receiver, otel_ebpf.emit).
+def test_every_component_limit_declares_a_lower_bound():
+    # max_* ints size tables and queues: 0 would disable them silently. Exporters are left out: their
+    # configs (otel_ebpf.emit) still check by hand.
     from otel_ebpf.gateway import components as gateway_components
     from otel_ebpf.gateway.config import GatewayServiceConfig
     from otel_ebpf.service import components
 
-    roots = [f.config_class for f in (*components.receivers().values(), *components.processors().values(),
-                                      *gateway_components.processors().values())]
+    factories = [*components.receivers().values(), *components.processors().values(),
+                 *gateway_components.receivers().values(), *gateway_components.processors().values()]
+    roots = [getattr(f, "config_class", f) for f in factories]
     modules = {r.__module__ for r in (*roots, ServiceConfig, GatewayServiceConfig)}  # nested configs too
     undeclared = [f"{cls.__module__}.{cls.__qualname__}.{f.name}" for cls in _config_classes()
                   if cls.__module__ in modules for f in _int_fields(cls)

@@ -21,15 +21,16 @@ class Config:
     http_endpoint: str = doc("127.0.0.1:4328", "OTLP/HTTP listen address HOST:PORT (POST /v1/traces, "
                                                "/v1/metrics); empty: off.")
     max_request_bytes: int = doc(16 * _MIB, "Largest export request accepted once decompressed; larger ones "
-                                            "are refused (RESOURCE_EXHAUSTED / 413) and counted.")
-    max_workers: int = doc(8, "Server threads per transport (each handles one request at a time).")
+                                            "are refused (RESOURCE_EXHAUSTED / 413) and counted.", min=1)
+    max_workers: int = doc(8, "Server threads per transport (each handles one request at a time).", min=1)
     wait_for_room: float = doc(0.1, "How long a request waits for room in a full gateway queue (holding one "
                                     "server thread) before it is refused whole: UNAVAILABLE / 503, counted in "
                                     "otel_ebpf.events.refused; the agent retries it. 0: refuse at once.",
-                               duration=True)
+                               duration=True, max=10)
     retry_after: float = doc(1.0, "Retry hint sent with a refusal: google.rpc.RetryInfo (gRPC) and "
                                   "Retry-After in whole seconds, rounded up (HTTP). The SDK's OTLP exporters "
-                                  "wait that long before retrying, within their own timeout.", duration=True)
+                                  "wait that long before retrying, within their own timeout.", duration=True,
+                             min=0.001, max=3600)
 
     def validate(self, path: str) -> None:
         for key in ("grpc_endpoint", "http_endpoint"):
@@ -38,11 +39,3 @@ class Config:
                 parse_endpoint(value, what=f"{path}.{key}")
         if not (self.grpc_endpoint or self.http_endpoint):
             raise ConfigError(path, "enable grpc_endpoint or http_endpoint (both are empty)")
-        for key in ("max_request_bytes", "max_workers"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{path}.{key}", f"must be >= 1, got {getattr(self, key)}")
-        if self.wait_for_room > 10:
-            raise ConfigError(f"{path}.wait_for_room", f"must be <= 10s (it holds a server thread), "
-                                                        f"got {self.wait_for_room}s")
-        if not 0.001 <= self.retry_after <= 3600:
-            raise ConfigError(f"{path}.retry_after", f"must be between 1ms and 1h, got {self.retry_after}s")
