@@ -13,21 +13,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_ebpf.core.events import MetricRecord, SpanRecord
-from otel_ebpf.core.processing import EventProcessor, handles
+from otel_ebpf.core.events import SpanRecord
+from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 
 from ...receivers.apptrace.events import AppPoint, AppSpan
 from .config import Config
 
-__all__ = ["SCOPE", "AppTraceProcessor"]
+__all__ = ["METRICS", "SCOPE", "AppTraceProcessor"]
 
 SCOPE = "otel_ebpf.apptrace"
+METRICS: dict[str, MetricSpec] = {
+    "app.tracepoint.fires": ("counter", "{fire}", "Application tracepoint fires."),
+}
 
 
 class AppTraceProcessor(EventProcessor[Config]):
     """Processor ``apptrace``."""
 
     NAME = "apptrace"
+    SCOPE = SCOPE
+    METRICS = METRICS
 
     @handles(AppSpan, AppPoint)
     def _app(self, ev: AppSpan | AppPoint, out: list[object]) -> None:
@@ -41,6 +46,5 @@ class AppTraceProcessor(EventProcessor[Config]):
         if self.config.point_spans:
             out.append(SpanRecord(ev.pid, ev.name, ev.time_ns, ev.time_ns, attrs, scope=SCOPE,
                                   trace_id=ev.trace_id or None, parent_span_id=parent if ev.trace_id else None))
-        out.append(MetricRecord(ev.pid, "app.tracepoint.fires", "counter", 1,
-                                {"app.tracepoint.provider": ev.provider, "app.tracepoint.name": ev.name},
-                                unit="{fire}", description="Application tracepoint fires.", scope=SCOPE))
+        self.metric(out, ev.pid, "app.tracepoint.fires", 1,
+                    {"app.tracepoint.provider": ev.provider, "app.tracepoint.name": ev.name})

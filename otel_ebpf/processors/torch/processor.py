@@ -17,15 +17,18 @@ from __future__ import annotations
 
 
 from otel_ebpf.core.ids import op_ids
-from otel_ebpf.core.events import Attributes, MetricRecord, SpanRecord
-from otel_ebpf.core.processing import EventProcessor, handles
+from otel_ebpf.core.events import Attributes, SpanRecord
+from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 
 from ...receivers.torch.events import TorchOp
 from .config import Config
 
-__all__ = ["SCOPE", "TorchProcessor"]
+__all__ = ["METRICS", "SCOPE", "TorchProcessor"]
 
 SCOPE = "otel_ebpf.torch"
+METRICS: dict[str, MetricSpec] = {
+    "pytorch.op.duration": ("histogram", "s", "Duration of probed ATen operator calls (at::_ops::<op>::call)."),
+}
 
 
 class TorchProcessor(EventProcessor[Config]):
@@ -33,12 +36,11 @@ class TorchProcessor(EventProcessor[Config]):
 
     NAME = "torch"
     SCOPE = SCOPE
+    METRICS = METRICS
 
     @handles(TorchOp)
     def _op(self, ev: TorchOp, out: list[object]) -> None:
-        out.append(MetricRecord(ev.pid, "pytorch.op.duration", "histogram", (ev.end_ns - ev.start_ns) / 1e9,
-                                {"pytorch.op.name": ev.op}, unit="s", scope=SCOPE,
-                                description="Duration of probed ATen operator calls (at::_ops::<op>::call)."))
+        self.metric(out, ev.pid, "pytorch.op.duration", (ev.end_ns - ev.start_ns) / 1e9, {"pytorch.op.name": ev.op})
         if not self.config.spans:
             return
         attrs: Attributes = {"pytorch.op.name": ev.op, "pytorch.op.depth": ev.depth, "thread.id": ev.tid}
