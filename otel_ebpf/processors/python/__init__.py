@@ -1,10 +1,11 @@
 """Python processor: Python calls (otel_ebpf/receivers/python) to nested spans (see :mod:`.processor`)."""
 from __future__ import annotations
 
+from otel_ebpf.core.ids import call_ids
 from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
-from .processor import PythonProcessor, call_ids, qualified_name
+from .processor import PythonProcessor, qualified_name
 
 __all__ = ["Config", "PythonProcessor", "call_ids", "create", "factory", "qualified_name"]
 

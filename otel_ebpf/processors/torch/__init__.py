@@ -1,10 +1,11 @@
 """PyTorch processor: operator calls (otel_ebpf/receivers/torch) to nested spans and pytorch.op.duration."""
 from __future__ import annotations
 
+from otel_ebpf.core.ids import op_ids
 from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
-from .processor import TorchProcessor, op_ids
+from .processor import TorchProcessor
 
 __all__ = ["Config", "TorchProcessor", "create", "factory", "op_ids"]
 
