@@ -1,5 +1,6 @@
-"""Block IO receiver: tracepoints block:block_rq_insert/issue/complete -> per-device latency
-histograms and per-process IO bytes and time, aggregated in the kernel (:mod:`.receiver`).
+"""Block IO receiver: tracepoints block:block_getrq, block_bio_frontmerge and
+block_rq_insert/issue/complete -> per-device latency histograms and per-process IO bytes and
+time, aggregated in the kernel (:mod:`.receiver`).
 The ``blockio`` processor turns the events into ``system.disk.*`` and ``process.disk.*`` metrics.
 """
 from __future__ import annotations

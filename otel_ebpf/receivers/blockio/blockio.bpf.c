@@ -1,14 +1,22 @@
 /* Block IO: per-device latency histograms and per-process bytes/latency, aggregated in the
- * kernel (structs in blockio.h). Tracepoints only (block:block_rq_insert, block_rq_issue,
- * block_rq_complete; their args are read from tracefs by BCC, so no kernel struct layout is
- * assumed).
+ * kernel (structs in blockio.h). Tracepoints only (block:block_getrq, block_bio_frontmerge,
+ * block_rq_insert, block_rq_issue, block_rq_complete; their args are read from tracefs by BCC, so
+ * no kernel struct layout is assumed).
  *
- * Attribution: completions run in interrupt context, so the issuing process is remembered per
- * request, keyed by (dev, sector). block_rq_insert runs in the submitting task (a request
- * queued by the IO scheduler or a plug); block_rq_issue runs there too for a direct issue, but
- * in a kworker when the queue is run asynchronously: the first context seen wins. Requests that
- * never complete (merged away) age out of the LRU map; a completion whose issue was not seen is
- * counted in blk_misc[BLK_MISC_NO_ISSUE].
+ * Attribution: completions run in interrupt context, so the process a request belongs to is
+ * remembered per request, keyed by (dev, sector). It is recorded at block_getrq: the request is
+ * allocated in blk_mq_submit_bio, always in the submitting task (block/blk-mq.c, Linux 6.x). The
+ * later tracepoints may run elsewhere: a data write with REQ_PREFLUSH on a disk with a write cache
+ * goes through the flush state machine (block/blk-flush.c) and is inserted and issued by kblockd
+ * (ext4 fast commits, jbd2 commit blocks); a request that finds the driver out of budget or tags
+ * while a plug is flushed goes to hctx->dispatch by blk_mq_request_bypass_insert, which has no
+ * tracepoint, and is issued from kblockd too. Keyed at insert or issue, such requests were counted
+ * for the kworker. A bio merged in front of a request moves its start (block_bio_frontmerge: the
+ * old start is the bio's end), so the entry moves with it. block_rq_insert still records for
+ * requests allocated without a bio (none carry data today); the first record of a request wins.
+ * Requests that never complete (merged away) age out of the LRU map; a completion whose issue was
+ * not seen is counted in blk_misc[BLK_MISC_NO_ISSUE]. A bio merged into the back of another
+ * process's request is counted for that request's process (the kernel keeps no per-bio owner).
  *
  * Flushes are not timed: the flush machinery (block/blk-flush.c) issues a separate flush request
  * whose completion has no tracepoint, completes a data-less flush ("FF") without issuing it, and
@@ -59,20 +67,57 @@ static __always_inline u32 blk_op(const char *rwbs)
     return BLK_OP_OTHER;
 }
 
+/* Remember a traced submitter's request; ``only_new``: keep an entry that is already there. */
+static __always_inline void blk_own(u32 dev, u64 sector, int only_new)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!oe_is_traced(tgid))
+        return; /* untraced: block_rq_issue starts the clock, attribution is not needed */
+    struct blk_req_key k = {};
+    k.dev = dev;
+    k.sector = sector;
+    struct blk_req_val v = {};
+    v.tgid = tgid;
+    v.traced = 1;
+    if (only_new) {
+        blk_reqs.insert(&k, &v); /* fails when there: the earlier record wins */
+        return;
+    }
+    if (blk_reqs.update(&k, &v) != 0)
+        blk_count(BLK_MISC_REQ_FULL);
+}
+
+TRACEPOINT_PROBE(block, block_getrq)
+{
+    if (args->nr_sector == 0)
+        return 0; /* a data-less flush: not timed, see above */
+    blk_own(args->dev, args->sector, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(block, block_bio_frontmerge)
+{
+    struct blk_req_key old = {};
+    old.dev = args->dev;
+    old.sector = args->sector + args->nr_sector;
+    struct blk_req_val *seen = blk_reqs.lookup(&old);
+    if (!seen)
+        return 0;
+    struct blk_req_val v = *seen;
+    blk_reqs.delete(&old);
+    struct blk_req_key k = {};
+    k.dev = args->dev;
+    k.sector = args->sector;
+    if (blk_reqs.update(&k, &v) != 0)
+        blk_count(BLK_MISC_REQ_FULL);
+    return 0;
+}
+
 TRACEPOINT_PROBE(block, block_rq_insert)
 {
     if (args->nr_sector == 0 && blk_op(args->rwbs) == BLK_OP_FLUSH)
         return 0;
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!oe_is_traced(tgid))
-        return 0; /* untraced: block_rq_issue starts the clock, attribution is not needed */
-    struct blk_req_key k = {};
-    k.dev = args->dev;
-    k.sector = args->sector;
-    struct blk_req_val v = {};
-    v.tgid = tgid;
-    v.traced = 1;
-    blk_reqs.update(&k, &v);
+    blk_own(args->dev, args->sector, 1);
     return 0;
 }
 
@@ -85,7 +130,7 @@ TRACEPOINT_PROBE(block, block_rq_issue)
     k.sector = args->sector;
     u64 now = bpf_ktime_get_ns();
     struct blk_req_val *seen = blk_reqs.lookup(&k);
-    if (seen) { /* inserted by a traced process (or requeued): keep who, restart the clock */
+    if (seen) { /* a traced process's (or requeued): keep who, restart the clock */
         seen->issue_ns = now;
         return 0;
     }

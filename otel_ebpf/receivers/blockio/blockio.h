@@ -33,7 +33,7 @@ struct blk_req_key {
 
 struct blk_req_val {
     u64 issue_ns;      /* 0 until block_rq_issue */
-    u32 tgid;          /* the process in whose context the request was inserted or issued */
+    u32 tgid;          /* the process that allocated the request (block_getrq), else inserted or issued it */
     u8 traced;         /* tgid was traced then */
     u8 _pad[3];
 };

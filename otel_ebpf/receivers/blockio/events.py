@@ -29,7 +29,8 @@ class DiskIoStats:
 
 @dataclass(frozen=True, slots=True)
 class ProcessDiskIo:
-    """Completed requests of one (traced process, device, op): those it issued or inserted."""
+    """Completed requests of one (traced process, device, op): those it submitted (the request was
+    allocated in its context, wherever it was later inserted or issued)."""
 
     pid: int
     device: str
