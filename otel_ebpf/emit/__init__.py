@@ -2,7 +2,8 @@
 
 Nothing is re-exported here, so importing one module loads only what it needs; import the module:
 
-* :mod:`.emitter` - records -> SDK spans and metrics, one ``Resource`` per traced process.
+* :mod:`.emitter` - records -> SDK spans and metrics, one ``Resource`` per traced process
+  (:mod:`.spans` builds the spans, :mod:`.process_meters` holds each process's metrics).
 * :mod:`.exporters` - the ``exporters:`` config section and the SDK exporters it builds.
 * :mod:`.sending` - each exporter's own bounded sending queue (worker thread, batching, retries).
 * :mod:`.forward` - the gateway's emit stage (spans and metrics received over OTLP).

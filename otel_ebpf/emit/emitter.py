@@ -2,10 +2,9 @@
 
 Each traced process is its own OTel ``Resource`` (``process.pid``, executable, container...)
 with its own ``MeterProvider``. Spans arrive finished, with known times and (sometimes derived)
-ids, so they are built directly as the SDK's ``ReadableSpan`` (1.8 µs each, against ~13 µs
-through ``Tracer.start_span``, whose sampler and context machinery have nothing to decide
-here) and put, without waiting, on each exporter's own span queue (spans carry their resource;
-the OTLP encoder groups them). Each MeterProvider has a pull reader; one timer thread collects
+ids, so they are built directly as the SDK's ``ReadableSpan`` (:mod:`.spans`) and put, without
+waiting, on each exporter's own span queue (spans carry their resource; the OTLP encoder groups
+them). Each MeterProvider has a pull reader (:mod:`.process_meters`); one timer thread collects
 them all every ``metrics_interval``, adds the weighted histograms, and puts a single merged
 ``MetricsData`` on each exporter's own metric queue.
 
@@ -38,38 +37,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    InMemoryMetricReader,
-    MetricExporter,
-    MetricExportResult,
-    MetricsData,
-    ResourceMetrics,
-    ScopeMetrics,
-)
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData, ResourceMetrics
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
-from opentelemetry.trace.status import Status, StatusCode
 
 from otel_ebpf.emit.exporters import BatchConfig, RetryConfig
-from otel_ebpf.emit.histograms import HistogramStore
+from otel_ebpf.emit.process_meters import ProcessMeters
 from otel_ebpf.emit.prometheus import NoSpanExporter
 from otel_ebpf.emit.sending import SendingQueue
+from otel_ebpf.emit.spans import SpanBuilder
 from otel_ebpf.core.events import MetricRecord, ProcessExit, SpanRecord
 from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = ["Emitter", "ExporterSpec"]
 
 log = logging.getLogger(__name__)
-_MAX_PENDING_SERIES = 4096  # counter series summed per process between collections
 _BATCH = BatchConfig()  # the documented defaults
 _METRICS_GRACE_S = 5.0  # at shutdown: the last metrics get at least this long after the spans
-_KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT, "server": SpanKind.SERVER,
-          "producer": SpanKind.PRODUCER, "consumer": SpanKind.CONSUMER}
 
 
 @dataclass
@@ -100,26 +85,6 @@ QUEUE_METRICS = {
                                                     "sent): spans, or metric collections."),
     "otel_ebpf.exporter.queue.capacity": ("gauge", "1", "Most items an exporter's sending queue holds."),
 }
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_OK = Status(StatusCode.UNSET)
-
-
-@dataclass
-class _Proc:
-    meters: MeterProvider
-    reader: InMemoryMetricReader
-    resource: Resource
-    histograms: HistogramStore = field(default_factory=lambda: HistogramStore(2048))
-    instruments: dict[tuple[str, str, str], Any] = field(default_factory=dict)
-    # counter/updown deltas summed per series until the next collection: the SDK's add() costs
-    # ~15 us (a Measurement, attribute cleaning and hashing), paid once per series per interval
-    pending: dict[tuple[Any, ...], list[Any]] = field(default_factory=dict)
-    exited_ns: int | None = None
-
-    def flush_pending(self) -> None:
-        for inst, attrs, total in self.pending.values():
-            inst.add(total, attrs)
-        self.pending.clear()
 
 
 def _span_sender(spec: ExporterSpec) -> Callable[[list[ReadableSpan]], bool]:
@@ -153,17 +118,16 @@ class Emitter:
         self._grace_ns = int(exit_grace * 1e9)
         self._shutdown_timeout = shutdown_timeout
         self._lock = threading.RLock()
-        self._procs: OrderedDict[int, _Proc] = OrderedDict()
+        self._procs: OrderedDict[int, ProcessMeters] = OrderedDict()
         self._retired: list[ResourceMetrics] = []
-        self._ids = RandomIdGenerator()
-        self._scopes: dict[str, InstrumentationScope] = {}
+        self._spans = SpanBuilder()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._shut = False
         # Resource.create runs the SDK's resource detectors (a thread pool each time): run them
         # once; base.merge(Resource(attrs)) equals Resource.create(attrs) (tests/unit/test_emitter.py)
         self._base_resource = Resource.create({})
-        self._agent = self._make_proc(self._base_resource.merge(Resource(dict(agent_attributes))))
+        self._agent = ProcessMeters.on(self._base_resource.merge(Resource(dict(agent_attributes))))
         # Prometheus has no spans: no span queue (and no thread) for it
         self.span_queues: list[SendingQueue[ReadableSpan]] = [
             SendingQueue(e.name, "spans", _span_sender(e), e.spans.shutdown, telemetry, capacity=e.queue_size,
@@ -181,12 +145,7 @@ class Emitter:
         self.spans_emitted = 0
 
     # ---- providers -------------------------------------------------------------------
-    def _make_proc(self, resource: Resource) -> _Proc:
-        reader = InMemoryMetricReader()
-        meters = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
-        return _Proc(meters, reader, resource)
-
-    def _proc(self, pid: int | None, comm: str | None) -> _Proc:
+    def _proc(self, pid: int | None, comm: str | None) -> ProcessMeters:
         if pid is None:
             return self._agent
         proc = self._procs.get(pid)
@@ -199,13 +158,13 @@ class Emitter:
             self._telemetry.add("otel_ebpf.processes.evicted", 1)
         attrs = dict(self._resource_of(pid, comm))
         attrs.update(self._extra)
-        proc = self._make_proc(self._base_resource.merge(Resource(attrs)))
+        proc = ProcessMeters.on(self._base_resource.merge(Resource(attrs)))
         self._procs[pid] = proc
         return proc
 
-    def _retire(self, proc: _Proc) -> None:
+    def _retire(self, proc: ProcessMeters) -> None:
         """Keep a process's final metrics for the next export, then let it go."""
-        rm = self._collect_proc(proc, time.time_ns())
+        rm = proc.collect(time.time_ns())
         if rm is not None:
             self._retired.append(rm)
 
@@ -218,9 +177,10 @@ class Emitter:
             for ev in events:
                 try:
                     if isinstance(ev, SpanRecord):
-                        spans.append(self._span(ev))
+                        spans.append(self._spans.build(ev, self._proc(ev.pid, ev.comm).resource))
                     elif isinstance(ev, MetricRecord):
-                        self._metric(ev)
+                        if not self._proc(ev.pid, ev.comm).record(ev):
+                            self._telemetry.dropped("emit", "histogram_series_limit")
                     elif isinstance(ev, ProcessExit):
                         proc = self._procs.get(ev.pid)
                         if proc is not None and proc.exited_ns is None:
@@ -236,51 +196,6 @@ class Emitter:
         if spans:
             for q in self.span_queues:
                 q.put(spans)
-
-    def _span(self, rec: SpanRecord) -> ReadableSpan:
-        proc = self._proc(rec.pid, rec.comm)
-        trace_id = rec.trace_id or self._ids.generate_trace_id()
-        parent = (SpanContext(trace_id, rec.parent_span_id, is_remote=True, trace_flags=_SAMPLED)
-                  if rec.parent_span_id is not None else None)
-        scope = self._scopes.get(rec.scope)
-        if scope is None:
-            scope = self._scopes[rec.scope] = InstrumentationScope(rec.scope)
-        return ReadableSpan(
-            name=rec.name,
-            context=SpanContext(trace_id, rec.span_id or self._ids.generate_span_id(), is_remote=False,
-                                trace_flags=_SAMPLED),
-            parent=parent, resource=proc.resource, attributes=rec.attributes,
-            events=[Event(e.name, e.attributes, e.time_ns) for e in rec.events],
-            links=[Link(SpanContext(lk.trace_id, lk.span_id, is_remote=True, trace_flags=_SAMPLED),
-                        lk.attributes) for lk in rec.links],
-            kind=_KINDS[rec.kind], status=_OK if rec.error is None else Status(StatusCode.ERROR, rec.error),
-            start_time=rec.start_ns, end_time=max(rec.end_ns, rec.start_ns), instrumentation_scope=scope)
-
-    def _metric(self, rec: MetricRecord) -> None:
-        proc = self._proc(rec.pid, rec.comm)
-        if rec.kind == "histogram":
-            if not proc.histograms.record(rec.scope, rec.name, rec.unit, rec.description,
-                                          rec.attributes, rec.value, rec.count, time.time_ns(), rec.buckets):
-                self._telemetry.dropped("emit", "histogram_series_limit")
-            return
-        key = (rec.scope, rec.name, rec.kind)
-        inst = proc.instruments.get(key)
-        if inst is None:
-            meter = proc.meters.get_meter(rec.scope)
-            make: Callable[..., Any] = {"counter": meter.create_counter, "updown": meter.create_up_down_counter,
-                                        "gauge": meter.create_gauge}[rec.kind]
-            inst = proc.instruments[key] = make(rec.name, unit=rec.unit, description=rec.description)
-        if rec.kind == "gauge":
-            inst.set(rec.value, dict(rec.attributes))
-            return
-        series = (key, *rec.attributes.items())
-        slot = proc.pending.get(series)
-        if slot is None:
-            if len(proc.pending) >= _MAX_PENDING_SERIES:  # bounded: hand the sums to the SDK now
-                proc.flush_pending()
-            proc.pending[series] = [inst, dict(rec.attributes), rec.value * rec.count]
-        else:
-            slot[2] += rec.value * rec.count
 
     # ---- metrics collection ----------------------------------------------------------
     def _observe(self, name: str) -> Callable[[CallbackOptions], list[Observation]]:
@@ -312,20 +227,6 @@ class Emitter:
         for name, (_kind, unit, description) in QUEUE_METRICS.items():
             meter.create_observable_gauge(name, [observe(reads[name])], unit=unit, description=description)
 
-    def _collect_proc(self, proc: _Proc, now_ns: int) -> ResourceMetrics | None:
-        proc.flush_pending()
-        scopes: dict[str, list[Any]] = {}
-        data = proc.reader.get_metrics_data()
-        for rm in (data.resource_metrics if data else ()):
-            for sm in rm.scope_metrics:
-                scopes.setdefault(sm.scope.name, []).extend(sm.metrics)
-        for scope, metrics in proc.histograms.collect(now_ns).items():
-            scopes.setdefault(scope, []).extend(metrics)
-        if not scopes:
-            return None
-        return ResourceMetrics(proc.resource, [ScopeMetrics(InstrumentationScope(s), m, "")
-                                               for s, m in scopes.items()], "")
-
     def collect(self) -> MetricsData:
         """Collect every process's metrics (and release exited ones) into one MetricsData."""
         now = time.time_ns()
@@ -334,14 +235,14 @@ class Emitter:
             out, self._retired = self._retired, []
             for pid in list(self._procs):
                 proc = self._procs[pid]
-                rm = self._collect_proc(proc, now)
+                rm = proc.collect(now)
                 if rm is not None:
                     out.append(rm)
                 # Released only after a grace period: in-kernel aggregates (launch counts) of a
                 # process are read up to one stats interval after it exited.
                 if proc.exited_ns is not None and now - proc.exited_ns >= self._grace_ns:
                     del self._procs[pid]
-            agent = self._collect_proc(self._agent, now)
+            agent = self._agent.collect(now)
             if agent is not None:
                 out.append(agent)
         return MetricsData(resource_metrics=out)
