@@ -15,14 +15,16 @@ import logging
 import time
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
+from otel_ebpf.bpf.maps import MapDeltas
 from otel_ebpf.bpf.receiver import BpfReceiver
 from otel_ebpf.core.pipeline import Consumer, Context
 
 from .config import Config
 from .events import DiskIoStats, ProcessDiskIo
 
-__all__ = ["MISC_REASONS", "OPS", "SLOTS", "UNTIMED_FLUSHES", "BlockIoReceiver", "device_name", "process_gone"]
+__all__ = ["MISC_REASONS", "OPS", "SLOTS", "UNTIMED_FLUSHES", "BlockIoReceiver", "device_name"]
 
 log = logging.getLogger(__name__)
 SLOTS = 32  # BLK_SLOTS in blockio.h (checked by tests/unit/test_blockio_layout.py)
@@ -32,6 +34,8 @@ MISC_REASONS = ("no_issue_seen", "stats_map_full", "process_map_full", "state_ma
 UNTIMED_FLUSHES = "otel_ebpf.blockio.untimed_flushes"  # blk_misc[BLK_MISC_FLUSH]: not a drop, see blockio.bpf.c
 _MAX_DEVICE_NAMES = 4096
 _MAX_TOTALS = 65536
+DevKey = tuple[int, int]  # (dev, op)
+ProcKey = tuple[int, int, int]  # (tgid, dev, op)
 
 
 def device_name(dev: int, sys_root: str = "/sys") -> str:
@@ -48,16 +52,6 @@ def device_name(dev: int, sys_root: str = "/sys") -> str:
     return f"{major}:{minor}"
 
 
-def process_gone(pid: int) -> bool:
-    """True when ``pid`` has exited (no /proc entry, or a zombie waiting to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return True
-    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X", b"")
-
-
 class BlockIoReceiver(BpfReceiver):
     """Receiver ``blockio``: per-device latency histograms (every process) and per-process
     bytes/latency (the traced processes of ``ctx.target_pids``, or every process without)."""
@@ -69,8 +63,9 @@ class BlockIoReceiver(BpfReceiver):
         super().__init__(ctx, next_, ringbuf_pages=8, poll_interval=min(config.interval, 0.1))
         self.config = config
         self._names: OrderedDict[int, str] = OrderedDict()
-        self._dev_totals: dict[tuple[int, int], tuple[int, int, int, tuple[int, ...]]] = {}
-        self._proc_totals: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+        self._dev: MapDeltas[DevKey] = MapDeltas(lambda k: (k.dev, k.op), _dev_total)
+        self._proc: MapDeltas[ProcKey] = MapDeltas(lambda k: (k.tgid, k.dev, k.op), _proc_total,
+                                                   max_keys=_MAX_TOTALS)
         self._misc_seen = [0] * (len(MISC_REASONS) + 1)
         self._next_read = 0.0
         self._final_read = False
@@ -109,19 +104,9 @@ class BlockIoReceiver(BpfReceiver):
             return []
         now_ns = time.time_ns()
         out = []
-        for key, per_cpu in self.bpf["blk_dev_stats"].items():
-            k = (key.dev, key.op)
-            ops = sum(v.ops for v in per_cpu)
-            nbytes = sum(v.bytes for v in per_cpu)
-            ns = sum(v.ns for v in per_cpu)
-            slots = tuple(sum(v.slots[i] for v in per_cpu) for i in range(SLOTS))
-            old = self._dev_totals.get(k, (0, 0, 0, (0,) * SLOTS))
-            self._dev_totals[k] = (ops, nbytes, ns, slots)
-            if ops <= old[0]:
-                continue
-            buckets = tuple((i, n - o) for i, (n, o) in enumerate(zip(slots, old[3], strict=True)) if n > o)
-            out.append(DiskIoStats(self.device(key.dev), _op(key.op), ops - old[0], nbytes - old[1],
-                                   ns - old[2], buckets, now_ns))
+        for (dev, op), d in self._dev.moved(self.bpf["blk_dev_stats"], gone=_never_gone):
+            buckets = tuple((i, n) for i, n in enumerate(d[3:]) if n > 0)
+            out.append(DiskIoStats(self.device(dev), _op(op), d[0], d[1], d[2], buckets, now_ns))
         return out
 
     def read_process_stats(self) -> list[ProcessDiskIo]:
@@ -129,33 +114,18 @@ class BlockIoReceiver(BpfReceiver):
         deleted after this (final) read. Hands cumulative per-process totals to host_stats."""
         if self.bpf is None:
             return []
-        table = self.bpf["blk_proc_stats"]
         now_ns = time.time_ns()
         out = []
-        gone: dict[int, bool] = {}
         cumulative: dict[int, list[int]] = {}
-        for key, per_cpu in table.items():
-            k = (key.tgid, key.dev, key.op)
-            ops, nbytes, ns = (sum(v.ops for v in per_cpu), sum(v.bytes for v in per_cpu),
-                               sum(v.ns for v in per_cpu))
-            old = self._proc_totals.get(k, (0, 0, 0))
-            if ops > old[0]:
-                out.append(ProcessDiskIo(key.tgid, self.device(key.dev), _op(key.op), ops - old[0],
-                                         nbytes - old[1], ns - old[2], now_ns))
-            total = cumulative.setdefault(key.tgid, [0, 0])
-            total[0] += ns
-            total[1] += nbytes
-            if key.tgid not in gone:
-                gone[key.tgid] = process_gone(key.tgid)
-            if gone[key.tgid]:
-                try:
-                    del table[key]
-                except KeyError:
-                    pass
-                self._proc_totals.pop(k, None)
-            elif len(self._proc_totals) < _MAX_TOTALS or k in self._proc_totals:
-                self._proc_totals[k] = (ops, nbytes, ns)
-            else:
+        for row in self._proc.read(self.bpf["blk_proc_stats"]):
+            tgid, dev, op = row.key
+            if row.moved:
+                ops, nbytes, ns = row.delta
+                out.append(ProcessDiskIo(tgid, self.device(dev), _op(op), ops, nbytes, ns, now_ns))
+            total = cumulative.setdefault(tgid, [0, 0])
+            total[0] += row.total[2]
+            total[1] += row.total[1]
+            if not row.kept:
                 self.ctx.telemetry.dropped(self.name, "totals_table_full")
         self._to_host_stats(cumulative, now_ns)
         return out
@@ -174,16 +144,12 @@ class BlockIoReceiver(BpfReceiver):
     def _read_misc(self) -> None:
         if self.bpf is None:
             return
-        misc = self.bpf["blk_misc"]
-        for i, reason in enumerate(MISC_REASONS):
-            total = misc[misc.Key(i)].value
-            if total > self._misc_seen[i]:
-                self.ctx.telemetry.dropped(self.name, reason, total - self._misc_seen[i])
-                self._misc_seen[i] = total
-        flushes = misc[misc.Key(len(MISC_REASONS))].value
-        if flushes > self._misc_seen[-1]:
-            self.ctx.telemetry.add(UNTIMED_FLUSHES, flushes - self._misc_seen[-1], receiver=self.name)
-            self._misc_seen[-1] = flushes
+        names = (*MISC_REASONS, UNTIMED_FLUSHES)
+        for name, n in self._array_deltas("blk_misc", names, self._misc_seen):
+            if name == UNTIMED_FLUSHES:
+                self.ctx.telemetry.add(UNTIMED_FLUSHES, n, receiver=self.name)
+            else:
+                self.ctx.telemetry.dropped(self.name, name, n)
 
     def shutdown(self) -> None:
         self._final_read = True  # the base's last drain reads the counters one more time
@@ -192,3 +158,18 @@ class BlockIoReceiver(BpfReceiver):
 
 def _op(index: int) -> str:
     return OPS[index] if 0 <= index < len(OPS) else "other"
+
+
+def _never_gone(_pid: int) -> bool:
+    return False  # device keys hold no process
+
+
+def _dev_total(per_cpu: Any) -> tuple[int, ...]:
+    """(ops, bytes, ns, slot 0 .. slot SLOTS-1) summed over the CPUs."""
+    return (sum(v.ops for v in per_cpu), sum(v.bytes for v in per_cpu), sum(v.ns for v in per_cpu),
+            *(sum(v.slots[i] for v in per_cpu) for i in range(SLOTS)))
+
+
+def _proc_total(per_cpu: Any) -> tuple[int, ...]:
+    """(ops, bytes, ns) summed over the CPUs."""
+    return sum(v.ops for v in per_cpu), sum(v.bytes for v in per_cpu), sum(v.ns for v in per_cpu)
