@@ -4,8 +4,6 @@ and the per-thread current app span; the store's nesting and bounds; the process
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,34 +19,22 @@ from otel_ebpf.receivers.apptrace.receiver import AT_EV_EVENT, RECORD
 from otel_ebpf.receivers.apptrace.store import PER_THREAD, AppContextStore
 from otel_ebpf.core.telemetry import Telemetry
 
+from tests.support.layout import assert_mirror, format_offsets, measure
+
 APPTRACE_DIR = Path(apptrace.__file__).resolve().parent
-SHIM = "typedef unsigned char u8; typedef unsigned int u32; typedef unsigned long long u64;\n"
-FIELDS = ("type", "kind", "pid", "tid", "ts", "trace_hi", "trace_lo", "parent", "span", "provider", "name", "payload")
 
 
 def test_record_layout_matches_gcc(tmp_path: Path) -> None:
-    if shutil.which("gcc") is None:
-        pytest.fail("gcc is needed (scripts/setup.sh installs it)")
-    prints = "\n".join(f'printf("%zu %zu\\n", offsetof(struct at_rec, {f}), sizeof(((struct at_rec *)0)->{f}));'
-                       for f in FIELDS)
-    src = tmp_path / "at.c"
-    src.write_text(f"#include <stdio.h>\n#include <stddef.h>\n{SHIM}#include \"apptrace.h\"\n"
-                   f'int main(void) {{\n{prints}\nprintf("%zu %d\\n", sizeof(struct at_rec), AT_EV_EVENT);\n'
-                   "return 0;\n}\n")
-    exe = tmp_path / "at"
-    subprocess.run(["gcc", f"-I{APPTRACE_DIR}", "-o", str(exe), str(src)], check=True, capture_output=True,
-                   timeout=60)
-    lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=10).stdout.split("\n")
-    got = [tuple(map(int, ln.split())) for ln in lines[:len(FIELDS)]]
-    assert got == [(0, 1), (1, 1), (4, 4), (8, 4), (16, 8), (24, 8), (32, 8), (40, 8), (48, 8), (56, 32),
-                   (88, 32), (120, 256)]
-    assert lines[len(FIELDS)].split() == [str(RECORD.size), str(AT_EV_EVENT)]
+    c = measure(APPTRACE_DIR, "apptrace.h", tmp_path, structs={RECORD.c_struct: RECORD.fields}, values=["AT_EV_EVENT"])
+    assert_mirror(c, RECORD.c_struct, RECORD.fmt, RECORD.fields)
+    assert RECORD.etype == AT_EV_EVENT == c.values["AT_EV_EVENT"] and RECORD.size == 376
+    assert RECORD.fields[0] == "type" and format_offsets(RECORD.fmt)[0] == (0, 1)
 
 
 def _raw(kind: int, *, pid: int = 7, tid: int = 8, ts: int = 1000, trace: int = 0, parent: int = 0, span: int = 0,
          name: bytes = b"batch", payload: bytes = b"{}") -> bytes:
-    return RECORD.pack(AT_EV_EVENT, kind, pid, tid, ts, trace >> 64, trace & (2**64 - 1), parent, span, b"app", name,
-                       payload)
+    return RECORD.fmt.pack(AT_EV_EVENT, kind, pid, tid, ts, trace >> 64, trace & (2**64 - 1), parent, span, b"app",
+                           name, payload)
 
 
 def _receiver() -> tuple[apptrace.AppTraceReceiver, Context]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from otel_ebpf.bpf.attach import claim_library
 from otel_ebpf.bpf.receiver import COMMON_SRC, BpfReceiver
+from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.errors import AttachError
 from otel_ebpf.core.pipeline import Consumer, Context
 
@@ -39,7 +40,9 @@ __all__ = ["PROBE", "RECORD", "AppTraceReceiver", "sdk_library"]
 log = logging.getLogger(__name__)
 PROBE = ("otel_ebpf", "event")
 AT_EV_EVENT = 145
-RECORD = struct.Struct("<BB2xII4xQQQQQ32s32s256s")
+RECORD = Mirror("at_rec", AT_EV_EVENT, struct.Struct("<BB2xII4xQQQQQ32s32s256s"),
+                ("type", "kind", "pid", "tid", "ts", "trace_hi", "trace_lo", "parent", "span", "provider", "name",
+                 "payload"))
 _NARGS = 8
 
 
@@ -169,7 +172,7 @@ class AppTraceReceiver(BpfReceiver):
     def decode(self, etype: int, raw: bytes) -> object | None:
         if etype != AT_EV_EVENT:
             raise ValueError(f"unknown apptrace record type {etype}")
-        _, kind, pid, tid, ts, hi, lo, parent, span, prov, name, payload = RECORD.unpack_from(raw)
+        _, kind, pid, tid, ts, hi, lo, parent, span, prov, name, payload = RECORD.fmt.unpack_from(raw)
         t = self.clock.to_epoch_ns(ts)
         trace_id = (hi << 64) | lo
         if kind == 0:
