@@ -6,7 +6,7 @@ Input: finished SDK spans (``ReadableSpan``, read through its API; new spans are
 * Rank span: attributes ``nccl.comm.id``, ``nccl.seq``, ``nccl.rank``, ``nccl.nranks`` and no
   ``nccl.peer`` (send/recv spans pass through). Root span (sent by the process that is rank 0):
   ``nccl.comm.id`` and ``nccl.seq``, no ``nccl.rank``, no parent, and span id
-  ``derive_id(comm_id, seq, "collective", bits=64)`` (see ``otel_ebpf/processors/nccl/comms.py``).
+  :func:`otel_ebpf.core.ids.collective_root_span_id` (the contract shared with the agents' nccl processor).
 * Held per (comm id, seq) in a bounded :class:`~.store.Store` until all ``nranks`` rank spans
   arrived (``complete``), ``timeout`` after the first arrival (``partial``), or pushed out by
   the bounds (``evicted``, released as partial).
@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from otel_ebpf.core.events import AttrValue, SpanEventRecord
-from otel_ebpf.core.ids import derive_id
+from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, collective_root_span_id
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 from otel_ebpf.core.readable import ReadableSpan, SpanMaker, resource_attribute, with_changes
@@ -60,8 +60,6 @@ __all__ = ["METRICS", "SCOPE", "CollectiveJoin", "create"]
 
 log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.collective_join"
-_ROOT_KEEP = ("nccl.op", "nccl.comm.id", "nccl.nranks", "nccl.seq", "nccl.count", "nccl.datatype",
-              "nccl.bytes", "nccl.redop", "nccl.root", "nccl.timing")
 _SIG = ("nccl.op", "nccl.count", "nccl.datatype")
 # name -> (kind, unit, description); the counters are summed per batch (EventProcessor.sums)
 METRICS: dict[str, MetricSpec] = {
@@ -155,7 +153,7 @@ class CollectiveJoin(EventProcessor[Config]):
             return
         rank = attrs.get("nccl.rank")
         if rank is None:
-            if span.parent is None and span.context.span_id == derive_id(comm, seq, "collective", bits=64):
+            if span.parent is None and span.context.span_id == collective_root_span_id(comm, seq):
                 self._root(span, attrs, (comm, seq), now, out)
             else:
                 out.append(span)
@@ -320,11 +318,11 @@ class CollectiveJoin(EventProcessor[Config]):
                                 end_ns=max(root_end, end or root_end), events=entry.events)
         comm, seq = entry.key
         model = _attributes(next(iter(entry.ranks.values())))  # no root: at least one rank span
-        attrs = {k: model[k] for k in _ROOT_KEEP if k in model}
+        attrs = {k: model[k] for k in COLLECTIVE_ROOT_ATTRIBUTES if k in model}
         attrs["nccl.join.synthesized"] = True
         attrs.update(join)
         return self._maker.make(f"nccl {model.get('nccl.op', 'collective')}", trace_id=entry.trace_id,
-                                span_id=derive_id(comm, seq, "collective", bits=64), parent_span_id=None,
+                                span_id=collective_root_span_id(comm, seq), parent_span_id=None,
                                 start_ns=start or 0, end_ns=end or 0, attributes=attrs, events=entry.events)
 
     # ---- metrics ---------------------------------------------------------------------

@@ -13,9 +13,9 @@ the communicator, on any host, without the agents talking:
 
 Join ids, from (comm id, seq) alone (so all ranks agree):
 
-* collective ``seq``: trace ``derive_id(comm_id, seq)``; every rank's span has parent
-  ``derive_id(comm_id, seq, "collective", bits=64)`` (the root span, emitted by rank 0) and
-  span id ``derive_id(comm_id, seq, rank, bits=64)``;
+* collective ``seq``: :func:`otel_ebpf.core.ids.collective_ids` (re-exported here), the contract
+  shared with the gateway's collective_join: trace ``derive_id(comm_id, seq)``, every rank's span
+  has the root span (emitted by rank 0) as parent and its own span id from (comm_id, seq, rank);
 * send #k from rank A to B and recv #k at B from A: trace ``derive_id(comm_id, "p2p", A, B, k)``,
   span ids ``derive_id(comm_id, "p2p", A, B, k, "send"|"recv", bits=64)``.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otel_ebpf.core.ids import derive_id
+from otel_ebpf.core.ids import collective_ids, derive_id
 from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = [
@@ -54,12 +54,6 @@ def comm_id_from_split(parent_id: str, k: int, color: int) -> str:
 
 def comm_id_from_init_all(host: str, pid: int, k: int) -> str:
     return _hex64(derive_id("nccl.initall", host, pid, k, bits=64))
-
-
-def collective_ids(comm_id: str, seq: int, rank: int) -> tuple[int, int, int]:
-    """(trace id, the collective's root span id, this rank's span id)."""
-    return (derive_id(comm_id, seq), derive_id(comm_id, seq, "collective", bits=64),
-            derive_id(comm_id, seq, rank, bits=64))
 
 
 def p2p_ids(comm_id: str, src: int, dst: int, k: int) -> tuple[int, int, int]:

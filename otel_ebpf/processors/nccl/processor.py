@@ -47,7 +47,7 @@ from __future__ import annotations
 import socket
 
 from otel_ebpf.core.events import AttrValue, ProcessExit, SpanLinkRecord, SpanRecord
-from otel_ebpf.core.ids import derive_id
+from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, derive_id
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 from otel_ebpf.host.timeline import StepTracker
@@ -216,9 +216,7 @@ class NcclProcessor(EventProcessor[Config]):
         self._duration(ev, attrs, out)
 
     def _root_span(self, ev: NcclCollective, attrs: dict[str, AttrValue], trace: int, span: int) -> SpanRecord:
-        keep = ("nccl.op", "nccl.comm.id", "nccl.nranks", "nccl.seq", "nccl.count", "nccl.datatype",
-                "nccl.bytes", "nccl.redop", "nccl.root", "nccl.timing")
-        root = {k: attrs[k] for k in keep if k in attrs}
+        root = {k: attrs[k] for k in COLLECTIVE_ROOT_ATTRIBUTES if k in attrs}
         return SpanRecord(ev.pid, f"nccl {ev.op}", ev.start_ns, ev.end_ns, root, SCOPE, trace_id=trace,
                           span_id=span)
 
