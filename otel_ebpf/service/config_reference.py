@@ -11,7 +11,7 @@ import textwrap
 from typing import Any
 
 from otel_ebpf.service import components
-from otel_ebpf.core.config import ServiceConfig
+from otel_ebpf.core.config import ServiceConfig, constraints_text
 from otel_ebpf.emit.exporters import EXPORTER_TYPES
 
 __all__ = ["commented_yaml"]
@@ -34,6 +34,9 @@ def _emit(obj: Any, indent: int, lines: list[str], exclude: tuple[str, ...] = ()
         text = f.metadata.get("doc", "")
         if f.metadata.get("duration"):
             text += " (seconds, or a string like 500ms / 10s / 2m)"
+        rule = constraints_text(f)
+        if rule:
+            text += f" Must be {rule}."
         for line in textwrap.wrap(text, 96 - len(pad)):
             lines.append(f"{pad}# {line}")
         if dataclasses.is_dataclass(value):

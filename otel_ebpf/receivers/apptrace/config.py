@@ -15,7 +15,7 @@ class Config:
     libraries: list[str] = doc(
         [], "Extra copies of the SDK's extension (otel_ebpf/tracepoints/_oetp.*.so) to probe, on top of the "
             "agent's own, those mapped by traced processes and those opened later (caught in the kernel).")
-    ringbuf_pages: int = doc(64, "Ring buffer size in pages (a power of two); a full buffer drops records "
+    ringbuf_pages: int = doc(64, "Ring buffer size in pages; a full buffer drops records "
                                  "(otel_ebpf.events.dropped{reason=ringbuf_full}).", pow2=True)
     poll_interval: float = doc(0.1, "Longest wait for ring-buffer records per poll round.", duration=True, min=0.001)
     max_open_spans: int = doc(16384, "SDK spans begun and not yet ended, tracked at once; beyond it the "

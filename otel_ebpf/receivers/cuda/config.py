@@ -24,7 +24,7 @@ class Config:
         1.0, "How often the in-kernel launch counters are read and turned into metrics "
              "(plus once at shutdown).", duration=True, min=0.01)
     ringbuf_pages: int = doc(
-        256, "Ring buffer size in pages (a power of two). A full buffer drops records, counted "
+        256, "Ring buffer size in pages. A full buffer drops records, counted "
              "as otel_ebpf.events.dropped{reason=ringbuf_full}.", pow2=True)
     pause_on_load: bool = doc(
         True, "Stop (SIGSTOP) a traced process that opens libcudart until the probes are "

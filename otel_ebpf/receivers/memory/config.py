@@ -24,7 +24,7 @@ class Config:
                 "every traced process each interval (no per-fault cost; needs target processes, so "
                 "--all-processes counts none). 'tracepoint': exceptions:page_fault_user counted in the "
                 "kernel (exact, any process; ~120 ns on EVERY user page fault on the host, traced or not).")
-    ringbuf_pages: int = doc(8, "Ring buffer size in pages (a power of two); it carries OOM kills only.", pow2=True)
+    ringbuf_pages: int = doc(8, "Ring buffer size in pages; it carries OOM kills only.", pow2=True)
 
     def validate(self, path: str) -> None:
         """Nothing to check beyond types and the bounds declared on the fields (otel_ebpf.core.config)."""

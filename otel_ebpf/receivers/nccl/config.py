@@ -17,7 +17,7 @@ class Config:
             "(/proc/PID/maps, the traced command's Python environment, ldconfig) and those "
             "opened later (caught in the kernel).")
     ringbuf_pages: int = doc(
-        256, "Ring buffer size in pages (a power of two). A full buffer drops records, counted "
+        256, "Ring buffer size in pages. A full buffer drops records, counted "
              "as otel_ebpf.events.dropped{reason=ringbuf_full}; sequence numbers are kept in the "
              "kernel, so a dropped record never shifts the numbering of later calls.", pow2=True)
     pause_on_load: bool = doc(

@@ -187,7 +187,7 @@ class Config:
     """Every default lives here and is documented here."""
 
     probes: list[ProbeSpec] = doc([], f"User-declared probes (at most {MAX_PROBES}); empty: nothing is loaded.")
-    ringbuf_pages: int = doc(64, "Ring buffer size in pages (a power of two); a full buffer drops records "
+    ringbuf_pages: int = doc(64, "Ring buffer size in pages; a full buffer drops records "
                                  "(otel_ebpf.events.dropped{reason=ringbuf_full}).", pow2=True)
     max_inflight: int = doc(8192, "Calls in progress tracked per span probe (entry seen, return not yet). "
                                   "Beyond it calls are not traced (reason=state_map_full).", min=1)

@@ -38,7 +38,7 @@ class Config:
         64, "Processes the probes are attached to at once (two uprobes each). Beyond it new processes "
             "are not traced (reason=too_many_processes).", min=1)
     ringbuf_pages: int = doc(
-        256, "Ring buffer size in pages (a power of two). A full buffer drops records "
+        256, "Ring buffer size in pages. A full buffer drops records "
              "(reason=ringbuf_full).", pow2=True)
     poll_interval: float = doc(0.1, "Longest wait for ring-buffer records per poll round.", duration=True, min=0.001)
 

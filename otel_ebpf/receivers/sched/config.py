@@ -23,7 +23,7 @@ class Config:
         True, "Tell a sleep inside futex() (a lock or condition variable) from other sleeps "
               "(off-CPU reason 'lock'). Costs a map lookup per futex() call on the host.")
     ringbuf_pages: int = doc(
-        512, "Ring buffer size in pages (a power of two), for fork/exec/exit records. A full "
+        512, "Ring buffer size in pages, for fork/exec/exit records. A full "
              "buffer drops records, counted as otel_ebpf.events.dropped{reason=ringbuf_full}.", pow2=True)
     max_threads: int = doc(
         65536, "Threads of traced processes whose scheduling state is kept in the kernel. Beyond "

@@ -43,7 +43,7 @@ class Config:
         True, "Stop (SIGSTOP) a traced process that opens libtorch_cpu.so until the probes are attached "
               "(about a second: the library's symbol table is read), then continue it. See receivers.cuda.")
     ringbuf_pages: int = doc(
-        256, "Ring buffer size in pages (a power of two). A full buffer drops records (reason=ringbuf_full).",
+        256, "Ring buffer size in pages. A full buffer drops records (reason=ringbuf_full).",
         pow2=True)
     poll_interval: float = doc(0.1, "Longest wait for ring-buffer records per poll round.", duration=True, min=0.001)
 
