@@ -18,7 +18,6 @@ Thread safety: :meth:`NcclReceiver.decode` runs on the poll thread only (see Bpf
 """
 from __future__ import annotations
 
-import os
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from otel_ebpf.bpf.receiver import BpfReceiver, Probe
 from otel_ebpf.core.pipeline import Consumer, Context
+from otel_ebpf.host.procfs import process_gone
 
 from .config import Config
 from .events import (
@@ -161,10 +161,11 @@ class NcclReceiver(BpfReceiver):
 
     def sweep(self) -> int:
         """Free the kernel's communicator state of processes that have exited (PyTorch often
-        exits without ncclCommDestroy); returns how many entries were freed. PIDs are those of
-        the agent's PID namespace, as everywhere in BpfReceiver. Poll thread only."""
+        exits without ncclCommDestroy), zombies included: they make no more calls; returns how
+        many entries were freed. PIDs are those of the agent's PID namespace, as everywhere in
+        BpfReceiver. Poll thread only."""
         comms = self.bpf["comms"]
-        gone = [k for k in comms.keys() if not os.path.exists(f"/proc/{k.tgid}")]
+        gone = [k for k in comms.keys() if process_gone(k.tgid)]
         for key in gone:
             try:
                 del comms[key]
