@@ -9,7 +9,7 @@ Nothing is re-exported here, so importing one module loads only what it needs; i
 * :mod:`.forward` - the gateway's emit stage (spans and metrics received over OTLP).
 * :mod:`.otlp_in` - decoded OTLP requests -> SDK objects (the gateway's ingest).
 * :mod:`.jsonfile`, :mod:`.prometheus` - OTLP JSON lines files, the Prometheus endpoint.
-* :mod:`.histograms`, :mod:`.ids` - weighted histograms, derived ids.
+* :mod:`.histograms` - weighted histograms.
 
 This file exists so that the package ships: setuptools' ``find_packages`` skips folders without
 one, and the wheel had no ``otel_ebpf.emit`` (tests/e2e/test_wheel.py).

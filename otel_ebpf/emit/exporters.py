@@ -14,6 +14,7 @@ never delays another, the pipeline, or metric collection.
 from __future__ import annotations
 
 import ipaddress
+import os
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -22,13 +23,13 @@ from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_ebpf.core.config import doc
-from otel_ebpf.emit.jsonfile import JsonLinesMetricExporter, JsonLinesSpanExporter
+from otel_ebpf.emit.jsonfile import FILES, JsonLinesMetricExporter, JsonLinesSpanExporter, ensure_writable
 from otel_ebpf.emit.prometheus import DEFAULT_RESOURCE_LABELS
 from otel_ebpf.emit.sending import RetryConfig
 from otel_ebpf.core.errors import ConfigError, OtelEbpfError
 
 __all__ = ["EXPORTER_TYPES", "BatchConfig", "FileExporterConfig", "OtlpExporterConfig", "PrometheusExporterConfig",
-           "RetryConfig", "build_exporters"]
+           "RetryConfig", "build_exporters", "check_output_directory"]
 
 
 @dataclass
@@ -178,9 +179,29 @@ def _otlp(cfg: OtlpExporterConfig) -> tuple[SpanExporter, MetricExporter]:
                        compression=hcomp))
 
 
+def check_output_directory(cfg: FileExporterConfig | OtlpExporterConfig | PrometheusExporterConfig,
+                           key: str) -> None:
+    """For a file exporter (``key``: its config path, e.g. ``exporters.file``): create its
+    directory and check that it can be written, else raise ConfigError at ``<key>.directory``
+    naming the directory. Other exporters: nothing. Services call it for every exporter they
+    use before anything starts, so a wrong ``--output`` fails at once (exit 2) instead of
+    being retried and warned about after the job ran. Blocks on the disk."""
+    if not isinstance(cfg, FileExporterConfig):
+        return
+    try:
+        ensure_writable(cfg.directory)
+    except OSError as exc:
+        file = str(exc.filename or "")
+        where = f" ({file})" if os.path.basename(file) in FILES else ""  # not the probe file's name
+        raise ConfigError(f"{key}.directory", f"cannot write to the output directory {cfg.directory}{where}: "
+                                              f"{exc.strerror or exc}",
+                          hint="give a directory this user can write (--output DIR)") from None
+
+
 def build_exporters(cfg: FileExporterConfig | OtlpExporterConfig | PrometheusExporterConfig
                     ) -> tuple[SpanExporter, MetricExporter]:
-    """The SDK span and metric exporter for one configured exporter. A Prometheus endpoint
+    """The SDK span and metric exporter for one configured exporter (a file exporter's
+    directory is not checked here: :func:`check_output_directory`). A Prometheus endpoint
     listens from here on; OtelEbpfError names it when it cannot."""
     if isinstance(cfg, FileExporterConfig):
         return JsonLinesSpanExporter(cfg.directory), JsonLinesMetricExporter(cfg.directory)

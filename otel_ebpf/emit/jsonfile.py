@@ -7,12 +7,15 @@ ids as hex strings). Encoding is done by the SDK's own OTLP encoders; only the i
 spelling is adjusted, as the OTLP/JSON specification requires.
 
 Files: ``<directory>/traces.jsonl`` and ``<directory>/metrics.jsonl``. Thread-safe (a lock
-per file); an I/O error fails that export (the SDK counts it) and never raises.
+per file); an I/O error fails that export (the SDK counts it) and never raises. Whoever makes
+the exporters checks first that the directory can be written (:func:`ensure_writable`), so a
+wrong ``--output`` is an error before the job starts rather than retried writes after it.
 """
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,9 +33,25 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_ebpf.core.otlpjson import to_otlp_json
 
-__all__ = ["JsonLinesMetricExporter", "JsonLinesSpanExporter", "to_otlp_json"]
+__all__ = ["FILES", "JsonLinesMetricExporter", "JsonLinesSpanExporter", "ensure_writable", "to_otlp_json"]
 
 log = logging.getLogger(__name__)
+FILES = ("traces.jsonl", "metrics.jsonl")
+
+
+def ensure_writable(directory: str | os.PathLike[str]) -> None:
+    """Create ``directory`` (and its parents) and prove that files can be made in it (a probe
+    file, created and removed) and that the existing :data:`FILES` in it can be appended to.
+    Raises OSError (errno, strerror and the offending path set) when not; blocks on the disk."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".otel-ebpf-write-check-", dir=path)
+    os.close(fd)
+    os.unlink(probe)
+    for name in FILES:
+        file = path / name
+        if file.exists() and not os.access(file, os.W_OK):
+            raise PermissionError(13, "Permission denied", str(file))
 class _LineWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -54,7 +73,7 @@ class _LineWriter:
 
 class JsonLinesSpanExporter(SpanExporter):
     def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self._writer = _LineWriter(Path(directory) / "traces.jsonl")
+        self._writer = _LineWriter(Path(directory) / FILES[0])
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
@@ -72,7 +91,7 @@ class JsonLinesSpanExporter(SpanExporter):
 class JsonLinesMetricExporter(MetricExporter):
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         super().__init__(preferred_temporality={}, preferred_aggregation={})
-        self._writer = _LineWriter(Path(directory) / "metrics.jsonl")
+        self._writer = _LineWriter(Path(directory) / FILES[1])
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                **kwargs: Any) -> MetricExportResult:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
-from otel_ebpf.emit.exporters import build_exporters
+from otel_ebpf.emit.exporters import build_exporters, check_output_directory
 from otel_ebpf.emit.forward import Forwarder
 from otel_ebpf.core.errors import OtelEbpfError
 from otel_ebpf.core.events import Tick
@@ -58,6 +58,8 @@ class Gateway:
         self.cfg = cfg
         self.ctx = ctx or Context(telemetry=GatewayTelemetry())
         svc, pipe = cfg.service, cfg.pipeline
+        for eid in pipe.exporters:  # every output directory checked before any exporter is made
+            check_output_directory(cfg.exporters[eid], f"exporters.{eid}")
         specs = []
         for eid in pipe.exporters:
             ecfg = cfg.exporters[eid]

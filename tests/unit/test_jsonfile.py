@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.emit.exporters import FileExporterConfig, OtlpExporterConfig, check_output_directory
 from otel_ebpf.emit.jsonfile import JsonLinesMetricExporter, JsonLinesSpanExporter
 from otel_ebpf.receivers.otlp import parse_otlp_json
 from otel_ebpf.receivers.otlp import to_otlp_json as receiver_to_otlp_json
@@ -143,3 +146,28 @@ def test_unwritable_directory_fails_without_raising(tmp_path, where):
     directory = blocker if where == "file" else blocker / "sub"
     assert JsonLinesSpanExporter(directory).export(make_spans()) is SpanExportResult.FAILURE
     assert JsonLinesMetricExporter(directory).export(make_metrics()) is MetricExportResult.FAILURE
+
+
+def test_check_output_directory_creates_a_writable_directory_and_leaves_nothing_behind(tmp_path):
+    out = tmp_path / "a" / "b"
+    check_output_directory(FileExporterConfig(directory=str(out)), "exporters.file")
+    assert out.is_dir() and list(out.iterdir()) == []  # the probe file is gone, no jsonl made yet
+    check_output_directory(OtlpExporterConfig(), "exporters.otlp")  # not a file exporter: nothing to check
+
+
+def test_check_output_directory_names_the_key_and_the_directory(tmp_path):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "out"
+    with pytest.raises(ConfigError) as err:
+        check_output_directory(FileExporterConfig(directory=str(out)), "exporters.file/2")
+    assert err.value.path == "exporters.file/2.directory"
+    assert f"cannot write to the output directory {out}: Not a directory" in str(err.value)
+
+
+def test_check_output_directory_refuses_a_traces_file_it_cannot_append_to(tmp_path, monkeypatch):
+    (tmp_path / "traces.jsonl").write_text("")
+    # root may write any file mode: stand in for a non-root user's access(2) answer on that file
+    monkeypatch.setattr(os, "access", lambda path, mode: not str(path).endswith("traces.jsonl"))
+    with pytest.raises(ConfigError) as err:
+        check_output_directory(FileExporterConfig(directory=str(tmp_path)), "exporters.file")
+    assert f"({tmp_path / 'traces.jsonl'}): Permission denied" in str(err.value)
