@@ -1,0 +1,197 @@
+"""Loading BCC programs: environment checks (root, BCC, kernel headers), compilation with the
+compiler's output captured, retries of a load a pending signal interrupted, and the release
+of what loaded programs hold (uprobes, the compiler's memory).
+
+Used by :class:`otel_ebpf.bpf.receiver.BpfReceiver` and by whoever starts receivers
+(:func:`programs_loaded`). Thread safety: :func:`capture_stderr` swaps the process-wide fd 2,
+so one compilation at a time per process (receivers start one after another).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import platform
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from otel_ebpf.bpf import pauseguard, threadctx
+from otel_ebpf.core.errors import BccMissingError, KernelHeadersError, PrivilegeError
+from otel_ebpf.core.pipeline import Context
+
+__all__ = ["COMMON_SRC", "HEADERS_HINT", "INCLUDE_DIR", "LOAD_ATTEMPTS", "all_pids", "capture_stderr", "headers_dir",
+           "import_bcc", "programs_loaded", "release_uprobes_in_background", "require_bpf", "retry_interrupted_load"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+INCLUDE_DIR = Path(__file__).parent / "include"
+COMMON_SRC = INCLUDE_DIR / "common.bpf.c"
+LOAD_ATTEMPTS = 3  # tries of a BPF program load that a pending signal interrupted (EAGAIN)
+
+HEADERS_HINT = ("install the headers of the running kernel (Debian/Ubuntu: apt install "
+                "linux-headers-$(uname -r)); when the distribution has none for this kernel, install "
+                "the generic ones (linux-headers-amd64) and link them: ln -s /usr/src/linux-headers-X-amd64 "
+                "/lib/modules/$(uname -r)/build; ln -s /usr/src/linux-headers-X-common "
+                "/lib/modules/$(uname -r)/source  (scripts/setup.sh does this)")
+
+
+def import_bcc() -> Any:
+    """The ``bcc`` module, or BccMissingError explaining where BCC lives."""
+    try:
+        import bcc
+    except ImportError:
+        raise BccMissingError(
+            "the BCC Python module is not importable from this interpreter",
+            hint="install python3-bpfcc (apt) and run otel-ebpf from a venv made with "
+                 "/usr/bin/python3 -m venv --system-site-packages (PyPI's 'bcc' is an unrelated package)",
+        ) from None
+    return bcc
+
+
+def headers_dir() -> Path | None:
+    """Where BCC will find kernel headers: $BCC_KERNEL_SOURCE (BCC's own override) or
+    /lib/modules/$(uname -r)/build. None when they are not there."""
+    src = os.environ.get("BCC_KERNEL_SOURCE")
+    d = Path(src) if src else Path(f"/lib/modules/{platform.release()}/build")
+    return d if (d / "include").is_dir() else None
+
+
+def require_bpf() -> Any:
+    """Checks privilege, BCC and headers; returns the bcc module or raises a clear error."""
+    if os.geteuid() != 0:
+        raise PrivilegeError("loading eBPF programs needs root (or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN)",
+                             hint="run with sudo, or grant the capabilities to the agent's container")
+    bcc = import_bcc()
+    if headers_dir() is None:
+        raise KernelHeadersError(f"no kernel headers for kernel {platform.release()}: BCC cannot compile",
+                                 hint=HEADERS_HINT)
+    return bcc
+
+
+class _Captured:
+    def __init__(self) -> None:
+        self.data = b""
+
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
+
+def _stderr_handlers() -> list[logging.StreamHandler[Any]]:
+    """Logging handlers that write to fd 2."""
+    out: list[logging.StreamHandler[Any]] = []
+    for logger in (logging.getLogger(), logging.getLogger("otel_ebpf")):
+        for h in logger.handlers:
+            if isinstance(h, logging.StreamHandler):
+                try:
+                    if h.stream.fileno() == 2:
+                        out.append(h)
+                except (AttributeError, OSError, ValueError):
+                    continue
+    return out
+
+
+@contextlib.contextmanager
+def capture_stderr() -> Iterator[_Captured]:
+    """Capture fd 2 (clang and the verifier write there) and echo it back afterwards.
+
+    fd 2 is process-wide: while it points at the capture file, log records of other threads
+    (another receiver starting, e.g. "nvml receiver disabled") would land there too. Logging
+    handlers on fd 2 write to a copy of the real stderr meanwhile."""
+    captured = _Captured()
+    saved = os.dup(2)
+    real = os.fdopen(os.dup(saved), "w", buffering=1)
+    swapped = [(h, h.setStream(real)) for h in _stderr_handlers()]
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            for h, old in swapped:
+                h.setStream(old)
+            real.close()
+            tmp.seek(0)
+            captured.data = tmp.read()[-200_000:]
+            if captured.data:
+                log.debug("BCC output:\n%s", captured.text())
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a load that failed with EAGAIN. BCC raises a plain Exception naming
+    strerror(errno) ("Failed to load BPF program b'f': Resource temporarily unavailable")."""
+    if isinstance(exc, OSError):
+        return exc.errno == errno.EAGAIN
+    return os.strerror(errno.EAGAIN) in str(exc)
+
+
+def retry_interrupted_load(load: Callable[[], T], what: str, attempts: int = LOAD_ATTEMPTS) -> T:
+    """``load()``, tried again (up to ``attempts`` in all) while it fails with EAGAIN: the
+    verifier gives up with EAGAIN when a signal is pending for the loading thread (kernel
+    ``bpf_check``/``do_check``: ``signal_pending(current)``), e.g. while py-spy attaches to the
+    agent. Each retry is logged at debug level; nothing is counted. Any other failure, or the
+    last EAGAIN, is raised as is."""
+    for attempt in range(1, attempts):
+        try:
+            return load()
+        except Exception as exc:
+            if not _interrupted(exc):
+                raise
+            log.debug("%s: the BPF program load was interrupted by a pending signal (EAGAIN), "
+                      "attempt %d of %d: retrying", what, attempt, attempts)
+    return load()
+
+
+def programs_loaded(ctx: Context) -> None:
+    """Every BPF program of ``ctx`` is loaded (receivers compile only at start): unpin the map
+    they share, so a SIGKILLed agent leaves nothing on bpffs, and give back the compiler's
+    memory (~110 MiB of RSS, otel_ebpf.bpf.compiler_memory). Called by whoever started the receivers."""
+    from otel_ebpf.bpf.compiler_memory import release_compiler_memory
+
+    threadctx.unpin(ctx)
+    pauseguard.unpin(ctx)
+    release_compiler_memory()
+
+
+def release_uprobes_in_background(bpf: Any) -> int:
+    """Release ``bpf``'s uprobes without waiting: returns how many were handed off.
+
+    Closing a uprobe's perf-event fd unregisters it, and the kernel waits for an RCU grace
+    period per uprobe (measured ~0.1 s each on 6.18, one after another): 94 CUDA + NCCL probes
+    held the agent's exit for 10-15 s after the traced command had ended. A double-forked
+    child inherits the fds, closes them and exits; this process drops its references at once
+    (cheap, they are not the last ones). The probes stop firing within those seconds; their
+    records are no longer read (the ring buffer has been drained and no traced process is left).
+    The child only calls close() and _exit(), which is safe after fork() in a threaded process.
+    """
+    fds = dict(getattr(bpf, "uprobe_fds", {}))
+    if not fds:
+        return 0
+    try:
+        pid = os.fork()
+    except OSError:
+        return 0  # BCC's own cleanup detaches them, slowly
+    if pid == 0:  # child: fork again so init reaps the closer, then leave at once
+        try:
+            if os.fork() == 0:
+                for fd in fds.values():
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    bcc = import_bcc()
+    for ev_name, fd in fds.items():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        bcc.lib.bpf_detach_uprobe(ev_name if isinstance(ev_name, bytes) else ev_name.encode())
+        bpf._del_uprobe_fd(ev_name)  # BCC's own bookkeeping (it counts open probes globally)
+    return len(fds)
+
+
+def all_pids() -> list[int]:
+    """Every process now running (node-agent mode scans their maps for loaded libraries)."""
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
