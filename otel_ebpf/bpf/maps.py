@@ -1,4 +1,5 @@
-"""Cumulative -> delta reading of the BPF hash maps of per-key counters that receivers poll.
+"""Cumulative -> delta reading of the BPF maps of counters that receivers poll: hash maps of
+per-key counters (:class:`MapDeltas`) and arrays of named counters (:func:`array_deltas`).
 
 A BPF program only ever adds to its counters (one entry per key, often per CPU); the receiver
 keeps the last total it read of each key and reports the difference. Keys start with a process
@@ -12,13 +13,14 @@ no lock. ``read`` never raises for an entry deleted under it (by the kernel or a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Hashable
+import ctypes as ct
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from otel_ebpf.host.procfs import process_gone
 
-__all__ = ["CounterRow", "MapDeltas", "Totals"]
+__all__ = ["CounterRow", "MapDeltas", "Totals", "array_deltas"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -118,3 +120,16 @@ class MapDeltas(Generic[K]):
         """(key, delta) of the entries whose first counter went up since the last read (see
         :meth:`read`, which this is a filter of)."""
         return [(row.key, row.delta) for row in self.read(table, gone) if row.moved]
+
+
+def array_deltas(table: Any, names: Sequence[str], seen: list[int]) -> list[tuple[str, int]]:
+    """(name, growth since the last read) of each counter of the BPF array ``table`` that grew,
+    slot ``i`` being ``names[i]``; ``seen`` holds the last total of each slot (start with zeros)
+    and is brought up to date. Counters that did not grow are left out."""
+    out = []
+    for i, name in enumerate(names):
+        total = int(table[ct.c_int(i)].value)
+        if total > seen[i]:
+            out.append((name, total - seen[i]))
+            seen[i] = total
+    return out

@@ -1,10 +1,11 @@
 """otel_ebpf.bpf.maps: cumulative BPF map counters read as deltas; the entries of gone
-processes read one last time, then deleted from the map and the totals."""
+processes read one last time, then deleted from the map and the totals; array counters."""
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
-from otel_ebpf.bpf.maps import MapDeltas, Totals
+from otel_ebpf.bpf.maps import MapDeltas, Totals, array_deltas
 
 
 class FakeMap(dict[Any, Any]):
@@ -67,3 +68,21 @@ def test_full_totals_keep_known_keys_and_refuse_new_ones() -> None:
     rd: MapDeltas[tuple[int, int]] = MapDeltas(lambda k: k, lambda v: (v,), max_keys=1)
     rows = rd.read(FakeMap({(1, 0): 1, (2, 0): 1, (3, 0): 1}), lambda pid: pid == 3)
     assert [r.kept for r in rows] == [True, False, True]  # a gone key is never counted as refused
+
+
+class FakeArray:
+    """What array_deltas uses of a BCC array: indexing by c_int, values with .value."""
+
+    def __init__(self, *values: int) -> None:
+        self.values = list(values)
+
+    def __getitem__(self, key: ctypes.c_int) -> ctypes.c_uint64:
+        return ctypes.c_uint64(self.values[key.value])
+
+
+def test_array_counters_report_only_their_growth() -> None:
+    table, seen = FakeArray(0, 3, 1), [0, 0, 0]
+    assert array_deltas(table, ("a", "b", "c"), seen) == [("b", 3), ("c", 1)]
+    table.values = [2, 3, 4]
+    assert array_deltas(table, ("a", "b", "c"), seen) == [("a", 2), ("c", 3)]
+    assert seen == [2, 3, 4] and array_deltas(table, ("a", "b", "c"), seen) == []

@@ -26,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+from otel_ebpf.bpf.maps import array_deltas
 from otel_ebpf.bpf.receiver import BpfReceiver
 from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.errors import AttachError, OtelEbpfError
@@ -263,12 +264,8 @@ class PythonReceiver(BpfReceiver):
         return []
 
     def _read_counts(self, *, final: bool) -> None:
-        counts = self.bpf["py_counts"]
-        for i, reason in enumerate(_COUNTS):
-            total = counts[ct.c_int(i)].value
-            delta = total - self._counts_seen[i]
-            self._counts_seen[i] = total
-            if delta <= 0 or reason == "entries":
+        for reason, delta in array_deltas(self.bpf["py_counts"], _COUNTS, self._counts_seen):
+            if reason == "entries":
                 continue
             if reason == "stack_too_deep":
                 self.ctx.telemetry.dropped(self.name, reason, delta)

@@ -13,7 +13,6 @@ Threading: ``decode`` runs on the poll thread; attaching holds the base's attach
 """
 from __future__ import annotations
 
-import ctypes as ct
 import glob
 import logging
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from otel_ebpf.bpf import threadctx
 from otel_ebpf.bpf.attach import claim_library
+from otel_ebpf.bpf.maps import array_deltas
 from otel_ebpf.bpf.receiver import BpfReceiver
 from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.errors import AttachError
@@ -219,16 +219,11 @@ class TorchReceiver(BpfReceiver):
         if self.bpf is None:
             return []
         try:
-            counts = self.bpf["torch_counts"]
-            for i, reason in enumerate(_COUNTS):
-                total = counts[ct.c_int(i)].value
-                delta = total - self._counts_seen[i]
-                if delta > 0:
-                    if reason == "stack_too_deep":
-                        self.ctx.telemetry.dropped(self.name, reason, delta)
-                    else:
-                        self.ctx.telemetry.add("otel_ebpf.torch.unpaired_returns", delta, receiver=self.name)
-                    self._counts_seen[i] = total
+            for reason, delta in array_deltas(self.bpf["torch_counts"], _COUNTS, self._counts_seen):
+                if reason == "stack_too_deep":
+                    self.ctx.telemetry.dropped(self.name, reason, delta)
+                else:
+                    self.ctx.telemetry.add("otel_ebpf.torch.unpaired_returns", delta, receiver=self.name)
         except Exception:
             self.ctx.telemetry.dropped(self.name, "map_read_error")
         return []
