@@ -20,13 +20,14 @@ import re
 import struct
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from otel_ebpf.bpf.receiver import BpfReceiver
+from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.errors import AttachError
 from otel_ebpf.core.pipeline import Consumer, Context
+from otel_ebpf.host.procfs import process_gone
 
 from .config import Config
 from .events import OFF_CPU_REASONS, SchedCpuStats, SchedExec, SchedExitCode, SchedFork, SchedProcStats
@@ -38,16 +39,6 @@ _TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 _HIST_SLOTS = 40  # SCHED_HIST_SLOTS
 _ARGS_LEN = 1024  # SCHED_ARGS_LEN
 _R_RUNQ = 4  # SCHED_R_RUNQ
-
-
-@dataclass(frozen=True)
-class Mirror:
-    """The Python mirror of one record struct in sched.h (checked by test_sched_layout.py)."""
-
-    c_struct: str
-    etype: int
-    fmt: struct.Struct
-    fields: tuple[str, ...]
 
 
 FORK = Mirror("sched_fork_rec", 48, struct.Struct("<B3xII4xQ16s"), ("type", "pid", "ppid", "ts", "comm"))
@@ -74,16 +65,6 @@ def newtask_offsets() -> tuple[int, int]:
             return int(found["pid"]), int(found["clone_flags"])
     raise AttachError("tracefs", "task:task_newtask", "its format file (pid, clone_flags offsets) was not found "
                       f"under {' or '.join(_TRACEFS)}")
-
-
-def _process_gone(pid: int) -> bool:
-    """True when ``pid`` has exited (no /proc entry, or a zombie waiting to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return True
-    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X", b"")
 
 
 ProcTotals = tuple[int, ...]  # on, off x4, runq, voluntary, involuntary, hist x40
@@ -228,7 +209,7 @@ class SchedReceiver(BpfReceiver):
             if ev is not None:
                 out.append(ev)
             self._totals[pid] = totals
-            if _process_gone(pid):
+            if process_gone(pid):
                 gone.add(pid)
                 _delete(procs, key)
                 self._totals.pop(pid, None)
@@ -247,7 +228,7 @@ class SchedReceiver(BpfReceiver):
             if delta > 0:
                 yield SchedCpuStats(k[0], k[1], now_ns, delta)
             self._cpu_totals[k] = value.value
-            if k[0] in gone or (k[0] not in self._totals and _process_gone(k[0])):
+            if k[0] in gone or (k[0] not in self._totals and process_gone(k[0])):
                 _delete(table, key)
                 self._cpu_totals.pop(k, None)
 
