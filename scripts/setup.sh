@@ -78,4 +78,41 @@ fi
 # tests/unit/test_deploy.py: the compose-spec schema, from Docker's docker-compose wheel (downloaded, not installed)
 [ -z "$extras" ] || .venv/bin/python -m tests.support.compose_schema --fetch >/dev/null \
   || echo "setup: WARNING compose schema not fetched; test_deploy's compose schema test fails in CI" >&2
+# The twin (otel_ebpf/twin, docs/twin.md): the real torch CUDA wheel on stand-in libcudart/libnccl, in its own
+# venv, since `import torch` there needs the stand-ins (tests/twin run it). torch goes in --no-deps: its CUDA
+# dependencies are the very libraries the stand-ins replace, and torch's libraries name
+# $ORIGIN/../../nvidia/*/lib in DT_RPATH, which the loader searches BEFORE LD_LIBRARY_PATH, so a real
+# libcudart/libnccl in this venv would win over the stand-ins. For the same reason the CUDA runtime and NCCL
+# wheels are only downloaded and their headers extracted (the stand-ins compile against the real prototypes).
+# ~530 MB torch + ~200 MB NCCL wheel (pip's cache keeps them); a second run checks three paths and returns.
+twin_torch=2.11.0
+twin_site=".venv-twin/lib/python3.11/site-packages"
+twin_inc=".venv-twin/twin-include"
+if [ -n "$extras" ] && { [ ! -e "$twin_site/torch-$twin_torch.dist-info/METADATA" ] \
+     || [ ! -e "$twin_inc/cuda/nv/target" ] || [ ! -e "$twin_inc/nccl/nccl.h" ]; }; then
+  echo "setup: installing the twin's torch==$twin_torch (CUDA wheel) into .venv-twin" >&2
+  [ -x .venv-twin/bin/python ] || /usr/bin/python3.11 -m venv .venv-twin
+  .venv-twin/bin/python -m pip install -q --no-deps "torch==$twin_torch" filelock "typing-extensions>=4.10.0" \
+    "sympy>=1.13.3" mpmath "networkx>=2.5.1" jinja2 MarkupSafe "fsspec>=0.8.5"
+  # The NCCL torch was built against (its METADATA pins it); the CUDA 13.0 runtime headers of cuda-toolkit 13.0.2
+  # (cuda_runtime_api.h; since CUDA 13 its crt/ includes ship in nvidia-cuda-crt, and nccl.h's cuda_fp16.h needs
+  # CCCL's <nv/target>).
+  nccl_pin=$(sed -n 's/^Requires-Dist: \(nvidia-nccl-cu13==[0-9.]*\).*/\1/p' "$twin_site/torch-$twin_torch.dist-info/METADATA")
+  twin_dl=$(mktemp -d)
+  .venv-twin/bin/python -m pip download -q --no-deps -d "$twin_dl" "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-crt==13.0.88" "nvidia-cuda-cccl==13.0.85" "${nccl_pin:?torch METADATA names no nvidia-nccl-cu13}"
+  .venv-twin/bin/python - "$twin_dl" "$twin_inc" <<'EOF'
+import pathlib, sys, zipfile
+src, dst = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+wanted = {"nvidia/cu13/include/": dst / "cuda", "nvidia/nccl/include/nccl.h": dst / "nccl"}
+for wheel in src.glob("*.whl"):
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            for prefix, out in wanted.items():
+                if name.startswith(prefix) and not name.endswith("/"):
+                    rel = name[len(prefix):] if prefix.endswith("/") else pathlib.Path(name).name
+                    (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (out / rel).write_bytes(z.read(name))
+EOF
+  rm -rf "$twin_dl"
+fi
 echo "setup: ok ($(.venv/bin/otel-ebpf --version))" >&2

@@ -1,0 +1,461 @@
+/*
+ * Stand-in libnccl.so.2 for the twin, part 2: data movement between the rank processes, through one
+ * shared-memory staging area per communicator ($OTEL_EBPF_TWIN_DIR/comm-<hash>: a header page with a
+ * process-shared barrier, then one slot per rank).  Every collective: copy own input to own slot, barrier,
+ * compute own output from all slots, barrier; larger buffers go in slot-sized chunks.  "Device" buffers are
+ * host memory (cudart.c), so they are read and written directly.  Results are real: an all-reduce sums the
+ * ranks' actual values, as NCCL's kernels would (semantics of each collective: nccl.h 2.28.9 comments).
+ *
+ * Known differences from NCCL 2.28.9, not fixed yet (docs/twin.md lists them):
+ * - Collectives complete inside the call, on the calling thread.  NCCL enqueues a kernel on `stream` and
+ *   returns; the work completes later, and stream/event waits observe it.  Here nothing is pending after the
+ *   call, so torch's Work objects are complete at once and a straggler shows as a slow call, not a slow
+ *   stream (host timing only).
+ * - Inside ncclGroupStart/End, collectives run at once, in call order, instead of being fused at the
+ *   outermost ncclGroupEnd (src/group.cc ncclGroupEndInternal).  Correct programs issue the same order on
+ *   every rank, so results agree; ncclGroupSimulateEnd therefore cannot "not run" the group.
+ * - ncclSend/ncclRecv move no data yet: they return ncclInvalidUsage (named by ncclGetLastError) rather than
+ *   a silently wrong result.
+ * - A rank that dies leaves the others waiting until torch's watchdog aborts the communicator (as with NCCL
+ *   without NCCL_ASYNC_ERROR_HANDLING) or the launcher's timeout kills the job.
+ * - Reductions compute in double, then round to the element type (NCCL reduces in the element type);
+ *   fp8 types are reduced as bytes.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "nccl_twin.h"
+
+#define HEADER_BYTES 4096
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+
+struct shm_header { uint32_t count; uint32_t gen; };
+
+static size_t slot_size(void)
+{
+    const char *s = getenv("OTEL_EBPF_TWIN_SLOT_MB");
+    long mb = s != NULL ? atol(s) : 16;
+    return (size_t)(mb > 0 ? mb : 16) << 20;
+}
+
+ncclResult_t twin_shm_open(struct ncclComm *c)
+{
+    const char *dir = getenv("OTEL_EBPF_TWIN_DIR");
+    char path[512];
+    size_t slot = slot_size(), len = HEADER_BYTES + slot * (size_t)c->nranks;
+    void *p;
+    int fd;
+
+    snprintf(path, sizeof(path), "%s/comm-%016llx", dir != NULL ? dir : "/dev/shm", (unsigned long long)c->hash);
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
+        twin_set_last_error("otel-ebpf twin: cannot create the communicator's staging file under $OTEL_EBPF_TWIN_DIR");
+        if (fd >= 0)
+            close(fd);
+        return ncclSystemError;
+    }
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return ncclSystemError;
+    c->shm = (struct twin_shm){ p, len, slot };
+    return ncclSuccess;
+}
+
+void twin_shm_close(struct ncclComm *c)
+{
+    if (c->shm.base != NULL)
+        munmap(c->shm.base, c->shm.len);
+    c->shm.base = NULL;
+}
+
+char *twin_slot(const struct ncclComm *c, int rank) { return c->shm.base + HEADER_BYTES + (size_t)rank * c->shm.slot; }
+size_t twin_slot_bytes(const struct ncclComm *c) { return c->shm.slot; }
+
+/* Sense-reversing barrier: the last rank to arrive resets the count and bumps the generation. */
+ncclResult_t twin_barrier(struct ncclComm *c)
+{
+    struct shm_header *h = (struct shm_header *)c->shm.base;
+    uint32_t g = __atomic_load_n(&h->gen, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&h->count, 1, __ATOMIC_ACQ_REL) == (uint32_t)c->nranks) {
+        __atomic_store_n(&h->count, 0, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&h->gen, 1, __ATOMIC_RELEASE);
+        return ncclSuccess;
+    }
+    for (long i = 0; __atomic_load_n(&h->gen, __ATOMIC_ACQUIRE) == g; i++) {
+        if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+            return ncclRemoteError;
+        if (i < 200)
+            sched_yield();
+        else
+            usleep(50);
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t twin_allgather_bytes(struct ncclComm *c, const void *mine, void *all, size_t n)
+{
+    ncclResult_t rc;
+    if (n > c->shm.slot)
+        return ncclInternalError;
+    memcpy(twin_slot(c, c->rank), mine, n);
+    if ((rc = twin_barrier(c)) != ncclSuccess)
+        return rc;
+    for (int r = 0; r < c->nranks; r++)
+        memcpy((char *)all + (size_t)r * n, twin_slot(c, r), n);
+    return twin_barrier(c);
+}
+
+/* ---- element access ---- */
+
+static size_t type_size(ncclDataType_t t)
+{
+    switch (t) {
+    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0;
+    }
+}
+
+static float half_to_float(uint16_t h)
+{
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, f;
+    float r;
+    if (e == 0 && m == 0) {
+        f = s;
+    } else if (e == 0) { /* subnormal: normalise */
+        e = 127 - 15 + 1;
+        while (!(m & 0x400)) { m <<= 1; e--; }
+        f = s | (e << 23) | ((m & 0x3ff) << 13);
+    } else if (e == 31) {
+        f = s | 0x7f800000 | (m << 13);
+    } else {
+        f = s | ((e + 127 - 15) << 23) | (m << 13);
+    }
+    memcpy(&r, &f, 4);
+    return r;
+}
+
+static uint16_t float_to_half(float x)
+{
+    uint32_t f, s, m;
+    int e;
+    memcpy(&f, &x, 4);
+    s = (f >> 16) & 0x8000;
+    e = (int)((f >> 23) & 0xff) - 127 + 15;
+    m = f & 0x7fffff;
+    if (((f >> 23) & 0xff) == 0xff)
+        return (uint16_t)(s | 0x7c00 | (m ? 0x200 : 0));
+    if (e >= 31)
+        return (uint16_t)(s | 0x7c00);
+    if (e <= 0)
+        return e < -10 ? (uint16_t)s : (uint16_t)(s | ((m | 0x800000) >> (14 - e)));
+    return (uint16_t)(s | ((uint32_t)e << 10) | (m >> 13));
+}
+
+static float bf16_to_float(uint16_t b) { uint32_t f = (uint32_t)b << 16; float r; memcpy(&r, &f, 4); return r; }
+static uint16_t float_to_bf16(float x) { uint32_t f; memcpy(&f, &x, 4); f += 0x7fff + ((f >> 16) & 1); return (uint16_t)(f >> 16); }
+
+static double load(const void *p, size_t i, ncclDataType_t t)
+{
+    switch (t) {
+    case ncclInt8: return ((const int8_t *)p)[i];
+    case ncclInt32: return ((const int32_t *)p)[i];
+    case ncclUint32: return ((const uint32_t *)p)[i];
+    case ncclInt64: return (double)((const int64_t *)p)[i];
+    case ncclUint64: return (double)((const uint64_t *)p)[i];
+    case ncclFloat16: return half_to_float(((const uint16_t *)p)[i]);
+    case ncclBfloat16: return bf16_to_float(((const uint16_t *)p)[i]);
+    case ncclFloat32: return ((const float *)p)[i];
+    case ncclFloat64: return ((const double *)p)[i];
+    default: return ((const uint8_t *)p)[i];
+    }
+}
+
+static void store(void *p, size_t i, ncclDataType_t t, double v)
+{
+    switch (t) {
+    case ncclInt8: ((int8_t *)p)[i] = (int8_t)v; break;
+    case ncclInt32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case ncclUint32: ((uint32_t *)p)[i] = (uint32_t)v; break;
+    case ncclInt64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case ncclUint64: ((uint64_t *)p)[i] = (uint64_t)v; break;
+    case ncclFloat16: ((uint16_t *)p)[i] = float_to_half((float)v); break;
+    case ncclBfloat16: ((uint16_t *)p)[i] = float_to_bf16((float)v); break;
+    case ncclFloat32: ((float *)p)[i] = (float)v; break;
+    case ncclFloat64: ((double *)p)[i] = v; break;
+    default: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    }
+}
+
+/* ---- reductions; custom ops are ncclRedOpCreatePreMulSum's: sum of (scalar * x) ---- */
+
+#define MAX_CUSTOM_OPS 1024
+static double premul_scalar[MAX_CUSTOM_OPS];
+static int next_custom_op = ncclNumOps;
+
+/* dst[i] = op over ranks r of slot_r[off + i] */
+static void reduce_slots(struct ncclComm *c, size_t off, void *dst, size_t n, ncclDataType_t t, ncclRedOp_t op)
+{
+    double scale = op >= ncclNumOps ? premul_scalar[(op - ncclNumOps) % MAX_CUSTOM_OPS] : 1.0;
+    for (size_t i = 0; i < n; i++) {
+        double acc = 0;
+        for (int r = 0; r < c->nranks; r++) {
+            double v = load(twin_slot(c, r) + off, i, t) * scale;
+            if (r == 0)
+                acc = v;
+            else if (op == ncclProd)
+                acc *= v;
+            else if (op == ncclMax)
+                acc = v > acc ? v : acc;
+            else if (op == ncclMin)
+                acc = v < acc ? v : acc;
+            else
+                acc += v;
+        }
+        store(dst, i, t, op == ncclAvg ? acc / c->nranks : acc);
+    }
+}
+
+/* ncclInvalidArgument for a bad comm, type, op or NULL buffer (NCCL 2.28.9 src/enqueue.cc ArgsCheck). */
+static int args_ok(const struct ncclComm *c, const void *send, const void *recv, size_t count, ncclDataType_t t)
+{
+    size_t size = type_size(t);
+    return twin_comm_ok(c) && size != 0 && (count == 0 || (send != NULL && recv != NULL));
+}
+
+static int op_ok(ncclRedOp_t op) { return (int)op >= ncclSum && (int)op < next_custom_op; }
+
+static void trace_call(const struct ncclComm *c, const char *fn, size_t count)
+{
+    if (twin_trace_on())
+        fprintf(stderr, "[twin nccl %d] %s comm %p rank %d/%d count %zu\n", (int)getpid(), fn, (void *)c,
+                c->rank, c->nranks, count);
+}
+
+#define STEP(call) do { ncclResult_t rc_ = (call); if (rc_ != ncclSuccess) return rc_; } while (0)
+
+NCCL_API(ncclResult_t, ncclAllReduce, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
+{
+    size_t ts = type_size(datatype), chunk;
+    (void)stream;
+    if (!args_ok(comm, sendbuff, recvbuff, count, datatype) || !op_ok(op))
+        return ncclInvalidArgument;
+    trace_call(comm, __func__, count);
+    chunk = twin_slot_bytes(comm) / ts;
+    for (size_t o = 0; o < count; o += chunk) {
+        size_t k = MIN(chunk, count - o);
+        memcpy(twin_slot(comm, comm->rank), (const char *)sendbuff + o * ts, k * ts);
+        STEP(twin_barrier(comm));
+        reduce_slots(comm, 0, (char *)recvbuff + o * ts, k, datatype, op);
+        STEP(twin_barrier(comm));
+    }
+    return ncclSuccess;
+}
+
+/* Only the root's recvbuff is written (nccl.h: "recvbuff ... only used on the root rank"). */
+NCCL_API(ncclResult_t, ncclReduce, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
+{
+    size_t ts = type_size(datatype), chunk;
+    (void)stream;
+    if (!args_ok(comm, sendbuff, sendbuff, count, datatype) || !op_ok(op) || root < 0 || root >= comm->nranks)
+        return ncclInvalidArgument;
+    trace_call(comm, __func__, count);
+    chunk = twin_slot_bytes(comm) / ts;
+    for (size_t o = 0; o < count; o += chunk) {
+        size_t k = MIN(chunk, count - o);
+        memcpy(twin_slot(comm, comm->rank), (const char *)sendbuff + o * ts, k * ts);
+        STEP(twin_barrier(comm));
+        if (comm->rank == root)
+            reduce_slots(comm, 0, (char *)recvbuff + o * ts, k, datatype, op);
+        STEP(twin_barrier(comm));
+    }
+    return ncclSuccess;
+}
+
+/* sendbuff is only read on the root (nccl.h ncclBroadcast). */
+NCCL_API(ncclResult_t, ncclBroadcast, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+         int root, ncclComm_t comm, cudaStream_t stream)
+{
+    size_t n, slot;
+    (void)stream;
+    if (!args_ok(comm, recvbuff, recvbuff, count, datatype) || root < 0 || root >= comm->nranks
+        || (comm->rank == root && count > 0 && sendbuff == NULL))
+        return ncclInvalidArgument;
+    trace_call(comm, __func__, count);
+    n = count * type_size(datatype);
+    slot = twin_slot_bytes(comm);
+    for (size_t o = 0; o < n; o += slot) {
+        size_t k = MIN(slot, n - o);
+        if (comm->rank == root)
+            memcpy(twin_slot(comm, root), (const char *)sendbuff + o, k);
+        STEP(twin_barrier(comm));
+        if (comm->rank != root || recvbuff != sendbuff)
+            memcpy((char *)recvbuff + o, twin_slot(comm, root), k);
+        STEP(twin_barrier(comm));
+    }
+    return ncclSuccess;
+}
+
+/* Legacy in-place broadcast (nccl.h: ncclBcast is ncclBroadcast with sendbuff == recvbuff). */
+NCCL_API(ncclResult_t, ncclBcast, void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+         cudaStream_t stream)
+{
+    return ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+}
+
+/* recvbuff holds nranks * sendcount elements, rank-major (nccl.h ncclAllGather). */
+NCCL_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size_t sendcount,
+         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
+{
+    size_t n, slot;
+    (void)stream;
+    if (!args_ok(comm, sendbuff, recvbuff, sendcount, datatype))
+        return ncclInvalidArgument;
+    trace_call(comm, __func__, sendcount);
+    n = sendcount * type_size(datatype);
+    slot = twin_slot_bytes(comm);
+    for (size_t o = 0; o < n; o += slot) {
+        size_t k = MIN(slot, n - o);
+        memcpy(twin_slot(comm, comm->rank), (const char *)sendbuff + o, k);
+        STEP(twin_barrier(comm));
+        for (int r = 0; r < comm->nranks; r++)
+            memcpy((char *)recvbuff + (size_t)r * n + o, twin_slot(comm, r), k);
+        STEP(twin_barrier(comm));
+    }
+    return ncclSuccess;
+}
+
+/* sendbuff holds nranks * recvcount elements; rank r gets the reduction of block r (nccl.h). */
+NCCL_API(ncclResult_t, ncclReduceScatter, const void *sendbuff, void *recvbuff, size_t recvcount,
+         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
+{
+    size_t ts = type_size(datatype), chunk;
+    (void)stream;
+    if (!args_ok(comm, sendbuff, recvbuff, recvcount, datatype) || !op_ok(op))
+        return ncclInvalidArgument;
+    trace_call(comm, __func__, recvcount);
+    chunk = twin_slot_bytes(comm) / ts / (size_t)comm->nranks; /* slot layout: [destination rank][k] */
+    for (size_t o = 0; o < recvcount; o += chunk) {
+        size_t k = MIN(chunk, recvcount - o);
+        for (int d = 0; d < comm->nranks; d++)
+            memcpy(twin_slot(comm, comm->rank) + (size_t)d * k * ts,
+                   (const char *)sendbuff + ((size_t)d * recvcount + o) * ts, k * ts);
+        STEP(twin_barrier(comm));
+        reduce_slots(comm, (size_t)comm->rank * k * ts, (char *)recvbuff + o * ts, k, datatype, op);
+        STEP(twin_barrier(comm));
+    }
+    return ncclSuccess;
+}
+
+/* Block d of rank r's sendbuff goes to block r of rank d's recvbuff (nccl.h ncclAlltoAll). */
+NCCL_API(ncclResult_t, ncclAlltoAll, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+         ncclComm_t comm, cudaStream_t stream)
+{
+    size_t ts = type_size(datatype), chunk;
+    (void)stream;
+    if (!args_ok(comm, sendbuff, recvbuff, count, datatype))
+        return ncclInvalidArgument;
+    trace_call(comm, __func__, count);
+    chunk = twin_slot_bytes(comm) / ts / (size_t)comm->nranks;
+    for (size_t o = 0; o < count; o += chunk) {
+        size_t k = MIN(chunk, count - o);
+        for (int d = 0; d < comm->nranks; d++)
+            memcpy(twin_slot(comm, comm->rank) + (size_t)d * k * ts,
+                   (const char *)sendbuff + ((size_t)d * count + o) * ts, k * ts);
+        STEP(twin_barrier(comm));
+        for (int r = 0; r < comm->nranks; r++)
+            memcpy((char *)recvbuff + ((size_t)r * count + o) * ts, twin_slot(comm, r) + (size_t)comm->rank * k * ts,
+                   k * ts);
+        STEP(twin_barrier(comm));
+    }
+    return ncclSuccess;
+}
+
+/* ---- point-to-point: not modelled yet (see the header comment) ---- */
+
+static ncclResult_t p2p_refused(const char *fn)
+{
+    char msg[160];
+    snprintf(msg, sizeof(msg), "otel-ebpf twin: %s moves no data yet (point-to-point is not modelled)", fn);
+    twin_set_last_error(msg);
+    if (twin_trace_on())
+        fprintf(stderr, "[twin nccl %d] %s\n", (int)getpid(), msg);
+    return ncclInvalidUsage;
+}
+
+NCCL_API(ncclResult_t, ncclSend, const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+         ncclComm_t comm, cudaStream_t stream)
+{
+    (void)sendbuff; (void)count; (void)datatype; (void)peer; (void)comm; (void)stream;
+    return p2p_refused(__func__);
+}
+
+NCCL_API(ncclResult_t, ncclRecv, void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+         cudaStream_t stream)
+{
+    (void)recvbuff; (void)count; (void)datatype; (void)peer; (void)comm; (void)stream;
+    return p2p_refused(__func__);
+}
+
+/* ---- groups: nesting is counted; operations inside run at once (see the header comment) ---- */
+
+static __thread int group_depth;
+
+NCCL_API(ncclResult_t, ncclGroupStart)
+{
+    group_depth++;
+    return ncclSuccess;
+}
+
+/* ncclInvalidUsage for an End without a Start (src/group.cc ncclGroupEndInternal). */
+NCCL_API(ncclResult_t, ncclGroupEnd)
+{
+    if (group_depth == 0) {
+        twin_set_last_error("ncclGroupEnd: not in a group call");
+        return ncclInvalidUsage;
+    }
+    group_depth--;
+    return ncclSuccess;
+}
+
+/* NCCL requires NCCL_SIM_INFO_INITIALIZER (magic 0x74685283) and fills estimatedTime (src/group.cc). */
+NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t *simInfo)
+{
+    if (simInfo == NULL || simInfo->magic != 0x74685283)
+        return ncclInvalidArgument;
+    simInfo->estimatedTime = 0.0f; /* no model of link speeds: nothing to estimate */
+    return ncclGroupEnd();
+}
+
+/* ncclScalarHostImmediate reads the scalar now; ncclScalarDevice would read it while the collective runs,
+ * which is the same memory here (device memory is host memory) but read now: a later change is missed. */
+NCCL_API(ncclResult_t, ncclRedOpCreatePreMulSum, ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
+         ncclScalarResidence_t residence, ncclComm_t comm)
+{
+    int id;
+    (void)residence;
+    if (op == NULL || scalar == NULL || !twin_comm_ok(comm) || type_size(datatype) == 0)
+        return ncclInvalidArgument;
+    id = __atomic_fetch_add(&next_custom_op, 1, __ATOMIC_RELAXED);
+    premul_scalar[(id - ncclNumOps) % MAX_CUSTOM_OPS] = load(scalar, 0, datatype);
+    *op = (ncclRedOp_t)id;
+    return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm)
+{
+    if (!twin_comm_ok(comm) || (int)op < ncclNumOps)
+        return ncclInvalidArgument; /* built-in ops cannot be destroyed (src/enqueue.cc ncclRedOpDestroy) */
+    return ncclSuccess;
+}

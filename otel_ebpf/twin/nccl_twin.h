@@ -1,0 +1,55 @@
+/*
+ * Internal header of the twin's stand-in libnccl.so.2 (nccl_comm.c: communicators; nccl_coll.c: data
+ * movement).  The public prototypes come from the real nccl.h of the NCCL torch 2.11.0 pins
+ * (nvidia-nccl-cu13 2.28.9; scripts/setup.sh extracts it), so each definition is checked against them.
+ */
+#ifndef OTEL_EBPF_TWIN_NCCL_H
+#define OTEL_EBPF_TWIN_NCCL_H
+
+#include <nccl.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* As NCCL 2.28.9 src/include/core.h NCCL_API: the weak `nccl*` definition, and `pnccl*` (the profiling
+ * interface) an alias of it at the same address. */
+#define NCCL_API(ret, func, ...)                                                             \
+    __attribute__((visibility("default"))) __attribute__((alias(#func))) ret p##func(__VA_ARGS__); \
+    __attribute__((visibility("default"))) __attribute__((weak)) ret func(__VA_ARGS__)
+
+#define TWIN_COMM_MAGIC 0x6e63636c5457494eULL /* "ncclTWIN" */
+
+/* The shared staging area of one communicator: a header page (barrier), then one slot per rank. */
+struct twin_shm {
+    char *base;
+    size_t len;
+    size_t slot;
+};
+
+struct ncclComm {
+    uint64_t magic;
+    uint64_t hash;     /* NCCL's commHash: root = hash(unique id), child = hash(parent, split count, color) */
+    int rank;
+    int nranks;
+    int device;
+    volatile int aborted; /* set by ncclCommAbort from the watchdog thread while a collective may wait */
+    int split_count;      /* splits of this comm so far (NCCL: comm->splitCount) */
+    struct twin_shm shm;  /* mapped at creation: every rank of the comm joins it */
+};
+
+int twin_comm_ok(const struct ncclComm *c);
+int twin_trace_on(void);
+uint64_t twin_hash(uint64_t h, const void *buf, size_t n);
+
+/* Maps the communicator's staging area (a file under $OTEL_EBPF_TWIN_DIR named by its hash). */
+ncclResult_t twin_shm_open(struct ncclComm *c);
+void twin_shm_close(struct ncclComm *c);
+char *twin_slot(const struct ncclComm *c, int rank);
+size_t twin_slot_bytes(const struct ncclComm *c);
+/* Waits until every rank of the comm has arrived; ncclRemoteError when the comm was aborted meanwhile. */
+ncclResult_t twin_barrier(struct ncclComm *c);
+/* Every rank's `n` bytes at `mine`, gathered in rank order into `all` (n * nranks bytes, n <= slot). */
+ncclResult_t twin_allgather_bytes(struct ncclComm *c, const void *mine, void *all, size_t n);
+
+void twin_set_last_error(const char *msg);
+
+#endif
