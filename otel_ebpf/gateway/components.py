@@ -4,21 +4,14 @@ from __future__ import annotations
 
 from otel_ebpf.core.pipeline import Factory
 
-__all__ = ["processors", "receiver_factories", "receivers"]
+__all__ = ["processors", "receivers"]
 
 
-def receiver_factories() -> dict[str, Factory]:
-    """Receiver type -> its factory (the service builds its receivers through these)."""
+def receivers() -> dict[str, Factory]:
+    """Receiver type -> its factory (config class, default and component)."""
     from otel_ebpf.receivers import otlp
 
     return {f.type: f for f in (otlp.factory,)}
-
-
-def receivers() -> dict[str, type]:
-    """Receiver type -> its Config class, for :mod:`otel_ebpf.gateway.config`, which reads
-    config classes here. Once it reads ``f.config_class`` of :func:`receiver_factories`
-    instead, this returns the factories (like :func:`processors`)."""
-    return {t: f.config_class for t, f in receiver_factories().items()}
 
 
 def processors() -> dict[str, Factory]:

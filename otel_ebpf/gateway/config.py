@@ -95,7 +95,7 @@ class GatewayConfig:
 
 def default_data() -> dict[str, Any]:
     """The full default gateway config as plain data."""
-    recv = {t: to_plain(cls()) for t, cls in components.receivers().items()}
+    recv = {t: to_plain(f.config_class()) for t, f in components.receivers().items()}
     proc = {t: to_plain(f.config_class()) for t, f in components.processors().items()}
     exp = {"file": to_plain(FileExporterConfig(directory="./otel-ebpf-gateway-out"))}
     service = to_plain(GatewayServiceConfig())
@@ -174,7 +174,8 @@ def load(path: str | None = None, *, output: str | None = None, endpoint: str | 
     data = _merge(data, _exporter_overrides(data, output, endpoint, protocol))
     data = _merge(data, _receiver_overrides(grpc_endpoint, http_endpoint))
     cfg = GatewayConfig(
-        receivers=_build_section("receivers", data.get("receivers") or {}, components.receivers()),
+        receivers=_build_section("receivers", data.get("receivers") or {},
+                                 {t: f.config_class for t, f in components.receivers().items()}),
         processors=_build_section("processors", data.get("processors") or {},
                                   {t: f.config_class for t, f in components.processors().items()}),
         exporters=_build_section("exporters", data.get("exporters") or {}, EXPORTER_TYPES),
@@ -190,7 +191,7 @@ def dump_defaults() -> str:
 
     lines = ["# otel-ebpf gateway default configuration (otel-ebpf gateway --defaults).",
              "# Any subset of it in a file given with --config is merged over these defaults.", ""]
-    _section("receivers", {t: cls() for t, cls in components.receivers().items()}, lines,
+    _section("receivers", {t: f.config_class() for t, f in components.receivers().items()}, lines,
              {"otlp": "OTLP/gRPC and OTLP/HTTP from the agents."})
     procs = components.processors()
     _section("processors", {t: f.config_class() for t, f in procs.items()}, lines,

@@ -82,7 +82,7 @@ class Gateway:
         self.metrics = BoundedQueue(self.forwarder, self.ctx.telemetry, max_events=svc.max_metric_queue,
                                     name="metrics")
         self.losses = AgentLossLedger(self.ctx.telemetry)
-        rfactories = components.receiver_factories()
+        rfactories = components.receivers()
         self.receivers = {rid: rfactories[rid.split("/")[0]].create(
             cfg.receivers[rid], self.ctx, OtlpIngest(self.ctx.telemetry, self.traces, self.metrics, name=rid,
                                                      losses=self.losses))
