@@ -36,18 +36,15 @@ __all__ = ["EXPORTER_TYPES", "BatchConfig", "FileExporterConfig", "OtlpExporterC
 class BatchConfig:
     queue_size: int = doc(8192, "Most spans held per exporter (queued, or in the batch being sent or retried); "
                                 "beyond it new spans are dropped and counted (reason export_queue_full). The "
-                                "pipeline never waits for room.")
-    batch_size: int = doc(512, "Most spans per export request.")
+                                "pipeline never waits for room.", min=1)
+    batch_size: int = doc(512, "Most spans per export request.", min=1)
     batch_delay: float = doc(1.0, "Longest a span waits before its batch is sent.", duration=True)
     metrics_queue_size: int = doc(4, "Most metric collections (one per service.metrics_interval) held per exporter "
                                      "while it is slow or down; beyond it the oldest is dropped and counted "
-                                     "(otel_ebpf.metrics.dropped): the next cumulative collection supersedes it.")
+                                     "(otel_ebpf.metrics.dropped): the next cumulative collection supersedes it.",
+                                 min=1)
 
     def validate(self, path: str) -> None:
-        if self.queue_size < 1 or self.batch_size < 1:
-            raise ConfigError(path, "queue_size and batch_size must be >= 1")
-        if self.metrics_queue_size < 1:
-            raise ConfigError(f"{path}.metrics_queue_size", f"must be >= 1, got {self.metrics_queue_size}")
         if self.batch_size > self.queue_size:
             raise ConfigError(f"{path}.batch_size", f"must be <= queue_size ({self.queue_size})")
 
@@ -73,7 +70,8 @@ class OtlpExporterConfig:
     reconnect_backoff_max: float = doc(
         5.0, "grpc only: longest wait between two connection attempts while the collector is unreachable "
              "(gRPC's default is 120 s; the span and metric channels share it, so it survives the SDK's channel "
-             "re-creation): bounds how late the first export succeeds after the collector comes back.", duration=True)
+             "re-creation): bounds how late the first export succeeds after the collector comes back.", duration=True,
+        min=0.1, max=300.0)
     batch: BatchConfig = doc(BatchConfig(), "Span batching and queue bounds.")
     retry_on_failure: RetryConfig = doc(RetryConfig(), "Retries of a failed export, after the SDK exporter's own "
                                                        "(within timeout): a collector down or refusing for longer.")
@@ -85,9 +83,6 @@ class OtlpExporterConfig:
                 ("grpc.max_reconnect_backoff_ms", max_ms))
 
     def validate(self, path: str) -> None:
-        if not 0.1 <= self.reconnect_backoff_max <= 300:
-            raise ConfigError(f"{path}.reconnect_backoff_max",
-                              f"must be between 100ms and 300s, got {self.reconnect_backoff_max}s")
         url = self.endpoint if "://" in self.endpoint else f"http://{self.endpoint}"
         parsed = urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
