@@ -18,7 +18,7 @@ need_apt=0
 /usr/bin/python3 -c 'import bcc' 2>/dev/null || need_apt=1
 command -v cc >/dev/null || need_apt=1
 command -v prometheus >/dev/null || need_apt=1
-# node: tests/unit/test_report.py runs the HTML report's script
+# node: tests/unit/report/test_report.py runs the HTML report's script
 [ -z "$extras" ] || command -v node >/dev/null || need_apt=1
 # bpftool: tests/faults lists BPF programs to show a SIGKILLed agent left none (optional: it falls back to /proc)
 command -v bpftool >/dev/null || [ -x /usr/sbin/bpftool ] || need_apt=1

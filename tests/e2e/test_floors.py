@@ -24,9 +24,10 @@ from tests.support.wheel import ROOT, fresh_venv, run
 
 #: the unit tests that run against the floors: the emit stage (SDK spans and metrics, sending
 #: queues, OTLP JSON, Prometheus), OTLP in (SDK exporters against the receiver, refusals), config
-UNIT_TESTS = ["test_emitter.py", "test_sending.py", "test_jsonfile.py", "test_histograms.py", "test_otlp_in.py",
-              "test_otlp_server.py", "test_otlp_server_refusal.py", "test_prometheus_exporter.py",
-              "test_gateway_losses.py", "test_resources.py", "test_ids.py", "test_config.py", "test_settings.py"]
+UNIT_TESTS = ["emit/test_emitter.py", "emit/test_sending.py", "emit/test_jsonfile.py", "emit/test_histograms.py",
+              "emit/test_otlp_in.py", "receivers/test_otlp_server.py", "receivers/test_otlp_server_refusal.py",
+              "emit/test_prometheus_exporter.py", "gateway/test_gateway_losses.py", "host/test_resources.py",
+              "core/test_ids.py", "core/test_config.py", "service/test_settings.py"]
 TEST_REQUIREMENTS = ["pytest>=8", "pytest-timeout>=2.3"]
 _IMPORT_ALL = """
 import importlib, pkgutil, otel_ebpf

@@ -38,7 +38,7 @@
  * throttle 0x1 of 0x1ff, no NVLink, MIG off, no processes, no XID.
  *
  * Struct layouts match nvml.h and pynvml's ctypes mirrors (sizes asserted below and, on the
- * Python side, by tests/unit/test_nvml_scrape.py).
+ * Python side, by tests/unit/receivers/test_nvml_scrape.py).
  */
 #define _GNU_SOURCE
 #include <pthread.h>

@@ -17,7 +17,7 @@ import pytest
 from otel_ebpf.report.perfetto import to_chrome_trace, write_chrome_trace
 from otel_ebpf.report import read_otlp_json
 from otel_ebpf.report.otlpfiles import OtlpData, SpanRow
-from tests.unit import otlp_job
+from tests.unit.report import otlp_job
 
 DEMO = Path(__file__).parent / "data" / "demo_kill"
 

@@ -1,7 +1,7 @@
 """otel_ebpf.report: OTLP JSON lines -> one self-contained report.html.
 
 Inputs: the synthetic job of tests/unit/otlp_job.py (known answers, written by the real file
-exporters), and tests/unit/data/demo_kill/, recorded from a real run of
+exporters), and tests/unit/report/data/demo_kill/, recorded from a real run of
 ``otel-ebpf demo --steps 8 --kill-rank 1 --kill-after-step 4`` (gateway output; trimmed to
 <200 KB by removing the resource attributes process.command_line, process.command_args and
 service.instance.id). The page's script is run under node with a DOM stand-in
@@ -22,7 +22,7 @@ import pytest
 from otel_ebpf.cli import main
 from otel_ebpf.demo import summary
 from otel_ebpf.report import model, read_otlp_json, render_html, write_report
-from tests.unit import otlp_job
+from tests.unit.report import otlp_job
 
 DATA = Path(__file__).parent / "data"
 DEMO = DATA / "demo_kill"

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.receivers.otlp import OtlpServer, count_items
 from tests.support.otlp_sink import spans_of
-from tests.unit.test_otlp_server import TRACE_METHOD, make_metrics, make_spans, post
+from tests.unit.receivers.test_otlp_server import TRACE_METHOD, make_metrics, make_spans, post
 
 
 class Door:

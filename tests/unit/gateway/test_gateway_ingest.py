@@ -17,7 +17,7 @@ from otel_ebpf.gateway.ingest import OtlpIngest
 from otel_ebpf.receivers.otlp import Config as OtlpReceiverConfig, OtlpReceiver
 from otel_ebpf.core.pipeline import BoundedQueue, Context, ListConsumer
 from otel_ebpf.core.telemetry import DROPPED, RECEIVED, REFUSED
-from tests.unit.test_otlp_server import make_spans
+from tests.unit.receivers.test_otlp_server import make_spans
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])

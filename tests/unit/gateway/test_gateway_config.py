@@ -12,7 +12,7 @@ from otel_ebpf.gateway import components
 from otel_ebpf.gateway.config import dump_defaults, load
 from otel_ebpf.core.pipeline import Context, ListConsumer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def write(tmp_path: Path, text: str) -> str:

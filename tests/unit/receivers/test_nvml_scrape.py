@@ -243,7 +243,7 @@ def test_without_nvml_the_receiver_warns_once_and_stays_idle() -> None:
             "print('took', time.perf_counter() - t0)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env,
-                       cwd=Path(__file__).resolve().parents[2])
+                       cwd=Path(__file__).resolve().parents[3])
     assert r.returncode == 0, r.stderr
     if "disabled" not in r.stderr:
         pytest.skip("this host has a real libnvidia-ml.so.1")

@@ -15,7 +15,7 @@ from otel_ebpf.core.pipeline import Context, Factory, ListConsumer
 from otel_ebpf.gateway import components
 from otel_ebpf.gateway.losses import GatewayTelemetry
 from otel_ebpf.receivers import otlp
-from tests.unit.test_otlp_server import make_spans
+from tests.unit.receivers.test_otlp_server import make_spans
 
 _FREE_PORTS = {"otlp": {"grpc_endpoint": "127.0.0.1:0", "http_endpoint": "127.0.0.1:0"}}
 

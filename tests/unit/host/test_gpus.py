@@ -270,7 +270,7 @@ def test_nccl_collectives_carry_the_hw_id_of_the_communicator_device() -> None:
 def test_attach_shares_one_resolver_per_context_reading_the_resource_cache(tmp_path) -> None:
     from otel_ebpf.host.gpus import NvmlSource, attach
     from otel_ebpf.host.processes import ResourceCache, process_environment
-    from tests.unit.test_resources import _env, make_proc
+    from tests.unit.host.test_resources import _env, make_proc
 
     cgroup = "0::/system.slice/docker-" + "ab" * 32 + ".scope\n"
     make_proc(tmp_path, 31, environ=_env(CUDA_VISIBLE_DEVICES="GPU-bbbb", HOME="/root"), cgroup=cgroup)

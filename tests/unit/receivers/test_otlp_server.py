@@ -31,7 +31,7 @@ from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.receivers.otlp import OtlpBindError, OtlpServer, parse_endpoint, to_otlp_json
 from tests.support.otlp_sink import OtlpSink, decode_attrs, load_jsonl, spans_from_jsonl
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 TRACE_ID_HEX = "5b8efff798038103d269b633813fc60c"
 SPAN_ID_HEX = "eee19b7ec3c1b174"

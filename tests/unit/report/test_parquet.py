@@ -11,10 +11,10 @@ from otel_ebpf.cli import main
 from otel_ebpf.core.events import SpanEventRecord, SpanRecord
 from otel_ebpf.report.parquet import METRIC_COLUMNS, SPAN_COLUMNS, write_events, write_otlp_parquet
 from otel_ebpf.receivers.cuda.events import KernelLaunch, MemcpyCall
-from tests.unit import otlp_job
+from tests.unit.report import otlp_job
 
 import pyarrow.parquet as pq  # a test dependency (pyproject: test extra)
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "analysis.md"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "analysis.md"
 
 
 def test_spans_table_has_the_documented_columns_and_promoted_attributes(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from otel_ebpf.host.cgroups import container_id_from_cgroup, pod_uid_from_cgroup
 from otel_ebpf.host.processes import ResourceCache
 from otel_ebpf.service.settings import AgentConfig
 from otel_ebpf.core.telemetry import DROPPED, Telemetry
-from tests.unit.test_resources import _env, make_proc
+from tests.unit.host.test_resources import _env, make_proc
 
 DATA = Path(__file__).parent / "data"
 PODS = (DATA / "kubelet" / "pods.json").read_bytes()
