@@ -38,6 +38,7 @@ from otel_ebpf.bpf.loader import (
     require_bpf,
     retry_interrupted_load,
 )
+from otel_ebpf.bpf.maps import array_deltas
 from otel_ebpf.bpf.pausing import PAUSES_SKIPPED, PAUSES_TIMED_OUT, SKIP_REASONS, PauseOnLoad
 from otel_ebpf.core.errors import AttachError, BpfLoadError
 from otel_ebpf.core.events import LibraryLoaded, ProcessExit
@@ -307,14 +308,9 @@ class BpfReceiver:
                 self.ctx.telemetry.add(PAUSES_SKIPPED, n, receiver=self.name, reason=reason)
 
     def _array_deltas(self, table: str, names: Sequence[str], seen: list[int]) -> list[tuple[str, int]]:
-        """(name, growth since the last read) of each counter of BPF array ``table`` that grew."""
-        counters, out = self._bpf[table], []
-        for i, name in enumerate(names):
-            total = counters[ct.c_int(i)].value
-            if total > seen[i]:
-                out.append((name, total - seen[i]))
-                seen[i] = total
-        return out
+        """(name, growth since the last read) of each counter of BPF array ``table`` that grew
+        (otel_ebpf.bpf.maps.array_deltas on this receiver's program)."""
+        return array_deltas(self._bpf[table], names, seen)
 
     def _run(self) -> None:
         while not self._stop.is_set():
