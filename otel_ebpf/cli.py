@@ -178,7 +178,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load_cfg(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from otel_ebpf.service import settings
-    extra: dict = {}
+    extra: dict[str, Any] = {}
     if args.service_name:
         extra.setdefault("service", {})["service_name"] = args.service_name
     if args.strict:

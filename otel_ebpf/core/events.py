@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "AttrValue",
@@ -30,7 +30,7 @@ __all__ = [
     "Tick",
 ]
 
-AttrValue = str | int | float | bool | tuple
+AttrValue = str | int | float | bool | tuple[Any, ...]
 Attributes = Mapping[str, AttrValue]
 MetricKind = Literal["counter", "updown", "histogram", "gauge"]
 

@@ -45,7 +45,7 @@ def _b64_to_hex(text: str) -> str:
     return base64.b64decode(text).hex()
 
 
-def parse_otlp_json(data: bytes | str | dict, message_cls: type[Message]) -> Message:
+def parse_otlp_json(data: bytes | str | dict[str, Any], message_cls: type[Message]) -> Message:
     """Parse OTLP/JSON (hex ids, enums as ints or names, unknown fields ignored).
 
     Raises ``ValueError`` (``JSONDecodeError``; not an object) or ``json_format.ParseError``

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from otel_ebpf.core.services import GpuTable, HostTimeline, KernelTime, ProcessResources
+from otel_ebpf.core.services import AppContext, GpuTable, HostTimeline, KernelTime, ProcessResources
 from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = [
@@ -79,9 +79,8 @@ class Context:
     # push samples from their own threads, the nccl processor reads the figures of each step.
     host_stats: HostTimeline | None = None
     # Current application span per thread (otel_ebpf/receivers/apptrace/store.py AppContextStore): set by the apptrace
-    # receiver from SDK begin/end fires; cuda (and other) processors parent their spans on it. Typed Any until
-    # the apptrace receiver keeps it as an AppContext (otel_ebpf.core.services) rather than its concrete class.
-    app_context: Any = None
+    # receiver from SDK begin/end fires; cuda (and other) processors parent their spans on it.
+    app_context: AppContext | None = None
     # Receivers of this agent whose programs write the per-thread call map (oe_thread_ctx: python, torch),
     # added as they are made; the cuda program reads that map only when one exists.
     thread_ctx_writers: set[str] = field(default_factory=set)

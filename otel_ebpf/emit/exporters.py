@@ -145,7 +145,7 @@ EXPORTER_TYPES: dict[str, type] = {"file": FileExporterConfig, "otlp": OtlpExpor
 
 
 def _otlp(cfg: OtlpExporterConfig) -> tuple[SpanExporter, MetricExporter]:
-    from opentelemetry.exporter.otlp.proto.grpc.exporter import Compression as GrpcCompression
+    from grpc import Compression as GrpcCompression
 
     if cfg.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter

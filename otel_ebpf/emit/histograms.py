@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -42,7 +43,7 @@ class HistogramStore:
     def __init__(self, max_series: int = 8192) -> None:
         self._max = max_series
         # (scope, name) -> (unit, description, {attrs_key: series})
-        self._metrics: dict[tuple[str, str], tuple[str, str, dict[tuple, _Series]]] = {}
+        self._metrics: dict[tuple[str, str], tuple[str, str, dict[tuple[Any, ...], _Series]]] = {}
         self._n = 0
 
     def record(self, scope: str, name: str, unit: str, description: str,

@@ -136,7 +136,7 @@ class PrometheusMetricExporter(MetricExporter):
 
         self._collector = _LatestCollector(resource_labels)
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(self._collector)  # type: ignore[arg-type]
+        registry.register(self._collector)
         server, self._thread = start_http_server(port, addr=host, registry=registry)
         self._server: Any = server
         self.host = host

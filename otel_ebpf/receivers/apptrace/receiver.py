@@ -27,6 +27,7 @@ from otel_ebpf.bpf.attach import claim_library
 from otel_ebpf.bpf.receiver import COMMON_SRC, BpfReceiver
 from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.errors import AttachError
+from otel_ebpf.core.services import AppContext
 from otel_ebpf.core.pipeline import Consumer, Context
 
 from otel_ebpf.bpf.refctr import RefCtrUprobes
@@ -93,7 +94,7 @@ class AppTraceReceiver(BpfReceiver):
         self.config = config
         if ctx.app_context is None:
             ctx.app_context = AppContextStore(ctx.telemetry, max_threads=config.max_threads)
-        self.store: AppContextStore = ctx.app_context
+        self.store: AppContext = ctx.app_context
         self._refctr = RefCtrUprobes()
         self._variants: dict[tuple[ArgLoc, ...], int] = {}
         self._sites: dict[str, list[Site]] = {}

@@ -174,8 +174,9 @@ class CudaReceiver(BpfReceiver):
             fmt, cls = call
             _, api, kind, device, pid, tid, start, end, rc, cstart, croot, *rest = fmt.unpack_from(raw)
             to_epoch = self.clock.to_epoch_ns
-            return cls(pid, tid, _SYMBOLS[api], device, to_epoch(start), to_epoch(end), rc, *rest,
-                       enclosing=self._enclosing(kind, cstart, croot))
+            event: object = cls(pid, tid, _SYMBOLS[api], device, to_epoch(start), to_epoch(end), rc, *rest,
+                                enclosing=self._enclosing(kind, cstart, croot))
+            return event
         if etype == LAUNCH.etype:
             (_, api, kind, device, pid, tid, ts, func, gx, gy, gz, bx, by, bz, smem, stream,
              seq, cstart, croot) = LAUNCH.fmt.unpack_from(raw)
