@@ -24,7 +24,7 @@ from typing import Any
 
 from otel_ebpf.service import components
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
-from otel_ebpf.emit.exporters import build_exporters
+from otel_ebpf.emit.exporters import build_exporters, check_output_directory
 from otel_ebpf.core.errors import OtelEbpfError, TargetError
 from otel_ebpf.host.timeline import HostStats
 from otel_ebpf.bpf.clock import KernelClock
@@ -159,7 +159,10 @@ class Agent:
                          if hasattr(r, "dump"))
 
     def start(self) -> None:
-        """Start everything; on a failure, stop what started and re-raise."""
+        """Start everything; on a failure, stop what started and re-raise. First the checks that
+        need no running part, privileges before the output directories (a user who is not root
+        learns that first: as root the directory may well be writable)."""
+        self._preflight()  # nothing runs yet: nothing to stop, nothing to flush
         self._started = True
         try:
             from otel_ebpf.service import health
@@ -180,6 +183,17 @@ class Agent:
         except BaseException:
             self.shutdown(timeout=_FAILED_START_S)  # nothing collected yet is worth a long wait
             raise
+
+    def _preflight(self) -> None:
+        """PrivilegeError/BccMissingError/KernelHeadersError when a BPF receiver cannot load; a
+        ConfigError naming ``exporters.<id>.directory`` when a file exporter cannot write."""
+        from otel_ebpf.bpf.loader import require_bpf
+        from otel_ebpf.bpf.receiver import BpfReceiver
+
+        if any(isinstance(r, BpfReceiver) for r in self.receivers.values()):
+            require_bpf()
+        for eid in sorted({e for p in self.cfg.service.pipelines.values() for e in p.exporters}):
+            check_output_directory(self.cfg.exporters[eid], f"exporters.{eid}")
 
     def shutdown(self, *, exiting: bool = False, timeout: float | None = None) -> None:
         """Drain and stop, in order. Safe twice and without start. ``exiting``: this process

@@ -1,5 +1,6 @@
 """An output directory that cannot be written is a config error naming it, before anything
-starts (exit 2, nothing listening), not retried writes and warnings after the job ran.
+starts (exit 2, nothing listening, the traced command never run), not retried writes and
+warnings after the job ran.
 
 The gateway runs unprivileged, so it is checked both as root (a read-only file system, a path
 under a regular file) and as an unprivileged user (a root-owned directory)."""
@@ -61,3 +62,13 @@ def test_unprivileged_user_without_write_access_gets_a_config_error() -> None:
         out.mkdir(mode=0o755)
         r = _gateway(out, "/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
     _refused(r, out, "Permission denied")
+
+
+def test_run_with_a_read_only_output_fails_before_the_command_runs(read_only: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    r = subprocess.run([sys.executable, "-m", "otel_ebpf", "run", "--output", str(read_only / "out"), "--",
+                        "touch", str(marker)], capture_output=True, text=True, timeout=60, cwd="/",
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    _refused(r, read_only / "out", "Read-only file system")
+    assert not marker.exists(), "the traced command ran although the agent could not start"
+    assert "WARNING" not in r.stderr, r.stderr  # no retried writes before the error
