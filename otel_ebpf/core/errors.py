@@ -7,7 +7,9 @@
     ├── EnvironmentError_         the host cannot run a part of the agent
     │   ├── PrivilegeError        not root / missing CAP_BPF, CAP_PERFMON
     │   ├── BccMissingError       the BCC Python module is not importable
-    │   └── KernelHeadersError    BCC cannot compile: no headers for this kernel
+    │   ├── KernelHeadersError    BCC cannot compile: no headers for this kernel
+    │   ├── TwinSetupError        (otel_ebpf.twin) the twin's torch environment is missing or wrong
+    │   └── TwinBuildError        (otel_ebpf.twin) the twin's stand-in libraries cannot be built
     ├── BpfLoadError              a BPF program failed to compile or verify
     ├── AttachError               a probe could not attach (names the library and symbol)
     └── TargetError               the process to trace is wrong or gone (names the PID/command)
