@@ -74,8 +74,8 @@ class Gateway:
                                max_wait=svc.max_export_wait)
         nxt: Consumer = self.gate
         self.processors: list[Any] = []
-        for pid_ in reversed(pipe.processors):
-            proc = factories[pid_.split("/")[0]].create(cfg.processors[pid_], self.ctx, nxt)
+        for proc_id in reversed(pipe.processors):
+            proc = factories[proc_id.split("/")[0]].create(cfg.processors[proc_id], self.ctx, nxt)
             self.processors.insert(0, proc)
             nxt = proc
         self.traces = BoundedQueue(nxt, self.ctx.telemetry, max_events=svc.max_queue, name="traces")

@@ -141,8 +141,8 @@ class Agent:
                               max_processes=svc.max_processes, metrics_interval=svc.metrics_interval)
             nxt: Consumer = emitter
             procs: list[Any] = []
-            for pid_ in reversed(p.processors):
-                proc = pfactories[pid_.split("/")[0]].create(self.cfg.processors[pid_], self.ctx, nxt)
+            for proc_id in reversed(p.processors):
+                proc = pfactories[proc_id.split("/")[0]].create(self.cfg.processors[proc_id], self.ctx, nxt)
                 procs.insert(0, proc)
                 nxt = proc
             queue = BoundedQueue(nxt, self.ctx.telemetry, max_events=svc.max_queue, name=name)
