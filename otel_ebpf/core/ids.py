@@ -9,13 +9,27 @@ emitter puts such ids straight into the span's context (random ones otherwise).
 The agent/gateway contract of one collective lives here, below both sides: every rank's agent
 (the nccl processor) and the gateway (the collective_join processor) compute the trace id, the
 root span id and the root span's attributes from :func:`collective_ids` and
-:data:`COLLECTIVE_ROOT_ATTRIBUTES`, so neither restates them.
+:data:`COLLECTIVE_ROOT_ATTRIBUTES`, so neither restates them. Likewise a split communicator's id
+(:func:`split_comm_id`) and its rank order (:func:`split_ranks`, NCCL's own rule), which the agent
+computes when it saw every parent rank's split and the gateway otherwise, from the split spans'
+:data:`SPLIT_ATTRIBUTES`.
 """
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
-__all__ = ["COLLECTIVE_ROOT_ATTRIBUTES", "call_ids", "collective_ids", "collective_root_span_id", "derive_id", "op_ids"]
+__all__ = ["COLLECTIVE_ROOT_ATTRIBUTES", "SPLIT_ATTRIBUTES", "SPLIT_NOCOLOR", "call_ids", "collective_ids",
+           "collective_root_span_id", "derive_id", "op_ids", "split_comm_id", "split_ranks"]
+
+# ncclCommSplit's color for "take part, get no communicator" (nccl.h NCCL_SPLIT_NOCOLOR)
+SPLIT_NOCOLOR = -1
+# What one rank's ncclCommSplit span carries for a join that resolves the children's ranks: the
+# parent's id, the split's number among the parent's splits (k), the caller's rank in the parent,
+# the parent's size, and the call's color and key. A child's collective span whose rank the agent
+# could not resolve carries "nccl.parent.rank" (this process's rank in the parent).
+SPLIT_ATTRIBUTES = ("nccl.parent.comm.id", "nccl.split.seq", "nccl.parent.rank", "nccl.parent.nranks",
+                    "nccl.split.color", "nccl.split.key")
 
 # The rank-independent attributes a collective's root span carries (rank 0's agent emits it; the
 # gateway synthesizes it from a rank span when rank 0's is missing).
@@ -55,3 +69,27 @@ def collective_ids(comm_id: str, seq: int, rank: int) -> tuple[int, int, int]:
     """(trace id, root span id, span id of ``rank``) of collective ``seq`` of ``comm_id``."""
     return (derive_id(comm_id, seq), collective_root_span_id(comm_id, seq),
             derive_id(comm_id, seq, rank, bits=64))
+
+
+def split_comm_id(parent_id: str, k: int, color: int) -> str:
+    """The id (16 hex digits) of the communicator of ``color`` made by the ``k``-th ncclCommSplit
+    (from 0, NOCOLOR callers counted) of communicator ``parent_id``: every member derives it alone."""
+    return format(derive_id("nccl.split", parent_id, k, color, bits=64), "016x")
+
+
+def split_ranks(calls: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """Every parent rank's (color, key) of one split -> parent rank -> (child rank, child nranks)
+    for the ranks that get a communicator (color != NOCOLOR), as NCCL 2.28.9 src/init.cc
+    ``commGetSplitInfo``: the child's ranks are the parent ranks of the same color ordered by key,
+    equal keys by parent rank; its size is how many parent ranks chose that color. ``calls``
+    must hold every parent rank's call (a missing rank would shift the others)."""
+    by_color: dict[int, list[tuple[int, int]]] = {}
+    for parent_rank, (color, key) in calls.items():
+        if color != SPLIT_NOCOLOR:
+            by_color.setdefault(color, []).append((key, parent_rank))
+    out: dict[int, tuple[int, int]] = {}
+    for members in by_color.values():
+        members.sort()
+        for child_rank, (_key, parent_rank) in enumerate(members):
+            out[parent_rank] = (child_rank, len(members))
+    return out

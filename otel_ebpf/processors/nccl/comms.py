@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otel_ebpf.core.ids import collective_ids, derive_id
+from otel_ebpf.core.ids import collective_ids, derive_id, split_comm_id
 from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = [
@@ -49,7 +49,7 @@ def comm_id_from_unique_id(unique_id: bytes, n: int) -> str:
 
 
 def comm_id_from_split(parent_id: str, k: int, color: int) -> str:
-    return _hex64(derive_id("nccl.split", parent_id, k, color, bits=64))
+    return split_comm_id(parent_id, k, color)  # the contract the gateway's join shares: core.ids
 
 
 def comm_id_from_init_all(host: str, pid: int, k: int) -> str:
@@ -72,13 +72,17 @@ def group_ids(host: str, pid: int, group: int) -> tuple[int, int]:
 @dataclass(slots=True)
 class Comm:
     """What is known of one communicator in one process. ``rank``/``nranks``/``device`` are
-    None until learned (split children: from ncclCommUserRank/ncclCommCount)."""
+    None until learned (split children: from every parent rank's split call, see
+    :mod:`.splits`, or from ncclCommUserRank/ncclCommCount). A split child also knows the split
+    that made it (``split``: parent comm id, k) and this process's rank in the parent."""
 
     comm_id: str
     rank: int | None
     nranks: int | None
     device: int | None = None
     splits: int = 0
+    parent_rank: int | None = None
+    split: tuple[str, int] | None = None
 
 
 class CommTable:
@@ -135,11 +139,15 @@ class CommTable:
             self._telemetry.dropped("nccl", "comm_counters_full")
         return comm_id_from_unique_id(unique_id, n)
 
-    def next_split_id(self, parent: Comm, color: int) -> str:
-        """The child id of the parent's next split (counts it, NOCOLOR members included)."""
+    def next_split(self, parent: Comm, color: int) -> tuple[int, str]:
+        """(k, child id) of the parent's next split, its k-th (counts it, NOCOLOR members included)."""
         k = parent.splits
         parent.splits += 1
-        return comm_id_from_split(parent.comm_id, k, color)
+        return k, comm_id_from_split(parent.comm_id, k, color)
+
+    def holders(self, comm_id: str) -> int:
+        """How many (process, handle) entries are communicator ``comm_id``: its ranks seen here."""
+        return sum(1 for comm in self._comms.values() if comm.comm_id == comm_id)
 
     def next_init_all_id(self, pid: int) -> str:
         k = self._init_alls.get(pid, 0)

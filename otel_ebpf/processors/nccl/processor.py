@@ -18,7 +18,12 @@ Spans (ids: see :mod:`otel_ebpf.processors.nccl.comms`):
   member's ``nccl.group.id`` attribute, not a parent/child relation.
 * communicator lifecycle: ``ncclCommInitRank``/``...Config``/``...Scalable``/``ncclCommSplit``
   (all ranks' spans of one communicator share trace ``derive_id(comm_id, "init")``),
-  ``ncclCommInitAll``, ``ncclCommDestroy``, ``ncclCommAbort``.
+  ``ncclCommInitAll``, ``ncclCommDestroy``, ``ncclCommAbort``. The split span also carries
+  :data:`~otel_ebpf.core.ids.SPLIT_ATTRIBUTES` (parent id, k, parent rank and size, color, key).
+
+Split children's ``nccl.rank``/``nccl.nranks`` come from every parent rank's split call
+(:mod:`.splits`): computed here when this agent saw them all (their calls held meanwhile), else
+left to the gateway's join, the call's span then carrying ``nccl.parent.rank``.
 
 A call whose ncclResult_t is neither ncclSuccess nor ncclInProgress (the normal answer of a
 non-blocking communicator) gets ERROR status with the result's name and is not joined.
@@ -47,7 +52,7 @@ from __future__ import annotations
 import socket
 
 from otel_ebpf.core.events import AttrValue, ProcessExit, SpanLinkRecord, SpanRecord
-from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, derive_id
+from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, SPLIT_NOCOLOR, derive_id
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 from otel_ebpf.host.timeline import StepTracker
@@ -65,6 +70,7 @@ from otel_ebpf.receivers.nccl.events import (
 
 from .comms import Comm, CommTable, collective_ids, group_ids, p2p_ids
 from .config import Config
+from .splits import Held, SplitBook
 
 __all__ = ["METRICS", "SCOPE", "NcclProcessor"]
 
@@ -97,10 +103,35 @@ class NcclProcessor(EventProcessor[Config]):
         self.comms = CommTable(config.max_comms, ctx.telemetry, self.host)
         self._gpus = ctx.gpus  # otel_ebpf.host.gpus.GpuResolver or None
         self._steps = StepTracker(getattr(ctx, "host_stats", None))  # ml.step.* host figures
+        self.splits = SplitBook(config.max_comms, config.max_held_calls, int(config.split_wait * 1e9))
+        self._now_ns = 0  # the latest event end seen: the held calls' clock
+        self._releasing = False  # re-dispatching held calls: never hold them again
 
     def shutdown(self) -> None:
+        """Emits the calls still held (unresolved) to the next stage, then forgets everything."""
+        out: Out = []
+        self._emit_held(self.splits.drain(), out)
+        self.sums.flush(out)
+        if out:
+            self._next.consume(out)
         self.comms.clear()
+        self.splits.clear()
         self.sums.clear()
+
+    def end_batch(self, out: Out) -> None:
+        self._emit_held(self.splits.expired(self._now_ns), out)
+        super().end_batch(out)
+
+    def _emit_held(self, held: list[Held], out: Out, unresolved: bool = True) -> None:
+        """Processes held calls again (rank known now, or to be emitted without it)."""
+        self._releasing = True
+        try:
+            for h in held:
+                if unresolved:
+                    self._unjoined("split_unresolved")
+                self._handlers[type(h.event)](h.event, out)
+        finally:
+            self._releasing = False
 
     @handles(ProcessExit)
     def _exit(self, ev: ProcessExit, out: Out) -> None:
@@ -109,7 +140,9 @@ class NcclProcessor(EventProcessor[Config]):
             if ev.source in ("", "nccl"):
                 # only after the NCCL receiver's own exit record, which its ring buffer
                 # orders after the process's last NCCL calls (another receiver's may not be)
+                self._emit_held(self.splits.expired(self._now_ns, ev.pid), out)
                 self.comms.forget_process(ev.pid)
+                self.splits.forget_process(ev.pid)
                 if self._gpus is not None:
                     self._gpus.forget(ev.pid)
         finally:
@@ -130,6 +163,20 @@ class NcclProcessor(EventProcessor[Config]):
         self.ctx.telemetry.add("otel_ebpf.nccl.unjoined", 1, reason=reason)
 
     # ---- collectives and p2p ---------------------------------------------------------
+    def _comm_of(self, ev: _Op) -> Comm | None:
+        """The call's communicator; a handle this process never created is the handle of its
+        oldest non-blocking split child still without one (see :mod:`.splits`)."""
+        comm = self.comms.get(ev.pid, ev.comm)
+        if comm is None and ev.comm and (child := self.splits.bind(ev.pid)) is not None:
+            comm = child if self.comms.add(ev.pid, ev.comm, child) else None
+        return comm
+
+    def _hold(self, ev: _Op, comm: Comm | None) -> bool:
+        """True when the call waits for its split communicator's rank (held, emitted later)."""
+        self._now_ns = max(self._now_ns, ev.end_ns)
+        return (comm is not None and comm.rank is None and not self._releasing
+                and self.splits.hold(comm, ev.pid, ev.end_ns, ev))
+
     def _op_attrs(self, ev: _Op, comm: Comm | None) -> dict[str, AttrValue]:
         attrs: dict[str, AttrValue] = {"nccl.op": ev.op, "nccl.count": ev.count,
                                        "nccl.datatype": ev_mod.datatype_name(ev.datatype),
@@ -149,6 +196,8 @@ class NcclProcessor(EventProcessor[Config]):
                                ("nccl.device", comm.device)):
                 if value is not None:
                     attrs[key] = value
+            if comm.rank is None and comm.parent_rank is not None:
+                attrs["nccl.parent.rank"] = comm.parent_rank  # for the gateway's join (core.ids)
         self._add_hw_id(attrs, ev.pid, comm.device if comm is not None else None)
         return attrs
 
@@ -191,7 +240,9 @@ class NcclProcessor(EventProcessor[Config]):
 
     @handles(NcclCollective)
     def _collective(self, ev: NcclCollective, out: Out) -> None:
-        comm = self.comms.get(ev.pid, ev.comm)
+        comm = self._comm_of(ev)
+        if self._hold(ev, comm):
+            return
         attrs = self._op_attrs(ev, comm)
         if ev.redop is not None:
             attrs["nccl.redop"] = ev_mod.redop_name(ev.redop)
@@ -203,7 +254,9 @@ class NcclProcessor(EventProcessor[Config]):
         joinable = self._joinable(ev, comm, error)
         joined, seq = joinable if joinable is not None else (None, 0)
         if joined is not None and joined.rank is None:
-            self._unjoined("no_rank")  # the shared trace, but no parent: who is rank 0 is unknown
+            # the shared trace, but no parent: who is rank 0 is unknown (the gateway's join can
+            # resolve a split child from nccl.parent.rank, and synthesizes the root)
+            self._unjoined("no_rank" if joined.parent_rank is None else "rank_at_gateway")
             trace = collective_ids(joined.comm_id, seq, 0)[0]
         elif joined is not None and joined.rank is not None:
             trace, parent, span = collective_ids(joined.comm_id, seq, joined.rank)
@@ -222,7 +275,9 @@ class NcclProcessor(EventProcessor[Config]):
 
     @handles(NcclP2P)
     def _p2p(self, ev: NcclP2P, out: Out) -> None:
-        comm = self.comms.get(ev.pid, ev.comm)
+        comm = self._comm_of(ev)
+        if self._hold(ev, comm):
+            return
         attrs = self._op_attrs(ev, comm)
         attrs["nccl.peer"] = ev.peer
         error = self._error(ev.pid, "nccl" + ev.op, ev.rc)
@@ -231,7 +286,7 @@ class NcclProcessor(EventProcessor[Config]):
         joinable = self._joinable(ev, comm, error)
         joined, seq = joinable if joinable is not None else (None, 0)
         if joined is not None and joined.rank is None:
-            self._unjoined("no_rank")
+            self._unjoined("no_rank" if joined.parent_rank is None else "rank_at_gateway")
         elif joined is not None and joined.rank is not None:
             send = ev.op == "Send"
             src, dst = (joined.rank, ev.peer) if send else (ev.peer, joined.rank)
@@ -296,16 +351,35 @@ class NcclProcessor(EventProcessor[Config]):
         error = self._error(ev.pid, "ncclCommSplit", ev.rc)
         parent = self.comms.get(ev.pid, ev.parent)
         attrs: dict[str, AttrValue] = {"nccl.split.color": ev.color, "nccl.split.key": ev.key}
-        child_id = None
-        if parent is not None:
-            attrs["nccl.parent.comm.id"] = parent.comm_id
-            if error is None:
-                child_id = self.comms.next_split_id(parent, ev.color)
-                if ev.comm:
-                    self._created(ev.pid, "ncclCommSplit", ev.comm, Comm(child_id, None, None, parent.device))
-        else:
+        child: Comm | None = None
+        resolved: list[Comm] = []
+        if parent is None:
             self._unjoined("unknown_comm")
-        self._comm_span(ev, "ncclCommSplit", attrs, child_id if ev.comm else None, None, error, out)
+        else:
+            attrs["nccl.parent.comm.id"] = parent.comm_id
+        if parent is not None and error is None:
+            k, child_id = self.comms.next_split(parent, ev.color)
+            attrs["nccl.split.seq"] = k
+            if ev.color != SPLIT_NOCOLOR:
+                child = Comm(child_id, None, None, parent.device, parent_rank=parent.rank,
+                             split=(parent.comm_id, k))
+                self._new_child(ev, child)
+            if parent.rank is not None and parent.nranks is not None:
+                attrs["nccl.parent.rank"], attrs["nccl.parent.nranks"] = parent.rank, parent.nranks
+                resolved = self.splits.record((parent.comm_id, k), parent, ev.color, ev.key, child,
+                                              self.comms.holders(parent.comm_id))
+        self._comm_span(ev, "ncclCommSplit", attrs, child.comm_id if child else None, None, error, out)
+        for comm_id in dict.fromkeys(c.comm_id for c in resolved):
+            self._emit_held(self.splits.release(comm_id), out, unresolved=False)
+
+    def _new_child(self, ev: NcclCommSplit, child: Comm) -> None:
+        """A split child: known by its handle, or (non-blocking, ncclInProgress and no handle yet)
+        waiting for the first call on a new handle of this process."""
+        self._count(ev.pid, "nccl.comm.inits", 1, **{"nccl.function": "ncclCommSplit"})
+        if ev.comm:
+            self.comms.add(ev.pid, ev.comm, child)
+        elif ev.rc == 7 and not self.splits.expect_handle(ev.pid, child):  # ncclInProgress
+            self.ctx.telemetry.dropped("nccl", "comm_table_full")
 
     @handles(NcclCommEnd)
     def _end(self, ev: NcclCommEnd, out: Out) -> None:

@@ -193,12 +193,14 @@ def test_split_children_ids_follow_parent_counter_and_color_nocolor_included() -
 
 
 def test_split_child_rank_is_learned_from_user_rank_then_joined() -> None:
-    h = three_ranks()
-    h.feed(*(NcclCommSplit(pid, pid, 1, 2, HANDLE, 0x10, 0, 0, 0) for pid in PIDS))
+    h = Harness(host="node-a")
+    h.feed(init(100, 0))  # ranks 1 and 2 run under another agent: the split cannot be resolved here
+    h.feed(NcclCommSplit(100, 100, 1, 2, HANDLE, 0x10, 0, 0, 0))
     child = comm_id_from_split(comm_id_from_unique_id(UID, 0), 0, 0)
     (unranked,) = h.spans(coll(100, 0, handle=0x10))
     assert unranked.trace_id == derive_id(child, 0) and unranked.parent_span_id is None
-    assert h.ctx.telemetry.get("otel_ebpf.nccl.unjoined", reason="no_rank") == 1
+    assert unranked.attributes["nccl.parent.rank"] == 0  # for the gateway's join
+    assert h.ctx.telemetry.get("otel_ebpf.nccl.unjoined", reason="rank_at_gateway") == 1
     h.feed(NcclCommInfo(100, 100, 5, 0x10, "rank", 0, 0), NcclCommInfo(100, 100, 5, 0x10, "nranks", 3, 0),
            NcclCommInfo(100, 100, 5, 0x10, "device", 6, 0))
     spans = h.spans(coll(100, 1, handle=0x10))
