@@ -25,6 +25,10 @@ Input: finished SDK spans (``ReadableSpan``, read through its API; new spans are
   ``nccl.last_seq`` per rank, -1 = never seen), ``nccl.desync.count`` and a warning naming the
   missing ranks and each rank's last seq (at most one warning per communicator per
   ``desync_timeout``; the rest are counted in the next). Needs ``Tick`` events (or traffic).
+* Split children the agent could not rank (no ``nccl.rank``, but ``nccl.parent.rank``): ranked
+  here from every parent rank's ``ncclCommSplit`` span (:mod:`.splits`), held until then
+  (``max_spans`` spans at most, each ``timeout`` at most; released unranked, counted in
+  ``otel_ebpf.collective_join.unjoined{reason=split_unresolved}``), then joined as any rank span.
 * Late spans (their collective already released) pass through; late root spans are dropped
   (a root with that id was already sent). Both count in ``nccl.join.late{nccl.span}``.
 
@@ -54,6 +58,7 @@ from otel_ebpf.host.processes import gateway_resource_attributes
 from otel_ebpf.host.timeline import straggler_attributes
 
 from .config import Config
+from .splits import SplitBook, split_call
 from .store import Collective, Front, Store
 
 __all__ = ["METRICS", "SCOPE", "CollectiveJoin", "create"]
@@ -99,6 +104,7 @@ class CollectiveJoin(EventProcessor[Config]):
                  clock: Callable[[], float] = time.monotonic, wall_ns: Callable[[], int] = time.time_ns) -> None:
         super().__init__(config, ctx, next_)
         self.store = Store(config.max_pending, config.max_spans, config.max_comms)
+        self.splits = SplitBook(config.max_comms, config.max_spans, config.timeout)
         self._clock = clock
         self._wall_ns = wall_ns
         self._timeout = config.timeout
@@ -111,10 +117,12 @@ class CollectiveJoin(EventProcessor[Config]):
     def shutdown(self) -> None:
         """Release everything pending (as partial) to the next stage. Safe twice."""
         out: Out = []
+        self._unresolved(self.splits.drain(), out)
         for entry in self.store.pending():
             self._release(self.store.pop(entry.key), "partial", out)
         self._flush_metrics(out)
         self.store.clear()
+        self.splits.clear()
         if out:
             self._next.consume(out)
 
@@ -148,10 +156,24 @@ class CollectiveJoin(EventProcessor[Config]):
         attrs = _attributes(span)
         comm = attrs.get("nccl.comm.id")
         seq = attrs.get("nccl.seq")
+        if span.name == "ncclCommSplit" and (call := split_call(attrs)) is not None:
+            out.append(span)
+            for child in self.splits.record(call):
+                for waited in self.splits.take(child):
+                    self._span(waited, out)
+            return
         if type(comm) is not str or type(seq) is not int or "nccl.peer" in attrs:
             out.append(span)
             return
         rank = attrs.get("nccl.rank")
+        parent_rank = attrs.get("nccl.parent.rank")
+        if rank is None and type(parent_rank) is int:
+            ranked = self.splits.lookup(comm, parent_rank)
+            if ranked is None:
+                self.splits.wait(comm, span, now)
+                return
+            attrs = {**attrs, "nccl.rank": ranked[0], "nccl.nranks": ranked[1]}
+            span, rank = with_changes(span, attrs), ranked[0]
         if rank is None:
             if span.parent is None and span.context.span_id == collective_root_span_id(comm, seq):
                 self._root(span, attrs, (comm, seq), now, out)
@@ -221,7 +243,13 @@ class CollectiveJoin(EventProcessor[Config]):
             out.append(span)
 
     # ---- time ------------------------------------------------------------------------
+    def _unresolved(self, spans: list[ReadableSpan], out: Out) -> None:
+        for span in spans:
+            self._unjoined("split_unresolved")
+            out.append(span)
+
     def _expire(self, now: float, out: Out) -> None:
+        self._unresolved(self.splits.expired(now), out)
         store = self.store
         while (entry := store.oldest_unchecked()) is not None and now - entry.first >= self._desync:
             store.checked(entry)
