@@ -16,6 +16,12 @@
  * A communicator whose creation was not seen (probes attached late, or comms full) has no
  * state here and its calls carry no NCCL_F_SEQ.
  *
+ * Non-blocking ncclCommSplit (config.blocking = 0) returns ncclInProgress with *newcomm still
+ * NULL: NCCL 2.28.9 src/init.cc ncclCommInitChildComm sets it to NCCL_COMM_NULL and its init
+ * thread publishes the handle when the child is ready. nb_pending counts, per process, such
+ * children whose handle is not known yet; the first call on a handle the process has no state
+ * for takes one and numbers from 0 (processors/nccl/splits.py binds it the same way, in order).
+ *
  * Parameters (-D): NCCL_MAX_INFLIGHT (threads inside a probed call at once),
  * NCCL_MAX_COMMS (live communicators), NCCL_MAX_P2P (p2p counters, LRU).
  */
@@ -109,6 +115,7 @@ BPF_HASH(ctls, u64, struct nccl_ctl_call, NCCL_MAX_INFLIGHT);
 BPF_HASH(groups, u64, struct nccl_group_state, NCCL_MAX_INFLIGHT);
 BPF_HASH(comms, struct nccl_comm_key, struct nccl_comm_state, NCCL_MAX_COMMS);
 BPF_TABLE("lru_hash", struct nccl_p2p_key, u64, p2p_seq, NCCL_MAX_P2P);
+BPF_HASH(nb_pending, u32, u32, NCCL_MAX_COMMS);  /* tgid -> non-blocking split children without handle */
 BPF_ARRAY(counters, u64, 2);  /* [0] group ids, [1] communicator generations */
 
 static __always_inline int nccl_issued(s32 rc)
@@ -351,6 +358,18 @@ int nccl_call_return(struct pt_regs *ctx)
     k.tgid = id >> 32;
     k.comm = c->comm;
     struct nccl_comm_state *st = comms.lookup(&k);
+    if (!st) {
+        u32 tgid = id >> 32;
+        u32 *waiting = nb_pending.lookup(&tgid);
+        if (waiting && *waiting > 0) {
+            if (*waiting == 1)
+                nb_pending.delete(&tgid);
+            else
+                __sync_fetch_and_add(waiting, -1);
+            nccl_comm_new(tgid, c->comm);
+            st = comms.lookup(&k);
+        }
+    }
     if (c->op == NCCL_OP_SEND || c->op == NCCL_OP_RECV)
         nccl_submit_p2p(c, id, rc, now, st);
     else
@@ -528,8 +547,16 @@ int nccl_split_return(struct pt_regs *ctx)
         return 0;
     s32 rc = (s32)PT_REGS_RC(ctx);
     u64 child = nccl_issued(rc) ? nccl_read_u64(c->b) : 0;
-    if (child)
+    if (child) {
         nccl_comm_new(id >> 32, child);
+    } else if (rc == NCCL_RC_IN_PROGRESS && c->i != -1) {  /* -1: NCCL_SPLIT_NOCOLOR, no child */
+        u32 tgid = id >> 32, one = 1;
+        u32 *waiting = nb_pending.lookup(&tgid);
+        if (waiting)
+            __sync_fetch_and_add(waiting, 1);
+        else if (nb_pending.update(&tgid, &one) != 0)
+            oe_drop(OE_DROP_STATEMAP);
+    }
     struct nccl_comm_split *e = events.ringbuf_reserve(sizeof(struct nccl_comm_split));
     if (!e) {
         oe_drop(OE_DROP_RINGBUF);

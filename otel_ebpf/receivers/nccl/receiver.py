@@ -160,18 +160,22 @@ class NcclReceiver(BpfReceiver):
         return []
 
     def sweep(self) -> int:
-        """Free the kernel's communicator state of processes that have exited (PyTorch often
+        """Free the kernel's communicator state (and non-blocking split children waiting for a
+        handle) of processes that have exited (PyTorch often
         exits without ncclCommDestroy), zombies included: they make no more calls; returns how
         many entries were freed. PIDs are those of the agent's PID namespace, as everywhere in
         BpfReceiver. Poll thread only."""
-        comms = self.bpf["comms"]
-        gone = [k for k in comms.keys() if process_gone(k.tgid)]
-        for key in gone:
-            try:
-                del comms[key]
-            except KeyError:
-                pass
-        return len(gone)
+        freed = 0
+        for name in ("comms", "nb_pending"):  # keyed by (tgid, handle) / by tgid
+            table = self.bpf[name]
+            gone = [k for k in table.keys() if process_gone(k.tgid if name == "comms" else k.value)]
+            for key in gone:
+                try:
+                    del table[key]
+                except KeyError:
+                    pass
+            freed += len(gone)
+        return freed
 
     def cflags(self) -> list[str]:
         c = self.config
