@@ -2,20 +2,17 @@
  * Stand-in libnccl.so.2 for the twin, part 2: data movement between the rank processes, through one
  * shared-memory staging area per communicator ($OTEL_EBPF_TWIN_DIR/comm-<hash>: a header page with a
  * process-shared barrier, then one slot per rank).  Every collective: copy own input to own slot, barrier,
- * compute own output from all slots, barrier; larger buffers go in slot-sized chunks.  "Device" buffers are
- * host memory (cudart.c), so they are read and written directly.  Results are real: an all-reduce sums the
- * ranks' actual values, as NCCL's kernels would (semantics of each collective: nccl.h 2.28.9 comments).
+ * compute own output from all slots, barrier; larger buffers go in slot-sized chunks.  Each API call checks
+ * its arguments, then hands the operation to nccl_group.c (run now, or at the outermost ncclGroupEnd).
+ * "Device" buffers are host memory (cudart.c), so they are read and written directly.  Results are real:
+ * an all-reduce sums the ranks' actual values, as NCCL's kernels would (semantics of each collective: nccl.h
+ * 2.28.9 comments).
  *
  * Known differences from NCCL 2.28.9, not fixed yet (docs/twin.md lists them):
- * - Collectives complete inside the call, on the calling thread.  NCCL enqueues a kernel on `stream` and
- *   returns; the work completes later, and stream/event waits observe it.  Here nothing is pending after the
- *   call, so torch's Work objects are complete at once and a straggler shows as a slow call, not a slow
- *   stream (host timing only).
- * - Inside ncclGroupStart/End, collectives run at once, in call order, instead of being fused at the
- *   outermost ncclGroupEnd (src/group.cc ncclGroupEndInternal).  Correct programs issue the same order on
- *   every rank, so results agree; ncclGroupSimulateEnd therefore cannot "not run" the group.
- * - ncclSend/ncclRecv move no data yet: they return ncclInvalidUsage (named by ncclGetLastError) rather than
- *   a silently wrong result.
+ * - Collectives complete inside the call (or the group's ncclGroupEnd), on the calling thread.  NCCL
+ *   enqueues a kernel on `stream` and returns; the work completes later, and stream/event waits observe
+ *   it.  Here nothing is pending after the call, so torch's Work objects are complete at once and a
+ *   straggler shows as a slow call, not a slow stream (host timing only).
  * - A rank that dies leaves the others waiting until torch's watchdog aborts the communicator (as with NCCL
  *   without NCCL_ASYNC_ERROR_HANDLING) or the launcher's timeout kills the job.
  * - Reductions compute in double, then round to the element type (NCCL reduces in the element type);
@@ -114,7 +111,7 @@ ncclResult_t twin_allgather_bytes(struct ncclComm *c, const void *mine, void *al
 
 /* ---- element access ---- */
 
-static size_t type_size(ncclDataType_t t)
+size_t twin_type_size(ncclDataType_t t)
 {
     switch (t) {
     case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
@@ -228,7 +225,7 @@ static void reduce_slots(struct ncclComm *c, size_t off, void *dst, size_t n, nc
 /* ncclInvalidArgument for a bad comm, type, op or NULL buffer (NCCL 2.28.9 src/enqueue.cc ArgsCheck). */
 static int args_ok(const struct ncclComm *c, const void *send, const void *recv, size_t count, ncclDataType_t t)
 {
-    size_t size = type_size(t);
+    size_t size = twin_type_size(t);
     return twin_comm_ok(c) && size != 0 && (count == 0 || (send != NULL && recv != NULL));
 }
 
@@ -242,69 +239,84 @@ static void trace_call(const struct ncclComm *c, const char *fn, size_t count)
 }
 
 #define STEP(call) do { ncclResult_t rc_ = (call); if (rc_ != ncclSuccess) return rc_; } while (0)
+#define COLL(fn, ...) twin_submit(&(struct twin_task){ .kind = TWIN_COLL, .run = fn, __VA_ARGS__ })
+
+static ncclResult_t run_all_reduce(const struct twin_task *t)
+{
+    struct ncclComm *comm = t->comm;
+    size_t ts = twin_type_size(t->type), chunk = twin_slot_bytes(comm) / ts;
+    for (size_t o = 0; o < t->count; o += chunk) {
+        size_t k = MIN(chunk, t->count - o);
+        memcpy(twin_slot(comm, comm->rank), (const char *)t->send + o * ts, k * ts);
+        STEP(twin_barrier(comm));
+        reduce_slots(comm, 0, (char *)t->recv + o * ts, k, t->type, t->op);
+        STEP(twin_barrier(comm));
+    }
+    return ncclSuccess;
+}
 
 NCCL_API(ncclResult_t, ncclAllReduce, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
-    size_t ts = type_size(datatype), chunk;
-    (void)stream;
     if (!args_ok(comm, sendbuff, recvbuff, count, datatype) || !op_ok(op))
         return ncclInvalidArgument;
     trace_call(comm, __func__, count);
-    chunk = twin_slot_bytes(comm) / ts;
-    for (size_t o = 0; o < count; o += chunk) {
-        size_t k = MIN(chunk, count - o);
-        memcpy(twin_slot(comm, comm->rank), (const char *)sendbuff + o * ts, k * ts);
-        STEP(twin_barrier(comm));
-        reduce_slots(comm, 0, (char *)recvbuff + o * ts, k, datatype, op);
-        STEP(twin_barrier(comm));
-    }
-    return ncclSuccess;
+    return COLL(run_all_reduce, .send = sendbuff, .recv = recvbuff, .count = count, .type = datatype, .op = op,
+                .comm = comm, .stream = stream);
 }
 
 /* Only the root's recvbuff is written (nccl.h: "recvbuff ... only used on the root rank"). */
-NCCL_API(ncclResult_t, ncclReduce, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
-         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
+static ncclResult_t run_reduce(const struct twin_task *t)
 {
-    size_t ts = type_size(datatype), chunk;
-    (void)stream;
-    if (!args_ok(comm, sendbuff, sendbuff, count, datatype) || !op_ok(op) || root < 0 || root >= comm->nranks)
-        return ncclInvalidArgument;
-    trace_call(comm, __func__, count);
-    chunk = twin_slot_bytes(comm) / ts;
-    for (size_t o = 0; o < count; o += chunk) {
-        size_t k = MIN(chunk, count - o);
-        memcpy(twin_slot(comm, comm->rank), (const char *)sendbuff + o * ts, k * ts);
+    struct ncclComm *comm = t->comm;
+    size_t ts = twin_type_size(t->type), chunk = twin_slot_bytes(comm) / ts;
+    for (size_t o = 0; o < t->count; o += chunk) {
+        size_t k = MIN(chunk, t->count - o);
+        memcpy(twin_slot(comm, comm->rank), (const char *)t->send + o * ts, k * ts);
         STEP(twin_barrier(comm));
-        if (comm->rank == root)
-            reduce_slots(comm, 0, (char *)recvbuff + o * ts, k, datatype, op);
+        if (comm->rank == t->root)
+            reduce_slots(comm, 0, (char *)t->recv + o * ts, k, t->type, t->op);
         STEP(twin_barrier(comm));
     }
     return ncclSuccess;
 }
 
+NCCL_API(ncclResult_t, ncclReduce, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
+{
+    if (!args_ok(comm, sendbuff, sendbuff, count, datatype) || !op_ok(op) || root < 0 || root >= comm->nranks)
+        return ncclInvalidArgument;
+    trace_call(comm, __func__, count);
+    return COLL(run_reduce, .send = sendbuff, .recv = recvbuff, .count = count, .type = datatype, .op = op,
+                .root = root, .comm = comm, .stream = stream);
+}
+
 /* sendbuff is only read on the root (nccl.h ncclBroadcast). */
+static ncclResult_t run_broadcast(const struct twin_task *t)
+{
+    struct ncclComm *comm = t->comm;
+    size_t n = t->count * twin_type_size(t->type), slot = twin_slot_bytes(comm);
+    for (size_t o = 0; o < n; o += slot) {
+        size_t k = MIN(slot, n - o);
+        if (comm->rank == t->root)
+            memcpy(twin_slot(comm, t->root), (const char *)t->send + o, k);
+        STEP(twin_barrier(comm));
+        if (comm->rank != t->root || t->recv != t->send)
+            memcpy((char *)t->recv + o, twin_slot(comm, t->root), k);
+        STEP(twin_barrier(comm));
+    }
+    return ncclSuccess;
+}
+
 NCCL_API(ncclResult_t, ncclBroadcast, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
          int root, ncclComm_t comm, cudaStream_t stream)
 {
-    size_t n, slot;
-    (void)stream;
     if (!args_ok(comm, recvbuff, recvbuff, count, datatype) || root < 0 || root >= comm->nranks
         || (comm->rank == root && count > 0 && sendbuff == NULL))
         return ncclInvalidArgument;
     trace_call(comm, __func__, count);
-    n = count * type_size(datatype);
-    slot = twin_slot_bytes(comm);
-    for (size_t o = 0; o < n; o += slot) {
-        size_t k = MIN(slot, n - o);
-        if (comm->rank == root)
-            memcpy(twin_slot(comm, root), (const char *)sendbuff + o, k);
-        STEP(twin_barrier(comm));
-        if (comm->rank != root || recvbuff != sendbuff)
-            memcpy((char *)recvbuff + o, twin_slot(comm, root), k);
-        STEP(twin_barrier(comm));
-    }
-    return ncclSuccess;
+    return COLL(run_broadcast, .send = sendbuff, .recv = recvbuff, .count = count, .type = datatype, .root = root,
+                .comm = comm, .stream = stream);
 }
 
 /* Legacy in-place broadcast (nccl.h: ncclBcast is ncclBroadcast with sendbuff == recvbuff). */
@@ -315,127 +327,86 @@ NCCL_API(ncclResult_t, ncclBcast, void *buff, size_t count, ncclDataType_t datat
 }
 
 /* recvbuff holds nranks * sendcount elements, rank-major (nccl.h ncclAllGather). */
+static ncclResult_t run_all_gather(const struct twin_task *t)
+{
+    struct ncclComm *comm = t->comm;
+    size_t n = t->count * twin_type_size(t->type), slot = twin_slot_bytes(comm);
+    for (size_t o = 0; o < n; o += slot) {
+        size_t k = MIN(slot, n - o);
+        memcpy(twin_slot(comm, comm->rank), (const char *)t->send + o, k);
+        STEP(twin_barrier(comm));
+        for (int r = 0; r < comm->nranks; r++)
+            memcpy((char *)t->recv + (size_t)r * n + o, twin_slot(comm, r), k);
+        STEP(twin_barrier(comm));
+    }
+    return ncclSuccess;
+}
+
 NCCL_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size_t sendcount,
          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
-    size_t n, slot;
-    (void)stream;
     if (!args_ok(comm, sendbuff, recvbuff, sendcount, datatype))
         return ncclInvalidArgument;
     trace_call(comm, __func__, sendcount);
-    n = sendcount * type_size(datatype);
-    slot = twin_slot_bytes(comm);
-    for (size_t o = 0; o < n; o += slot) {
-        size_t k = MIN(slot, n - o);
-        memcpy(twin_slot(comm, comm->rank), (const char *)sendbuff + o, k);
-        STEP(twin_barrier(comm));
-        for (int r = 0; r < comm->nranks; r++)
-            memcpy((char *)recvbuff + (size_t)r * n + o, twin_slot(comm, r), k);
-        STEP(twin_barrier(comm));
-    }
-    return ncclSuccess;
+    return COLL(run_all_gather, .send = sendbuff, .recv = recvbuff, .count = sendcount, .type = datatype,
+                .comm = comm, .stream = stream);
 }
 
 /* sendbuff holds nranks * recvcount elements; rank r gets the reduction of block r (nccl.h). */
+static ncclResult_t run_reduce_scatter(const struct twin_task *t)
+{
+    struct ncclComm *comm = t->comm;
+    size_t ts = twin_type_size(t->type);
+    size_t chunk = twin_slot_bytes(comm) / ts / (size_t)comm->nranks; /* slot layout: [destination rank][k] */
+    for (size_t o = 0; o < t->count; o += chunk) {
+        size_t k = MIN(chunk, t->count - o);
+        for (int d = 0; d < comm->nranks; d++)
+            memcpy(twin_slot(comm, comm->rank) + (size_t)d * k * ts,
+                   (const char *)t->send + ((size_t)d * t->count + o) * ts, k * ts);
+        STEP(twin_barrier(comm));
+        reduce_slots(comm, (size_t)comm->rank * k * ts, (char *)t->recv + o * ts, k, t->type, t->op);
+        STEP(twin_barrier(comm));
+    }
+    return ncclSuccess;
+}
+
 NCCL_API(ncclResult_t, ncclReduceScatter, const void *sendbuff, void *recvbuff, size_t recvcount,
          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
-    size_t ts = type_size(datatype), chunk;
-    (void)stream;
     if (!args_ok(comm, sendbuff, recvbuff, recvcount, datatype) || !op_ok(op))
         return ncclInvalidArgument;
     trace_call(comm, __func__, recvcount);
-    chunk = twin_slot_bytes(comm) / ts / (size_t)comm->nranks; /* slot layout: [destination rank][k] */
-    for (size_t o = 0; o < recvcount; o += chunk) {
-        size_t k = MIN(chunk, recvcount - o);
-        for (int d = 0; d < comm->nranks; d++)
-            memcpy(twin_slot(comm, comm->rank) + (size_t)d * k * ts,
-                   (const char *)sendbuff + ((size_t)d * recvcount + o) * ts, k * ts);
-        STEP(twin_barrier(comm));
-        reduce_slots(comm, (size_t)comm->rank * k * ts, (char *)recvbuff + o * ts, k, datatype, op);
-        STEP(twin_barrier(comm));
-    }
-    return ncclSuccess;
+    return COLL(run_reduce_scatter, .send = sendbuff, .recv = recvbuff, .count = recvcount, .type = datatype,
+                .op = op, .comm = comm, .stream = stream);
 }
 
 /* Block d of rank r's sendbuff goes to block r of rank d's recvbuff (nccl.h ncclAlltoAll). */
+static ncclResult_t run_all_to_all(const struct twin_task *t)
+{
+    struct ncclComm *comm = t->comm;
+    size_t ts = twin_type_size(t->type), chunk = twin_slot_bytes(comm) / ts / (size_t)comm->nranks;
+    for (size_t o = 0; o < t->count; o += chunk) {
+        size_t k = MIN(chunk, t->count - o);
+        for (int d = 0; d < comm->nranks; d++)
+            memcpy(twin_slot(comm, comm->rank) + (size_t)d * k * ts,
+                   (const char *)t->send + ((size_t)d * t->count + o) * ts, k * ts);
+        STEP(twin_barrier(comm));
+        for (int r = 0; r < comm->nranks; r++)
+            memcpy((char *)t->recv + ((size_t)r * t->count + o) * ts,
+                   twin_slot(comm, r) + (size_t)comm->rank * k * ts, k * ts);
+        STEP(twin_barrier(comm));
+    }
+    return ncclSuccess;
+}
+
 NCCL_API(ncclResult_t, ncclAlltoAll, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
          ncclComm_t comm, cudaStream_t stream)
 {
-    size_t ts = type_size(datatype), chunk;
-    (void)stream;
     if (!args_ok(comm, sendbuff, recvbuff, count, datatype))
         return ncclInvalidArgument;
     trace_call(comm, __func__, count);
-    chunk = twin_slot_bytes(comm) / ts / (size_t)comm->nranks;
-    for (size_t o = 0; o < count; o += chunk) {
-        size_t k = MIN(chunk, count - o);
-        for (int d = 0; d < comm->nranks; d++)
-            memcpy(twin_slot(comm, comm->rank) + (size_t)d * k * ts,
-                   (const char *)sendbuff + ((size_t)d * count + o) * ts, k * ts);
-        STEP(twin_barrier(comm));
-        for (int r = 0; r < comm->nranks; r++)
-            memcpy((char *)recvbuff + ((size_t)r * count + o) * ts, twin_slot(comm, r) + (size_t)comm->rank * k * ts,
-                   k * ts);
-        STEP(twin_barrier(comm));
-    }
-    return ncclSuccess;
-}
-
-/* ---- point-to-point: not modelled yet (see the header comment) ---- */
-
-static ncclResult_t p2p_refused(const char *fn)
-{
-    char msg[160];
-    snprintf(msg, sizeof(msg), "otel-ebpf twin: %s moves no data yet (point-to-point is not modelled)", fn);
-    twin_set_last_error(msg);
-    if (twin_trace_on())
-        fprintf(stderr, "[twin nccl %d] %s\n", (int)getpid(), msg);
-    return ncclInvalidUsage;
-}
-
-NCCL_API(ncclResult_t, ncclSend, const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
-         ncclComm_t comm, cudaStream_t stream)
-{
-    (void)sendbuff; (void)count; (void)datatype; (void)peer; (void)comm; (void)stream;
-    return p2p_refused(__func__);
-}
-
-NCCL_API(ncclResult_t, ncclRecv, void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
-         cudaStream_t stream)
-{
-    (void)recvbuff; (void)count; (void)datatype; (void)peer; (void)comm; (void)stream;
-    return p2p_refused(__func__);
-}
-
-/* ---- groups: nesting is counted; operations inside run at once (see the header comment) ---- */
-
-static __thread int group_depth;
-
-NCCL_API(ncclResult_t, ncclGroupStart)
-{
-    group_depth++;
-    return ncclSuccess;
-}
-
-/* ncclInvalidUsage for an End without a Start (src/group.cc ncclGroupEndInternal). */
-NCCL_API(ncclResult_t, ncclGroupEnd)
-{
-    if (group_depth == 0) {
-        twin_set_last_error("ncclGroupEnd: not in a group call");
-        return ncclInvalidUsage;
-    }
-    group_depth--;
-    return ncclSuccess;
-}
-
-/* NCCL requires NCCL_SIM_INFO_INITIALIZER (magic 0x74685283) and fills estimatedTime (src/group.cc). */
-NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t *simInfo)
-{
-    if (simInfo == NULL || simInfo->magic != 0x74685283)
-        return ncclInvalidArgument;
-    simInfo->estimatedTime = 0.0f; /* no model of link speeds: nothing to estimate */
-    return ncclGroupEnd();
+    return COLL(run_all_to_all, .send = sendbuff, .recv = recvbuff, .count = count, .type = datatype,
+                .comm = comm, .stream = stream);
 }
 
 /* ncclScalarHostImmediate reads the scalar now; ncclScalarDevice would read it while the collective runs,
@@ -445,7 +416,7 @@ NCCL_API(ncclResult_t, ncclRedOpCreatePreMulSum, ncclRedOp_t *op, void *scalar, 
 {
     int id;
     (void)residence;
-    if (op == NULL || scalar == NULL || !twin_comm_ok(comm) || type_size(datatype) == 0)
+    if (op == NULL || scalar == NULL || !twin_comm_ok(comm) || twin_type_size(datatype) == 0)
         return ncclInvalidArgument;
     id = __atomic_fetch_add(&next_custom_op, 1, __ATOMIC_RELAXED);
     premul_scalar[(id - ncclNumOps) % MAX_CUSTOM_OPS] = load(scalar, 0, datatype);

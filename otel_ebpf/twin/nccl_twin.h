@@ -51,5 +51,28 @@ ncclResult_t twin_barrier(struct ncclComm *c);
 ncclResult_t twin_allgather_bytes(struct ncclComm *c, const void *mine, void *all, size_t n);
 
 void twin_set_last_error(const char *msg);
+size_t twin_type_size(ncclDataType_t t);
+
+/* One NCCL operation as enqueued (nccl_group.c): a collective's arguments and the function that runs it,
+ * or a send/recv with its progress.  As NCCL 2.28.9 src/enqueue.cc ncclEnqueueCheck, every call is a group:
+ * outside ncclGroupStart/End a group of one, run at once; inside, kept until the outermost ncclGroupEnd. */
+enum twin_kind { TWIN_COLL, TWIN_SEND, TWIN_RECV };
+struct twin_task {
+    enum twin_kind kind;
+    ncclResult_t (*run)(const struct twin_task *t); /* TWIN_COLL only */
+    const void *send;
+    void *recv;
+    size_t count;
+    ncclDataType_t type;
+    ncclRedOp_t op;
+    int root; /* the root of a rooted collective, the peer of a send/recv */
+    struct ncclComm *comm;
+    cudaStream_t stream;
+    size_t done;  /* p2p: bytes of (header, payload) moved so far */
+    uint64_t hdr; /* p2p: the payload size, sent ahead of it */
+};
+ncclResult_t twin_submit(const struct twin_task *t);
+/* Bytes of the point-to-point mailboxes after the collective slots of a comm's staging area. */
+size_t twin_mailbox_bytes(int nranks);
 
 #endif

@@ -1,0 +1,269 @@
+/*
+ * Stand-in libnccl.so.2 for the twin, part 3: groups and point-to-point.  Not NVIDIA's library.
+ *
+ * Groups, as NCCL 2.28.9 src/group.cc: ncclGroupStart/End nest per thread (ncclGroupDepth); every operation
+ * is itself a group (src/enqueue.cc ncclEnqueueCheck wraps it in ncclGroupStartInternal/EndInternal), so
+ * outside a group it runs at once, and inside one it is kept and run at the OUTERMOST ncclGroupEnd
+ * (ncclGroupEndInternal: `if ((--ncclGroupDepth) > 0) goto exit;` then groupLaunch).  An argument error
+ * inside a group is remembered and returned by that ncclGroupEnd, which then runs nothing
+ * (ncclGroupErrCheck sets ncclGroupError; ncclGroupEndInternal `goto fail`).  ncclGroupSimulateEnd is the
+ * same end with a ncclSimInfo_t: it checks NCCL_SIM_INFO_INITIALIZER's magic at the outermost level,
+ * launches nothing (groupLaunch skips doLaunches when simInfo is set) and drops the group's operations
+ * (groupLocalResetJobState).
+ *
+ * Send/recv move the bytes through one bounded ring per (comm, sender, receiver) at the end of the comm's
+ * staging area (OTEL_EBPF_TWIN_P2P_KB, default 1024 KiB each); messages of any size stream through it.  As
+ * in NCCL (src/enqueue.cc p2pTaskAppend queues sends and recvs per peer in call order), the k-th send from
+ * A to B matches B's k-th recv from A; zero-count sends and recvs are operations too and match each other.
+ * Each message carries its size ahead of it, so a recv whose count differs from the matched send's fails
+ * with ncclInvalidUsage instead of reading the next message's bytes (NCCL leaves that undefined).  At group
+ * end the collectives run first, in call order (NCCL schedules a plan's collectives before its p2p:
+ * src/enqueue.cc ncclLaunchPrepare), then every send and recv of the group progresses together, so a rank's
+ * grouped sends and recvs to each other cannot deadlock, however large.
+ *
+ * Known differences from NCCL 2.28.9, not fixed yet (docs/twin.md lists them):
+ * - The group completes inside ncclGroupEnd, on the calling thread (NCCL launches kernels and returns).
+ * - Non-blocking groups (config.blocking = 0) also complete inside the call and return ncclSuccess.
+ * - ncclGroupSimulateEnd's estimatedTime is 0 (no model of algorithms or link speeds).
+ */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nccl_twin.h"
+
+#define SIM_MAGIC 0x74685283 /* NCCL_SIM_INFO_INITIALIZER's magic (nccl.h 2.28.9) */
+
+/* One ring: `head` bytes ever written by the sender, `tail` bytes ever read by the receiver. */
+struct ring {
+    uint64_t head;
+    char pad1[56];
+    uint64_t tail;
+    char pad2[56];
+    char data[];
+};
+
+static size_t ring_capacity(void)
+{
+    static size_t cap;
+    if (cap == 0) {
+        const char *s = getenv("OTEL_EBPF_TWIN_P2P_KB");
+        long kb = s != NULL ? atol(s) : 1024;
+        cap = (size_t)(kb > 0 ? kb : 1024) << 10;
+    }
+    return cap;
+}
+
+static size_t ring_bytes(void) { return sizeof(struct ring) + ring_capacity(); }
+
+size_t twin_mailbox_bytes(int nranks) { return ring_bytes() * (size_t)nranks * (size_t)nranks; }
+
+/* The ring carrying src -> dst, at the end of the staging area (nccl_coll.c twin_shm_open sizes it). */
+static struct ring *ring_of(const struct ncclComm *c, int src, int dst)
+{
+    char *boxes = c->shm.base + c->shm.len - twin_mailbox_bytes(c->nranks);
+    return (struct ring *)(boxes + ((size_t)src * (size_t)c->nranks + (size_t)dst) * ring_bytes());
+}
+
+/* Moves up to n bytes into (send) or out of (!send) the ring; returns how many moved. */
+static size_t ring_move(struct ring *r, int send, char *buf, size_t n)
+{
+    size_t cap = ring_capacity();
+    uint64_t head = __atomic_load_n(&r->head, send ? __ATOMIC_RELAXED : __ATOMIC_ACQUIRE);
+    uint64_t tail = __atomic_load_n(&r->tail, send ? __ATOMIC_ACQUIRE : __ATOMIC_RELAXED);
+    size_t room = send ? cap - (size_t)(head - tail) : (size_t)(head - tail);
+    size_t k = n < room ? n : room, at = (size_t)((send ? head : tail) % cap), first = cap - at;
+    if (k == 0)
+        return 0;
+    first = first < k ? first : k;
+    if (send) {
+        memcpy(r->data + at, buf, first);
+        memcpy(r->data, buf + first, k - first);
+        __atomic_store_n(&r->head, head + k, __ATOMIC_RELEASE);
+    } else {
+        memcpy(buf, r->data + at, first);
+        memcpy(buf + first, r->data, k - first);
+        __atomic_store_n(&r->tail, tail + k, __ATOMIC_RELEASE);
+    }
+    return k;
+}
+
+/* Advances one send or recv as far as the ring allows: 1 when it is complete, 0 when not yet, -1 on a
+ * size mismatch.  The stream of one message is its 8-byte size, then the payload. */
+static int p2p_progress(struct twin_task *t)
+{
+    int send = t->kind == TWIN_SEND, me = t->comm->rank;
+    size_t n = t->count * twin_type_size(t->type);
+    struct ring *r = send ? ring_of(t->comm, me, t->root) : ring_of(t->comm, t->root, me);
+    if (send && t->done == 0)
+        t->hdr = n;
+    while (t->done < sizeof(t->hdr) + n) {
+        size_t at = t->done, moved;
+        if (at < sizeof(t->hdr))
+            moved = ring_move(r, send, (char *)&t->hdr + at, sizeof(t->hdr) - at);
+        else
+            moved = ring_move(r, send, (send ? (char *)t->send : (char *)t->recv) + (at - sizeof(t->hdr)),
+                              n - (at - sizeof(t->hdr)));
+        if (moved == 0)
+            return 0;
+        t->done += moved;
+        if (!send && at < sizeof(t->hdr) && t->done == sizeof(t->hdr) && t->hdr != n)
+            return -1;
+    }
+    return 1;
+}
+
+/* Runs every send and recv together until all are complete (ncclRemoteError when a comm is aborted). */
+static ncclResult_t run_p2p(struct twin_task *tasks, int ntasks)
+{
+    int left = 0;
+    for (int i = 0; i < ntasks; i++)
+        left += tasks[i].kind != TWIN_COLL;
+    for (long idle = 0; left > 0;) {
+        int moved = 0;
+        for (int i = 0; i < ntasks; i++) {
+            struct twin_task *t = &tasks[i];
+            size_t before = t->done;
+            int st;
+            if (t->kind == TWIN_COLL || t->done == SIZE_MAX)
+                continue;
+            if (__atomic_load_n(&t->comm->aborted, __ATOMIC_ACQUIRE))
+                return ncclRemoteError;
+            if ((st = p2p_progress(t)) < 0) {
+                twin_set_last_error("otel-ebpf twin: ncclRecv count differs from the matching ncclSend's");
+                return ncclInvalidUsage;
+            }
+            moved |= t->done != before;
+            if (st == 1) {
+                t->done = SIZE_MAX;
+                left--;
+            }
+        }
+        idle = moved ? 0 : idle + 1;
+        if (idle > 200)
+            usleep(50);
+        else if (idle > 0)
+            sched_yield();
+    }
+    return ncclSuccess;
+}
+
+/* ---- the calling thread's group (src/group.cc: ncclGroupDepth, ncclGroupError are __thread) ---- */
+
+static __thread int group_depth;
+static __thread ncclResult_t group_error;
+static __thread struct twin_task *group_tasks;
+static __thread int group_len, group_cap;
+
+static void group_reset(void)
+{
+    group_len = 0;
+    group_error = ncclSuccess;
+}
+
+static ncclResult_t group_run(void)
+{
+    ncclResult_t rc = ncclSuccess;
+    for (int i = 0; i < group_len && rc == ncclSuccess; i++)
+        if (group_tasks[i].kind == TWIN_COLL)
+            rc = group_tasks[i].run(&group_tasks[i]);
+    if (rc == ncclSuccess)
+        rc = run_p2p(group_tasks, group_len);
+    group_reset();
+    return rc;
+}
+
+ncclResult_t twin_submit(const struct twin_task *t)
+{
+    if (group_len == group_cap) {
+        int cap = group_cap ? 2 * group_cap : 64;
+        struct twin_task *grown = realloc(group_tasks, sizeof(*grown) * (size_t)cap);
+        if (grown == NULL)
+            return group_depth > 0 ? (group_error = ncclSystemError) : ncclSystemError;
+        group_tasks = grown;
+        group_cap = cap;
+    }
+    group_tasks[group_len++] = *t;
+    return group_depth > 0 ? ncclSuccess : group_run(); /* outside a group: a group of one */
+}
+
+NCCL_API(ncclResult_t, ncclGroupStart)
+{
+    group_depth++;
+    return ncclSuccess;
+}
+
+/* ncclInvalidUsage for an End without a Start; inner Ends only count down (src/group.cc ncclGroupEndInternal). */
+static ncclResult_t group_end(ncclSimInfo_t *sim)
+{
+    ncclResult_t rc;
+    if (group_depth == 0) {
+        twin_set_last_error("ncclGroupEnd: not in a group call.");
+        return ncclInvalidUsage;
+    }
+    if (--group_depth > 0)
+        return ncclSuccess;
+    if ((rc = group_error) != ncclSuccess) {
+        group_reset();
+        return rc;
+    }
+    if (sim == NULL)
+        return group_run();
+    group_reset(); /* simulated: nothing launched, the operations are dropped */
+    if (sim->magic != SIM_MAGIC) {
+        twin_set_last_error("ncclSimInfo_t argument not initialized via NCCL_SIM_INFO_INITIALIZER");
+        return ncclInvalidArgument;
+    }
+    sim->estimatedTime = 0.0f; /* no model of algorithms or link speeds */
+    return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclGroupEnd)
+{
+    return group_end(NULL);
+}
+
+/* ncclGroupSimulateEnd(NULL) is a plain ncclGroupEnd in NCCL 2.28.9 (ncclGroupEndInternal(simInfo = NULL)). */
+NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t *simInfo)
+{
+    return group_end(simInfo);
+}
+
+/* ---- point-to-point (src/collectives.cc ncclSend/ncclRecv -> ncclEnqueueCheck) ---- */
+
+/* src/enqueue.cc ArgsCheck: a valid comm and type, a peer in [0, nranks), a buffer when count > 0.  Inside a
+ * group the error is also remembered for ncclGroupEnd (ncclGroupErrCheck). */
+static ncclResult_t p2p_submit(enum twin_kind kind, const void *buf, size_t count, ncclDataType_t type, int peer,
+                               ncclComm_t comm, cudaStream_t stream)
+{
+    struct twin_task t = { .kind = kind, .count = count, .type = type, .root = peer, .comm = comm, .stream = stream };
+    if (!twin_comm_ok(comm) || twin_type_size(type) == 0 || peer < 0 || peer >= comm->nranks
+        || (count > 0 && buf == NULL)) {
+        if (group_depth > 0)
+            group_error = ncclInvalidArgument;
+        return ncclInvalidArgument;
+    }
+    if (kind == TWIN_SEND)
+        t.send = buf;
+    else
+        t.recv = (void *)buf;
+    if (twin_trace_on())
+        fprintf(stderr, "[twin nccl %d] %s comm %p rank %d peer %d count %zu\n", (int)getpid(),
+                kind == TWIN_SEND ? "ncclSend" : "ncclRecv", (void *)comm, comm->rank, peer, count);
+    return twin_submit(&t);
+}
+
+NCCL_API(ncclResult_t, ncclSend, const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+         ncclComm_t comm, cudaStream_t stream)
+{
+    return p2p_submit(TWIN_SEND, sendbuff, count, datatype, peer, comm, stream);
+}
+
+NCCL_API(ncclResult_t, ncclRecv, void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+         cudaStream_t stream)
+{
+    return p2p_submit(TWIN_RECV, recvbuff, count, datatype, peer, comm, stream);
+}
