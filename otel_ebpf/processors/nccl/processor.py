@@ -355,9 +355,7 @@ class NcclProcessor(EventProcessor[Config]):
         resolved: list[Comm] = []
         if parent is None:
             self._unjoined("unknown_comm")
-        else:
-            attrs["nccl.parent.comm.id"] = parent.comm_id
-        if parent is not None and error is None:
+        elif error is None:
             k, child_id = self.comms.next_split(parent, ev.color)
             attrs["nccl.split.seq"] = k
             if ev.color != SPLIT_NOCOLOR:
@@ -368,6 +366,8 @@ class NcclProcessor(EventProcessor[Config]):
                 attrs["nccl.parent.rank"], attrs["nccl.parent.nranks"] = parent.rank, parent.nranks
                 resolved = self.splits.record((parent.comm_id, k), parent, ev.color, ev.key, child,
                                               self.comms.holders(parent.comm_id))
+        if parent is not None:
+            attrs["nccl.parent.comm.id"] = parent.comm_id
         self._comm_span(ev, "ncclCommSplit", attrs, child.comm_id if child else None, None, error, out)
         for comm_id in dict.fromkeys(c.comm_id for c in resolved):
             self._emit_held(self.splits.release(comm_id), out, unresolved=False)
@@ -399,14 +399,8 @@ class NcclProcessor(EventProcessor[Config]):
     @handles(NcclCommInfo)
     def _info(self, ev: NcclCommInfo, _out: Out) -> None:
         comm = self.comms.get(ev.pid, ev.comm)
-        if comm is None or ev.rc != 0:
-            return
-        if ev.what == "rank":
-            comm.rank = ev.value
-        elif ev.what == "nranks":
-            comm.nranks = ev.value
-        elif ev.what == "device":
-            comm.device = ev.value
+        if comm is not None and ev.rc == 0 and ev.what in ("rank", "nranks", "device"):
+            setattr(comm, ev.what, ev.value)  # the Comm fields are named as NcclCommInfo.what
 
 
 def create(config: Config, ctx: Context, next_: Consumer) -> NcclProcessor:
