@@ -30,13 +30,19 @@ def _events(records: Iterable[SpanEventRecord]) -> list[Event]:
 
 
 def with_changes(span: ReadableSpan, attributes: dict[str, Any], *, start_ns: int | None = None,
-                 end_ns: int | None = None, events: Sequence[SpanEventRecord] = ()) -> ReadableSpan:
+                 end_ns: int | None = None, events: Sequence[SpanEventRecord] = (),
+                 ids: tuple[int, int] | None = None) -> ReadableSpan:
     """A copy of ``span`` with ``attributes`` (all of them: the caller merged), optionally new
-    times and extra events appended. Ids, parent, kind, status, links, resource and scope are
-    kept. ``attributes`` becomes the copy's own dict."""
+    times, extra events appended and, with ``ids`` = (span id, parent span id), a new span id
+    under a new parent in the same trace (a span whose place the gateway learned later). Trace
+    id, kind, status, links, resource and scope are kept. ``attributes`` becomes the copy's own dict."""
     extra = _events(events) if events else None
+    context, parent = span.context, span.parent
+    if ids is not None and context is not None:
+        context = SpanContext(context.trace_id, ids[0], is_remote=False, trace_flags=_SAMPLED)
+        parent = SpanContext(context.trace_id, ids[1], is_remote=True, trace_flags=_SAMPLED)
     return ReadableSpan(
-        span.name, context=span.context, parent=span.parent, resource=span.resource,
+        span.name, context=context, parent=parent, resource=span.resource,
         attributes=attributes, events=(*span.events, *extra) if extra else span.events,
         links=span.links, kind=span.kind, status=span.status,
         start_time=span.start_time if start_ns is None else start_ns,

@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from otel_ebpf.core.events import AttrValue, SpanEventRecord
-from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, collective_root_span_id
+from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, collective_ids, collective_root_span_id
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 from otel_ebpf.core.readable import ReadableSpan, SpanMaker, resource_attribute, with_changes
@@ -173,7 +173,8 @@ class CollectiveJoin(EventProcessor[Config]):
                 self.splits.wait(comm, span, now)
                 return
             attrs = {**attrs, "nccl.rank": ranked[0], "nccl.nranks": ranked[1]}
-            span, rank = with_changes(span, attrs), ranked[0]
+            _, root_id, own_id = collective_ids(comm, seq, ranked[0])  # as the agent would have
+            span, rank = with_changes(span, attrs, ids=(own_id, root_id)), ranked[0]
         if rank is None:
             if span.parent is None and span.context.span_id == collective_root_span_id(comm, seq):
                 self._root(span, attrs, (comm, seq), now, out)

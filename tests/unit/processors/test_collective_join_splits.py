@@ -87,6 +87,10 @@ def test_two_agents_each_seeing_half_the_parent_give_one_trace_per_collective_wi
     assert len(roots) == 3 and all(r.attributes["nccl.ranks.arrived"] == 2 for r in roots)
     assert not any(r.attributes.get("nccl.partial") for r in roots)
     assert {r.context.trace_id for r in roots} == set(traces)
+    root_of = {r.context.trace_id: r.context.span_id for r in roots}
+    ranked = [s for s in out if s.name in ("ncclAllReduce", "ncclAllGather")]
+    assert all(s.parent is not None and s.parent.span_id == root_of[s.context.trace_id] for s in ranked)
+    assert len({s.context.span_id for s in ranked}) == len(ranked)  # each rank's own derived span id
     assert ctx.telemetry.get("otel_ebpf.collective_join.unjoined", reason="split_unresolved") in (None, 0)
 
 
