@@ -27,7 +27,7 @@ __all__ = ["CFLAGS", "build", "default_cache_dir"]
 
 HERE = Path(__file__).resolve().parent
 CFLAGS = ["-O2", "-fno-omit-frame-pointer", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"]
-NCCL_SOURCES = ["nccl_comm.c", "nccl_coll.c", "nccl_group.c"]
+NCCL_SOURCES = ["nccl_comm.c", "nccl_coll.c", "nccl_group.c", "nccl_mem.c"]
 COMPLETE = ".complete"
 
 

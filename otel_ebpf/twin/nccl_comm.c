@@ -7,9 +7,19 @@
  * A communicator here is a struct in the rank's process plus a shared-memory staging area that every rank
  * of it maps (nccl_coll.c).  "Bootstrap" collectives (the split's allgather) go through the parent's area.
  *
+ * Non-blocking communicators (config.blocking = 0, or NCCL_COMM_BLOCKING=0) as NCCL 2.28.9 src/init.cc and
+ * src/group.cc: init sets *newcomm at once (ncclCommInitRankDev: `*newcomm = comm` with initState
+ * ncclInProgress), finishes on a thread and returns ncclInProgress (ncclCommInitRankConfig returns
+ * ncclCommGetAsyncError(*newcomm)); a split of a non-blocking parent returns ncclSuccess with *newcomm
+ * NULL ("*newcomm should be NCCL_COMM_NULL until comm split fully complete", ncclCommInitChildComm; the
+ * nonblocking group end's ncclInProgress is not returned by ncclCommSplit), the parent reports ncclInProgress
+ * through ncclCommGetAsyncError until the split's thread has published *newcomm (ncclCommInitRankFunc:
+ * `__atomic_store_n(job->newcomm, comm, __ATOMIC_RELEASE)`) and set the parent's result (groupLaunch:
+ * ncclCommSetAsyncError(job->comm, ret)).  A comm in progress is refused by every call that needs it ready
+ * (ncclCommEnsureReady: ncclInvalidArgument).
+ *
  * Known differences from NCCL 2.28.9, not fixed yet (docs/twin.md lists them):
- * - Non-blocking communicators (config->blocking = 0): init, split and shrink complete inside the call and
- *   return ncclSuccess, where NCCL returns ncclInProgress and publishes *newcomm later from its init thread.
+ * - ncclCommShrink and ncclCommInitRankScalable complete inside the call even when non-blocking.
  * - ncclCommShrink with NCCL_SHRINK_ABORT is treated as the default mode (no in-flight work to abort here).
  * - ncclCommInitRankScalable ignores all ids but the first (NCCL spreads its bootstrap over nId roots).
  * - ncclCommAbort does not free the communicator (another thread may be waiting in one of its collectives).
@@ -51,28 +61,72 @@ uint64_t twin_hash(uint64_t h, const void *buf, size_t n)
     return h;
 }
 
+/* A comm that exists, is not aborted and is ready (src/init.cc CommCheck + ncclCommEnsureReady). */
 int twin_comm_ok(const struct ncclComm *c)
 {
-    return c != NULL && c->magic == TWIN_COMM_MAGIC && !c->aborted && c->nranks > 0;
+    return c != NULL && c->magic == TWIN_COMM_MAGIC && !c->aborted && c->nranks > 0
+           && __atomic_load_n(&c->async_result, __ATOMIC_ACQUIRE) != ncclInProgress;
 }
 
-static ncclResult_t new_comm(ncclComm_t *out, uint64_t hash, int nranks, int rank, int device)
+/* config.blocking: the caller's, default 1, NCCL_COMM_BLOCKING=0/1 overriding (src/init.cc parseCommConfig,
+ * envConfigOverride); a split without a config copies the parent's (copyCommConfig). */
+static int blocking_of(const ncclConfig_t *config, int inherited)
+{
+    const char *env = getenv("NCCL_COMM_BLOCKING");
+    if (env != NULL && (strcmp(env, "0") == 0 || strcmp(env, "1") == 0))
+        return env[0] == '1';
+    if (config == NULL)
+        return inherited;
+    return config->blocking == NCCL_CONFIG_UNDEF_INT ? 1 : config->blocking != 0;
+}
+
+static struct ncclComm *alloc_comm(uint64_t hash, int nranks, int rank, int device, int blocking)
 {
     struct ncclComm *c = calloc(1, sizeof(*c));
+    if (c != NULL)
+        *c = (struct ncclComm){ .magic = TWIN_COMM_MAGIC, .hash = hash, .rank = rank, .nranks = nranks,
+                                .device = device, .blocking = blocking, .async_result = ncclSuccess };
+    return c;
+}
+
+static ncclResult_t open_comm(struct ncclComm *c)
+{
+    ncclResult_t rc = twin_shm_open(c);
+    if (rc == ncclSuccess && twin_trace_on())
+        fprintf(stderr, "[twin nccl %d] comm %p hash %016llx rank %d/%d%s\n", (int)getpid(), (void *)c,
+                (unsigned long long)c->hash, c->rank, c->nranks, c->blocking ? "" : " (non-blocking)");
+    return rc;
+}
+
+static ncclResult_t new_comm(ncclComm_t *out, uint64_t hash, int nranks, int rank, int device, int blocking)
+{
+    struct ncclComm *c = alloc_comm(hash, nranks, rank, device, blocking);
     ncclResult_t rc;
     if (c == NULL)
         return ncclSystemError;
-    *c = (struct ncclComm){ .magic = TWIN_COMM_MAGIC, .hash = hash, .rank = rank, .nranks = nranks, .device = device };
-    rc = twin_shm_open(c);
-    if (rc != ncclSuccess) {
+    if ((rc = open_comm(c)) != ncclSuccess) {
         free(c);
         return rc;
     }
-    if (twin_trace_on())
-        fprintf(stderr, "[twin nccl %d] comm %p hash %016llx rank %d/%d\n", (int)getpid(), (void *)c,
-                (unsigned long long)hash, rank, nranks);
     *out = c;
     return ncclSuccess;
+}
+
+/* Runs fn(arg) on a detached thread: NCCL's init/split job thread (src/group.cc ncclAsyncJobMain). */
+static ncclResult_t start_job(void *(*fn)(void *), void *arg)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, fn, arg) != 0)
+        return ncclSystemError;
+    pthread_detach(t);
+    return ncclSuccess;
+}
+
+static void *init_job(void *arg)
+{
+    struct ncclComm *c = arg;
+    __atomic_store_n(&c->async_result, open_comm(c), __ATOMIC_RELEASE);
+    return NULL;
 }
 
 /* The CUDA device of the calling thread, as NCCL's init records it (src/init.cc ncclCommInitRankDev). */
@@ -143,10 +197,22 @@ NCCL_API(const char *, ncclGetLastError, ncclComm_t comm)
 NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
          ncclConfig_t *config)
 {
-    (void)config;
+    uint64_t hash = twin_hash(0xcbf29ce484222325ULL, &commId, sizeof(commId));
+    int blocking = blocking_of(config, 1);
+    struct ncclComm *c;
     if (comm == NULL || nranks < 1 || rank < 0 || rank >= nranks)
         return ncclInvalidArgument;
-    return new_comm(comm, twin_hash(0xcbf29ce484222325ULL, &commId, sizeof(commId)), nranks, rank, current_device());
+    if (blocking)
+        return new_comm(comm, hash, nranks, rank, current_device(), 1);
+    if ((c = alloc_comm(hash, nranks, rank, current_device(), 0)) == NULL)
+        return ncclSystemError;
+    c->async_result = ncclInProgress;
+    if (start_job(init_job, c) != ncclSuccess) {
+        free(c);
+        return ncclSystemError;
+    }
+    *comm = c; /* published at once, in progress (ncclCommInitRankDev) */
+    return __atomic_load_n(&c->async_result, __ATOMIC_ACQUIRE);
 }
 
 NCCL_API(ncclResult_t, ncclCommInitRank, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
@@ -171,48 +237,88 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t *comm, int ndev, const int *d
     return ncclInvalidUsage;
 }
 
+/* One split as NCCL's ncclCommInitRankAsyncJob holds it (src/init.cc ncclCommInitChildComm). */
+struct split_job {
+    struct ncclComm *parent;
+    int color, key, split_count, blocking;
+    ncclComm_t *newcomm;
+};
+
 /*
  * As NCCL 2.28.9 src/init.cc commGetSplitInfo: an allgather of (color, key) over the parent, then the
  * child's ranks are the parent ranks of the same color, ordered by key and, for equal keys, by parent rank
  * (the insertion loop there compares `key <=`, keeping parent order for ties).  NCCL_SPLIT_NOCOLOR ranks
- * take part in the allgather and get *newcomm = NULL (src/init.cc ncclCommInitChildComm).
+ * take part in the allgather and get *newcomm = NULL (src/init.cc ncclCommInitChildComm).  The child is
+ * stored to *newcomm when complete (ncclCommInitRankFunc's exit).
  */
-NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
-         ncclConfig_t *config)
+static ncclResult_t split_run(const struct split_job *j)
 {
-    int mine[2] = { color, key }, nranks = 0, myrank = 0, *all;
+    struct ncclComm *comm = j->parent, *child = NULL;
+    int mine[2] = { j->color, j->key }, nranks = 0, myrank = 0, *all;
     uint64_t hacc;
     ncclResult_t rc;
 
-    (void)config;
-    if (!twin_comm_ok(comm) || newcomm == NULL || color < NCCL_SPLIT_NOCOLOR)
-        return ncclInvalidArgument;
-    *newcomm = NULL; /* "*newcomm should be NCCL_COMM_NULL until comm split fully complete" */
-    all = calloc((size_t)comm->nranks, sizeof(mine));
-    if (all == NULL)
+    if ((all = calloc((size_t)comm->nranks, sizeof(mine))) == NULL)
         return ncclSystemError;
     rc = twin_allgather_bytes(comm, mine, all, sizeof(mine));
-    comm->split_count++; /* every split gives a new comm, NOCOLOR ranks count it too (job->splitCount) */
-    if (rc != ncclSuccess || color == NCCL_SPLIT_NOCOLOR) {
+    if (rc != ncclSuccess || j->color == NCCL_SPLIT_NOCOLOR) {
         free(all);
         return rc;
     }
     for (int r = 0; r < comm->nranks; r++) {
         int c = all[2 * r], k = all[2 * r + 1];
-        if (c != color)
+        if (c != j->color)
             continue;
         nranks++;
-        if (k < key || (k == key && r < comm->rank))
+        if (k < j->key || (k == j->key && r < comm->rank))
             myrank++;
     }
     free(all);
     /* child hash from (parent hash, split count, color), as src/init.cc ncclCommInitRankFunc */
-    hacc = twin_hash(comm->hash, &comm->split_count, sizeof(comm->split_count));
-    hacc = twin_hash(hacc, &color, sizeof(color));
+    hacc = twin_hash(comm->hash, &j->split_count, sizeof(j->split_count));
+    hacc = twin_hash(hacc, &j->color, sizeof(j->color));
     if (twin_trace_on())
         fprintf(stderr, "[twin nccl %d] split rank %d/%d color %d key %d -> rank %d/%d\n", (int)getpid(),
-                comm->rank, comm->nranks, color, key, myrank, nranks);
-    return new_comm(newcomm, hacc, nranks, myrank, comm->device);
+                comm->rank, comm->nranks, j->color, j->key, myrank, nranks);
+    rc = new_comm(&child, hacc, nranks, myrank, comm->device, j->blocking);
+    if (rc == ncclSuccess)
+        __atomic_store_n(j->newcomm, child, __ATOMIC_RELEASE);
+    return rc;
+}
+
+/* A non-blocking parent's split: its result becomes the parent's async result (src/group.cc groupLaunch). */
+static void *split_job_main(void *arg)
+{
+    struct split_job *j = arg;
+    ncclResult_t rc = split_run(j);
+    __atomic_store_n(&j->parent->async_result, rc, __ATOMIC_RELEASE);
+    free(j);
+    return NULL;
+}
+
+/* Blocking or not is the parent's (ncclAsyncLaunch sets ncclGroupBlocking from the parent comm). */
+NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+         ncclConfig_t *config)
+{
+    struct split_job *j;
+
+    if (!twin_comm_ok(comm) || newcomm == NULL || color < NCCL_SPLIT_NOCOLOR)
+        return ncclInvalidArgument;
+    *newcomm = NULL; /* "*newcomm should be NCCL_COMM_NULL until comm split fully complete" */
+    /* every split gives a new comm, NOCOLOR ranks count it too (job->splitCount = ++comm->splitCount) */
+    struct split_job job = { comm, color, key, ++comm->split_count, blocking_of(config, comm->blocking), newcomm };
+    if (comm->blocking)
+        return split_run(&job);
+    if ((j = malloc(sizeof(*j))) == NULL)
+        return ncclSystemError;
+    *j = job;
+    __atomic_store_n(&comm->async_result, ncclInProgress, __ATOMIC_RELEASE);
+    if (start_job(split_job_main, j) != ncclSuccess) {
+        __atomic_store_n(&comm->async_result, ncclSuccess, __ATOMIC_RELEASE);
+        free(j);
+        return ncclSystemError;
+    }
+    return ncclSuccess; /* ncclCommSplit returns `res`, not the nonblocking group end's ncclInProgress */
 }
 
 /*
@@ -226,7 +332,7 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, i
     int below = 0;
     uint64_t hacc;
 
-    (void)config; (void)shrinkFlags;
+    (void)shrinkFlags;
     if (!twin_comm_ok(comm) || newcomm == NULL || excludeRanksList == NULL || excludeRanksCount <= 0)
         return ncclInvalidArgument;
     *newcomm = NULL;
@@ -238,7 +344,8 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, i
     }
     hacc = twin_hash(comm->hash, excludeRanksList, sizeof(int) * (size_t)excludeRanksCount);
     hacc = twin_hash(hacc, "shrink", 6);
-    return new_comm(newcomm, hacc, comm->nranks - excludeRanksCount, comm->rank - below, comm->device);
+    return new_comm(newcomm, hacc, comm->nranks - excludeRanksCount, comm->rank - below, comm->device,
+                    blocking_of(config, comm->blocking));
 }
 
 NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm)
@@ -271,12 +378,13 @@ NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm)
     return ncclSuccess;
 }
 
-/* Always complete (see the header comment): ncclSuccess, or ncclRemoteError once aborted. */
+/* The comm's async result (src/init.cc ncclCommGetAsyncError: comm->asyncResult): ncclInProgress while a
+ * non-blocking init or split runs, then its result; ncclRemoteError once aborted. */
 NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t *asyncError)
 {
     if (comm == NULL || comm->magic != TWIN_COMM_MAGIC || asyncError == NULL)
         return ncclInvalidArgument;
-    *asyncError = comm->aborted ? ncclRemoteError : ncclSuccess;
+    *asyncError = comm->aborted ? ncclRemoteError : __atomic_load_n(&comm->async_result, __ATOMIC_ACQUIRE);
     return ncclSuccess;
 }
 
@@ -301,71 +409,5 @@ NCCL_API(ncclResult_t, ncclCommUserRank, const ncclComm_t comm, int *rank)
     if (!twin_comm_ok(comm) || rank == NULL)
         return ncclInvalidArgument;
     *rank = comm->rank;
-    return ncclSuccess;
-}
-
-/* ---- buffer registration and NCCL-allocated memory: "device" memory is host memory (cudart.c) ---- */
-
-NCCL_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void *buff, size_t size, void **handle)
-{
-    (void)size;
-    if (!twin_comm_ok(comm) || handle == NULL)
-        return ncclInvalidArgument;
-    *handle = buff;
-    return ncclSuccess;
-}
-
-NCCL_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void *handle)
-{
-    (void)handle;
-    return twin_comm_ok(comm) ? ncclSuccess : ncclInvalidArgument;
-}
-
-NCCL_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
-         int winFlags)
-{
-    (void)size; (void)winFlags;
-    if (!twin_comm_ok(comm) || win == NULL)
-        return ncclInvalidArgument;
-    *win = (ncclWindow_t)buff;
-    return ncclSuccess;
-}
-
-NCCL_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win)
-{
-    (void)win;
-    return twin_comm_ok(comm) ? ncclSuccess : ncclInvalidArgument;
-}
-
-NCCL_API(ncclResult_t, ncclMemAlloc, void **ptr, size_t size)
-{
-    if (ptr == NULL)
-        return ncclInvalidArgument;
-    return posix_memalign(ptr, 4096, size ? size : 1) == 0 ? ncclSuccess : ncclSystemError;
-}
-
-NCCL_API(ncclResult_t, ncclMemFree, void *ptr)
-{
-    free(ptr);
-    return ncclSuccess;
-}
-
-/* The device-side API (nccl_device.h, C++ only, so these two prototypes are not checked against it):
- * torch probes it for symmetric memory; refused, torch then does not use it. */
-struct ncclDevCommRequirements;
-struct ncclDevComm;
-__attribute__((visibility("default"))) ncclResult_t ncclDevCommCreate(ncclComm_t comm,
-                                                                       const struct ncclDevCommRequirements *reqs,
-                                                                       struct ncclDevComm *out)
-{
-    (void)comm; (void)reqs; (void)out;
-    twin_set_last_error("otel-ebpf twin: the NCCL device API is not modelled");
-    return ncclInvalidUsage;
-}
-
-__attribute__((visibility("default"))) ncclResult_t ncclDevCommDestroy(ncclComm_t comm,
-                                                                        const struct ncclDevComm *devComm)
-{
-    (void)comm; (void)devComm;
     return ncclSuccess;
 }

@@ -4,8 +4,8 @@
  * Groups, as NCCL 2.28.9 src/group.cc: ncclGroupStart/End nest per thread (ncclGroupDepth); every operation
  * is itself a group (src/enqueue.cc ncclEnqueueCheck wraps it in ncclGroupStartInternal/EndInternal), so
  * outside a group it runs at once, and inside one it is kept and run at the OUTERMOST ncclGroupEnd
- * (ncclGroupEndInternal: `if ((--ncclGroupDepth) > 0) goto exit;` then groupLaunch).  An argument error
- * inside a group is remembered and returned by that ncclGroupEnd, which then runs nothing
+ * (ncclGroupEndInternal: `if ((--ncclGroupDepth) > 0) goto exit;` then groupLaunch).  A send's or recv's
+ * argument error inside a group is remembered and returned by that ncclGroupEnd, which then runs nothing
  * (ncclGroupErrCheck sets ncclGroupError; ncclGroupEndInternal `goto fail`).  ncclGroupSimulateEnd is the
  * same end with a ncclSimInfo_t: it checks NCCL_SIM_INFO_INITIALIZER's magic at the outermost level,
  * launches nothing (groupLaunch skips doLaunches when simInfo is set) and drops the group's operations
@@ -25,6 +25,7 @@
  * - The group completes inside ncclGroupEnd, on the calling thread (NCCL launches kernels and returns).
  * - Non-blocking groups (config.blocking = 0) also complete inside the call and return ncclSuccess.
  * - ncclGroupSimulateEnd's estimatedTime is 0 (no model of algorithms or link speeds).
+ * - A collective's argument error inside a group is not remembered for ncclGroupEnd (nccl_coll.c returns it).
  */
 #define _GNU_SOURCE
 #include <sched.h>

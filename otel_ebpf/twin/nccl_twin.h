@@ -33,6 +33,8 @@ struct ncclComm {
     int device;
     volatile int aborted; /* set by ncclCommAbort from the watchdog thread while a collective may wait */
     int split_count;      /* splits of this comm so far (NCCL: comm->splitCount) */
+    int blocking;         /* config.blocking after NCCL_COMM_BLOCKING (src/init.cc envConfigOverride) */
+    ncclResult_t async_result; /* NCCL's comm->asyncResult: ncclInProgress while an init or split runs */
     struct twin_shm shm;  /* mapped at creation: every rank of the comm joins it */
 };
 
