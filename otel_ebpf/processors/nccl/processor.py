@@ -21,24 +21,22 @@ Spans (ids: see :mod:`otel_ebpf.processors.nccl.comms`):
   ``ncclCommInitAll``, ``ncclCommDestroy``, ``ncclCommAbort``. The split span also carries
   :data:`~otel_ebpf.core.ids.SPLIT_ATTRIBUTES` (parent id, k, parent rank and size, color, key).
 
-Split children's ``nccl.rank``/``nccl.nranks`` come from every parent rank's split call
-(:mod:`.splits`): computed here when this agent saw them all (their calls held meanwhile), else
-left to the gateway's join, the call's span then carrying ``nccl.parent.rank``.
+Split children's ``nccl.rank``/``nccl.nranks`` come from every parent rank's split call (:mod:`.splits`): computed
+here when this agent saw them all (their calls held meanwhile), else left to the gateway's join, the call's span
+then carrying ``nccl.parent.rank``.
 
-A call whose ncclResult_t is neither ncclSuccess nor ncclInProgress (the normal answer of a
-non-blocking communicator) gets ERROR status with the result's name and is not joined.
-Calls that cannot be joined (communicator unknown, rank unknown, no sequence number) keep
-their attributes and get random ids, or only the shared trace when just the rank is missing;
-each is counted in ``otel_ebpf.nccl.unjoined{reason}``.
+A call whose ncclResult_t is neither ncclSuccess nor ncclInProgress (the normal answer of a non-blocking
+communicator) gets ERROR status with the result's name and is not joined. Calls that cannot be joined (communicator
+unknown, rank unknown, no sequence number) keep their attributes and get random ids, or only the shared trace when
+just the rank is missing; each is counted in ``otel_ebpf.nccl.unjoined{reason}``.
 
-``ml.step.*`` (otel_ebpf.host.timeline.StepTracker): on each collective span, the calling thread's
-off-CPU / run-queue / on-CPU time and the process's other host figures (IO, faults) over the
-interval since the end of its previous collective on that communicator (the compute phase).
+``ml.step.*`` (otel_ebpf.host.timeline.StepTracker): on each collective span, the calling thread's off-CPU /
+run-queue / on-CPU time and the process's other host figures (IO, faults) over the interval since the end of its
+previous collective on that communicator (the compute phase).
 
-``hw.id``: the GPU UUID of ``nccl.device`` (otel_ebpf.host.gpus), on collective, p2p and
-communicator spans (not on ``ncclGroup`` spans, which may cover several devices, nor on root
-spans) and on ``nccl.calls`` / ``nccl.bytes`` / ``nccl.enqueue.duration``; with the device
-unknown only when the process can be on one GPU alone.
+``hw.id``: the GPU UUID of ``nccl.device`` (otel_ebpf.host.gpus), on collective, p2p and communicator spans (not on
+``ncclGroup`` spans, which may cover several devices, nor on root spans) and on ``nccl.calls`` / ``nccl.bytes`` /
+``nccl.enqueue.duration``; with the device unknown only when the process can be on one GPU alone.
 
 Metrics: ``nccl.calls`` and ``nccl.bytes`` {nccl.op, nccl.datatype, nccl.comm.id},
 ``nccl.enqueue.duration`` (s) {nccl.op, nccl.comm.id}, ``nccl.comm.inits`` /
@@ -208,7 +206,8 @@ class NcclProcessor(EventProcessor[Config]):
         if uuid:
             attrs["hw.id"] = uuid
 
-    def _op_metrics(self, ev: _Op, attrs: dict[str, AttrValue]) -> None:
+    def _op_metrics(self, ev: _Op, attrs: dict[str, AttrValue], out: Out) -> None:
+        """nccl.calls / nccl.bytes (summed) and nccl.enqueue.duration of one call."""
         dims: dict[str, AttrValue] = {"nccl.op": ev.op, "nccl.datatype": attrs["nccl.datatype"]}
         for key in ("nccl.comm.id", "hw.id"):
             if key in attrs:
@@ -217,9 +216,7 @@ class NcclProcessor(EventProcessor[Config]):
         size = ev_mod.datatype_size(ev.datatype)
         if size is not None:
             self._count(ev.pid, "nccl.bytes", ev.count * size, **dims)
-
-    def _duration(self, ev: _Op, attrs: dict[str, AttrValue], out: Out) -> None:
-        dims: dict[str, AttrValue] = {k: attrs[k] for k in ("nccl.op", "nccl.comm.id", "hw.id") if k in attrs}
+        dims = {k: attrs[k] for k in ("nccl.op", "nccl.comm.id", "hw.id") if k in attrs}
         self.metric(out, ev.pid, "nccl.enqueue.duration", max(0, ev.end_ns - ev.start_ns) / 1e9, dims)
 
     def _group_links(self, ev: _Op) -> tuple[SpanLinkRecord, ...]:
@@ -228,14 +225,16 @@ class NcclProcessor(EventProcessor[Config]):
         trace, span = group_ids(self.host, ev.pid, ev.group)
         return (SpanLinkRecord(trace, span, {"nccl.link": "group"}),)
 
-    def _joinable(self, ev: _Op, comm: Comm | None, error: str | None) -> tuple[Comm, int] | None:
+    def _joinable(self, ev: _Op, comm: Comm | None, error: str | None) -> tuple[Comm | None, int]:
         """(``comm``, the call's seq) when the call can take join ids (issued, comm known,
-        numbered), else None."""
+        numbered), else (None, 0); counts why it cannot, or that its rank is unknown here."""
         if error is not None:
-            return None
+            return None, 0
         if comm is None or ev.seq is None:
             self._unjoined("unknown_comm" if comm is None else "no_seq")
-            return None
+            return None, 0
+        if comm.rank is None:
+            self._unjoined("no_rank" if comm.parent_rank is None else "rank_at_gateway")
         return comm, ev.seq
 
     @handles(NcclCollective)
@@ -251,12 +250,10 @@ class NcclProcessor(EventProcessor[Config]):
         attrs.update(self._steps.attributes((ev.pid, ev.comm), ev.pid, ev.tid, ev.start_ns, ev.end_ns))
         error = self._error(ev.pid, "nccl" + ev.op, ev.rc)
         trace = parent = span = None
-        joinable = self._joinable(ev, comm, error)
-        joined, seq = joinable if joinable is not None else (None, 0)
+        joined, seq = self._joinable(ev, comm, error)
         if joined is not None and joined.rank is None:
             # the shared trace, but no parent: who is rank 0 is unknown (the gateway's join can
             # resolve a split child from nccl.parent.rank, and synthesizes the root)
-            self._unjoined("no_rank" if joined.parent_rank is None else "rank_at_gateway")
             trace = collective_ids(joined.comm_id, seq, 0)[0]
         elif joined is not None and joined.rank is not None:
             trace, parent, span = collective_ids(joined.comm_id, seq, joined.rank)
@@ -265,8 +262,7 @@ class NcclProcessor(EventProcessor[Config]):
         out.append(SpanRecord(ev.pid, "nccl" + ev.op, ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
                               span_id=span, parent_span_id=parent, error=error,
                               links=self._group_links(ev)))
-        self._op_metrics(ev, attrs)
-        self._duration(ev, attrs, out)
+        self._op_metrics(ev, attrs, out)
 
     def _root_span(self, ev: NcclCollective, attrs: dict[str, AttrValue], trace: int, span: int) -> SpanRecord:
         root = {k: attrs[k] for k in COLLECTIVE_ROOT_ATTRIBUTES if k in attrs}
@@ -283,11 +279,8 @@ class NcclProcessor(EventProcessor[Config]):
         error = self._error(ev.pid, "nccl" + ev.op, ev.rc)
         trace = span = None
         links = self._group_links(ev)
-        joinable = self._joinable(ev, comm, error)
-        joined, seq = joinable if joinable is not None else (None, 0)
-        if joined is not None and joined.rank is None:
-            self._unjoined("no_rank" if joined.parent_rank is None else "rank_at_gateway")
-        elif joined is not None and joined.rank is not None:
+        joined, seq = self._joinable(ev, comm, error)
+        if joined is not None and joined.rank is not None:
             send = ev.op == "Send"
             src, dst = (joined.rank, ev.peer) if send else (ev.peer, joined.rank)
             trace, send_span, recv_span = p2p_ids(joined.comm_id, src, dst, seq)
@@ -295,8 +288,7 @@ class NcclProcessor(EventProcessor[Config]):
             links = (SpanLinkRecord(trace, other, {"nccl.link": "recv" if send else "send"}), *links)
         out.append(SpanRecord(ev.pid, "nccl" + ev.op, ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
                               span_id=span, error=error, links=links))
-        self._op_metrics(ev, attrs)
-        self._duration(ev, attrs, out)
+        self._op_metrics(ev, attrs, out)
 
     @handles(NcclGroup)
     def _group(self, ev: NcclGroup, out: Out) -> None:
@@ -373,12 +365,12 @@ class NcclProcessor(EventProcessor[Config]):
             self._emit_held(self.splits.release(comm_id), out, unresolved=False)
 
     def _new_child(self, ev: NcclCommSplit, child: Comm) -> None:
-        """A split child: known by its handle, or (non-blocking, ncclInProgress and no handle yet)
-        waiting for the first call on a new handle of this process."""
+        """A split child: known by its handle, or (non-blocking: no handle at return, whatever
+        the return code, see :mod:`.splits`) waiting for the first call on a new handle."""
         self._count(ev.pid, "nccl.comm.inits", 1, **{"nccl.function": "ncclCommSplit"})
         if ev.comm:
             self.comms.add(ev.pid, ev.comm, child)
-        elif ev.rc == 7 and not self.splits.expect_handle(ev.pid, child):  # ncclInProgress
+        elif not self.splits.expect_handle(ev.pid, child):  # the split succeeded (only caller)
             self.ctx.telemetry.dropped("nccl", "comm_table_full")
 
     @handles(NcclCommEnd)

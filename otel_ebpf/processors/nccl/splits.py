@@ -18,8 +18,12 @@ shutdown) keep the parent rank for the gateway; each is counted by the processor
 
 Non-blocking splits (``config.blocking = 0``; PyTorch's ``TORCH_NCCL_USE_COMM_NONBLOCKING=1``):
 NCCL sets ``*newcomm = NULL`` on entry and publishes the handle from its init thread when the
-child is ready, returning ``ncclInProgress`` (src/init.cc ``ncclCommInitChildComm``: "*newcomm
-should be NCCL_COMM_NULL until comm split fully complete"), so the handle is unknown at return.
+child is ready (src/init.cc ``ncclCommInitChildComm``: "*newcomm should be NCCL_COMM_NULL until
+comm split fully complete"), so the handle is unknown at return. The split returns ncclSuccess,
+not ncclInProgress (its ``NCCLCHECK(ncclGroupEndInternal())`` lets the group's ncclInProgress
+through); the parent's ``ncclCommGetAsyncError`` says ncclInProgress meanwhile. PyTorch 2.11's
+``NCCLComm::split`` polls that, then the child pointer, before returning, so one process's
+splits complete in call order and a child's first call follows its own split.
 Such a child waits, per process and in call order, for the first call on a handle this process
 has not created otherwise (:meth:`SplitBook.bind`); the BPF program numbers that call as the
 child's first (nccl.bpf.c ``nb_pending``).

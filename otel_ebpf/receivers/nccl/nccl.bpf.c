@@ -16,11 +16,17 @@
  * A communicator whose creation was not seen (probes attached late, or comms full) has no
  * state here and its calls carry no NCCL_F_SEQ.
  *
- * Non-blocking ncclCommSplit (config.blocking = 0) returns ncclInProgress with *newcomm still
- * NULL: NCCL 2.28.9 src/init.cc ncclCommInitChildComm sets it to NCCL_COMM_NULL and its init
- * thread publishes the handle when the child is ready. nb_pending counts, per process, such
- * children whose handle is not known yet; the first call on a handle the process has no state
- * for takes one and numbers from 0 (processors/nccl/splits.py binds it the same way, in order).
+ * Non-blocking ncclCommSplit (config.blocking = 0) returns with *newcomm still NULL: NCCL
+ * 2.28.9 src/init.cc ncclCommInitChildComm sets it to NCCL_COMM_NULL and its init thread
+ * publishes the handle when the child is ready. The return code is ncclSuccess, not
+ * ncclInProgress: ncclCommSplit's NCCLCHECK(ncclGroupEndInternal()) lets the group's
+ * ncclInProgress through as success (src/include/checks.h); the parent's ncclCommGetAsyncError
+ * says ncclInProgress until then. So a split that returned success or in-progress with no
+ * handle and a color has a child to come. nb_pending counts, per process, such children whose
+ * handle is not known yet; the first call on a handle the process has no state for takes one
+ * and numbers from 0 (processors/nccl/splits.py binds it the same way, in order). A blocking
+ * split always returns the handle. ncclCommInitRankConfig in non-blocking mode returns
+ * ncclInProgress with *newcomm already set (ncclCommInitRankDev), read as issued.
  *
  * Parameters (-D): NCCL_MAX_INFLIGHT (threads inside a probed call at once),
  * NCCL_MAX_COMMS (live communicators), NCCL_MAX_P2P (p2p counters, LRU).
@@ -549,7 +555,7 @@ int nccl_split_return(struct pt_regs *ctx)
     u64 child = nccl_issued(rc) ? nccl_read_u64(c->b) : 0;
     if (child) {
         nccl_comm_new(id >> 32, child);
-    } else if (rc == NCCL_RC_IN_PROGRESS && c->i != -1) {  /* -1: NCCL_SPLIT_NOCOLOR, no child */
+    } else if (nccl_issued(rc) && c->i != -1) {  /* -1: NCCL_SPLIT_NOCOLOR, no child */
         u32 tgid = id >> 32, one = 1;
         u32 *waiting = nb_pending.lookup(&tgid);
         if (waiting)

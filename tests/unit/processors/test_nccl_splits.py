@@ -28,11 +28,12 @@ def coll(rank: int, seq: int, handle: int, t: int = 10_000) -> NcclCollective:
 class Agent:
     """One agent's NCCL processor, seeing the processes of ``ranks`` of a world of ``world``."""
 
-    def __init__(self, ranks: range | tuple[int, ...] = range(4), world: int = 4, **config: Any) -> None:
+    def __init__(self, ranks: range | tuple[int, ...] = range(4), world: int = 4, init_rc: int = 0,
+                 **config: Any) -> None:
         self.ctx = Context()
         self.sink = ListConsumer()
         self.proc = NcclProcessor(Config(host="node", **config), self.ctx, self.sink)
-        self.feed(*(NcclCommInit(100 + r, 100 + r, 1_000, 2_000, "ncclCommInitRankConfig", H, world, r, UID, 0)
+        self.feed(*(NcclCommInit(100 + r, 100 + r, 1_000, 2_000, "ncclCommInitRankConfig", H, world, r, UID, init_rc)
                     for r in ranks))
 
     def feed(self, *events: object) -> list[SpanRecord]:
@@ -88,13 +89,29 @@ def test_two_colors_with_keys_and_a_nested_split_of_a_split() -> None:
 
 
 def test_non_blocking_split_learns_the_child_handle_at_its_first_call() -> None:
-    agent = Agent()
-    # config.blocking = 0: ncclInProgress and *newcomm still NULL at return (NCCL 2.28.9 src/init.cc)
-    agent.feed(*(split(r, r % 2, 0, 0, rc=IN_PROGRESS) for r in range(4)))
-    spans = agent.feed(*(coll(r, 0, 0x70 + r) for r in range(4)))
-    assert ranks_of(spans) == {0: (0, 2), 1: (0, 2), 2: (1, 2), 3: (1, 2)}
-    assert {s.attributes["nccl.comm.id"] for s in spans if s.pid in (100, 102)} == {comm_id_from_split(WORLD, 0, 0)}
-    assert agent.proc.comms.get(103, 0x73) is not None and agent.unjoined("unknown_comm") == 0
+    # TORCH_NCCL_USE_COMM_NONBLOCKING=1 on NCCL 2.28.9: ncclCommInitRankConfig returns ncclInProgress with
+    # *newcomm already set (src/init.cc ncclCommInitRankDev); ncclCommSplit returns ncclSuccess (its
+    # NCCLCHECK(ncclGroupEndInternal()) lets the group's ncclInProgress through) with *newcomm still NULL
+    # (ncclCommInitChildComm), stored later by the split's thread. torch's NCCLComm::split polls the parent's
+    # ncclCommGetAsyncError and then the pointer, so each split is over before the next; a child's first
+    # probed call comes after all the splits made before it.
+    agent = Agent(init_rc=IN_PROGRESS)
+    # new_group([1, 3]): ranks 0 and 2 take part with NCCL_SPLIT_NOCOLOR, no child to wait for
+    agent.feed(*(split(r, 0 if r % 2 else -1, r // 2, 0) for r in range(4)))
+    # both dimensions of a 2x2 mesh, made before any is used
+    agent.feed(*(split(r, r // 2, r, 0, t=4_000) for r in range(4)),
+               *(split(r, r % 2, r, 0, t=5_000) for r in range(4)))
+    odd = agent.feed(coll(1, 0, 0x71), coll(3, 0, 0x73))
+    assert ranks_of(odd) == {1: (0, 2), 3: (1, 2)}
+    assert {s.attributes["nccl.comm.id"] for s in odd if s.name == "ncclAllReduce"} == {comm_id_from_split(WORLD, 0, 0)}
+    rows = agent.feed(*(coll(r, 0, 0x80 + r, t=20_000) for r in range(4)))
+    cols = agent.feed(*(coll(r, 0, 0x90 + r, t=30_000) for r in range(4)))
+    assert ranks_of(rows) == {0: (0, 2), 1: (1, 2), 2: (0, 2), 3: (1, 2)}  # bound in split order
+    assert ranks_of(cols) == {0: (0, 2), 1: (0, 2), 2: (1, 2), 3: (1, 2)}
+    assert {s.pid - 100: s.attributes["nccl.comm.id"] for s in cols if s.name == "ncclAllReduce"} == {
+        r: comm_id_from_split(WORLD, 2, r % 2) for r in range(4)}
+    assert agent.proc.comms.get(103, 0x83) is not None and agent.unjoined("unknown_comm") == 0
+    assert agent.unjoined("no_rank") == agent.unjoined("split_unresolved") == 0
 
 
 def test_held_calls_are_bounded_timed_and_freed_at_exit_carrying_the_parent_rank() -> None:
