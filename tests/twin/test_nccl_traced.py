@@ -12,6 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from otel_ebpf.twin import TwinEnv
 from otel_ebpf.twin.launch import twin_environment
 from tests.faults.agentproc import counter_total
@@ -24,14 +26,15 @@ Group = dict[int, tuple[int, int]]  # global rank -> (rank in the group, group s
 
 
 def traced_run(twin: TwinEnv, libdir: Path, script: Path, nproc: int, out: Path,
-               agent_out: Path) -> subprocess.CompletedProcess[str]:
+               agent_out: Path, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``otel-ebpf run`` around torchrun on the twin's libraries (the environment otel_ebpf.twin.launch gives)."""
     rendezvous = Path(tempfile.mkdtemp(prefix="otel-ebpf-twin-"))
     try:
         cmd = [sys.executable, "-m", "otel_ebpf", "run", "--output", str(agent_out), "--",
                str(twin.python), "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                str(script), str(out)]
-        return subprocess.run(cmd, env=twin_environment(libdir, nproc, rendezvous), capture_output=True,
+        env = {**twin_environment(libdir, nproc, rendezvous), **(extra_env or {})}
+        return subprocess.run(cmd, env=env, capture_output=True,
                               text=True, timeout=400)
     finally:
         shutil.rmtree(rendezvous, ignore_errors=True)
@@ -47,10 +50,15 @@ def torch_groups(out: Path, nproc: int) -> tuple[dict[int, int], list[Group]]:
     return {v["pid"]: v["rank"] for v in views}, list(groups.values())
 
 
+@pytest.mark.parametrize("nonblocking", [False, True], ids=["blocking", "nonblocking"])
 def test_every_collective_of_every_split_communicator_has_torchs_rank_and_size(
-        twin: TwinEnv, libdir: Path, tmp_path: Path) -> None:
+        twin: TwinEnv, libdir: Path, tmp_path: Path, nonblocking: bool) -> None:
+    """Non-blocking (TORCH_NCCL_USE_COMM_NONBLOCKING=1): the world's init returns ncclInProgress with its
+    handle; each split returns ncclSuccess before its child exists (``*newcomm`` NULL, NCCL 2.28.9
+    ncclCommInitChildComm); the child is learned from its first call."""
     agent_out = tmp_path / "agent"
-    run = traced_run(twin, libdir, PROGRAMS / "traced_groups.py", 4, tmp_path, agent_out)
+    run = traced_run(twin, libdir, PROGRAMS / "traced_groups.py", 4, tmp_path, agent_out,
+                     {"TORCH_NCCL_USE_COMM_NONBLOCKING": "1"} if nonblocking else None)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     rank_of_pid, expected = torch_groups(tmp_path, 4)
     calls = [(res, decode_attrs(s.attributes)) for res, _scope, s in spans_from_jsonl(agent_out / "traces.jsonl")
