@@ -71,7 +71,8 @@ class EacgmStylePipeline:
         from otel_ebpf.bpf.clock import KernelClock
         from otel_ebpf.emit.emitter import Emitter, ExporterSpec
         from otel_ebpf.emit.jsonfile import JsonLinesMetricExporter, JsonLinesSpanExporter
-        from otel_ebpf.host.processes import ResourceCache, agent_resource_attributes
+        from otel_ebpf.host.identity import agent_resource_attributes
+        from otel_ebpf.host.processes import ResourceCache
         from otel_ebpf.core.telemetry import Telemetry
 
         self._saved_kb = _BUFFER.read_text().split()[0]

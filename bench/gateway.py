@@ -37,7 +37,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from otel_ebpf.core.events import Tick
 from otel_ebpf.core.pipeline import Context
 from otel_ebpf.processors.collective_join import CollectiveJoin, Config
-from otel_ebpf.processors.nccl.comms import collective_ids
+from otel_ebpf.core.ids import collective_ids
 
 COMM = "5eed5eed5eed5eed"
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)

@@ -141,7 +141,7 @@ class Session:
                 stage.start()
             for r in self.receivers.values():
                 r.start()
-            from otel_ebpf.bpf.receiver import programs_loaded
+            from otel_ebpf.bpf.loader import programs_loaded
 
             programs_loaded(self.ctx)
             if self._child is not None:

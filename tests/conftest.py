@@ -17,7 +17,7 @@ def _bpf_problem() -> str | None:
     from otel_ebpf.core.errors import OtelEbpfError
 
     try:
-        from otel_ebpf.bpf.receiver import require_bpf
+        from otel_ebpf.bpf.loader import require_bpf
 
         require_bpf()
     except OtelEbpfError as exc:

@@ -27,27 +27,19 @@ from otel_ebpf.bpf import threadctx
 from otel_ebpf.bpf.attach import claim_library
 from otel_ebpf.bpf.loader import (
     COMMON_SRC,
-    HEADERS_HINT,
-    INCLUDE_DIR,
     all_pids,
     capture_stderr,
-    headers_dir,
-    import_bcc,
-    programs_loaded,
     release_uprobes_in_background,
     require_bpf,
     retry_interrupted_load,
 )
 from otel_ebpf.bpf.maps import array_deltas
-from otel_ebpf.bpf.pausing import PAUSES_SKIPPED, PAUSES_TIMED_OUT, SKIP_REASONS, PauseOnLoad
+from otel_ebpf.bpf.pausing import PAUSES_SKIPPED, SKIP_REASONS, PauseOnLoad
 from otel_ebpf.core.errors import AttachError, BpfLoadError
 from otel_ebpf.core.events import LibraryLoaded, ProcessExit
 from otel_ebpf.core.pipeline import Consumer, Context
 
-# loader names re-exported for the callers that import them from here (check, api, agent, tests)
-__all__ = ["COMMON_SRC", "DROP_REASONS", "HEADERS_HINT", "INCLUDE_DIR", "PAUSES_SKIPPED", "PAUSES_TIMED_OUT",
-           "BpfReceiver", "Probe", "headers_dir", "import_bcc", "programs_loaded", "release_uprobes_in_background",
-           "require_bpf"]
+__all__ = ["DROP_REASONS", "BpfReceiver", "Probe"]
 
 log = logging.getLogger(__name__)
 _CHUNK = 4096  # records handed to the pipeline at a time

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otel_ebpf.bpf.receiver import import_bcc
+from otel_ebpf.bpf.loader import import_bcc
 
 __all__ = ["REGISTERS", "ArgLoc", "Site", "UsdtError", "arg_reader", "find_site", "list_probes",
            "vaddr_to_offset"]

@@ -121,7 +121,7 @@ def _write_yaml(path: Path, data: dict[str, Any]) -> Path:
 
 def _preflight() -> Path:
     """The CUDA runtime's path; raises EnvironmentError_ for what the host lacks."""
-    from otel_ebpf.bpf.receiver import require_bpf
+    from otel_ebpf.bpf.loader import require_bpf
 
     require_bpf()
     for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"), ("nsenter", "util-linux")):

@@ -45,8 +45,7 @@ from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME
 
 from otel_ebpf.host.attributes import MAX_VALUE_CHARS, AttributeValue, Attributes, clean as _clean
 from otel_ebpf.host.cgroups import container_id_from_cgroup, pod_uid_from_cgroup
-# Re-exported: the agent, the Python API and the collective_join processor import them from here.
-from otel_ebpf.host.identity import agent_resource_attributes, gateway_resource_attributes, host_attributes
+from otel_ebpf.host.identity import host_attributes
 from otel_ebpf.host.k8s import DOWNWARD_ENV_NAMES, K8sMetadata
 from otel_ebpf.host.redact import DEFAULT_REDACT_PATTERNS, REDACTED, redact_command_line
 
@@ -54,8 +53,7 @@ __all__ = [
     "CUDA_VISIBLE_DEVICES", "DEFAULT_REDACT_PATTERNS", "ENV_VARIABLES", "MAX_COMMAND_LINE_CHARS",
     "MAX_VALUE_CHARS", "ML_LOCAL_RANK", "ML_LOCAL_WORLD_SIZE", "ML_MASTER_ADDR", "ML_NODE_RANK", "ML_RANK",
     "ML_WORLD_SIZE", "REDACTED", "SLURM_JOB_ID", "SLURM_STEP_ID", "AttributeValue", "Attributes",
-    "ResourceCache", "agent_resource_attributes", "gateway_resource_attributes", "host_attributes",
-    "process_attributes", "process_environment", "redact_command_line",
+    "ResourceCache", "process_attributes", "process_environment", "redact_command_line",
 ]
 
 # otel-ebpf's own attribute namespace: semantic conventions have no names for these yet.

@@ -32,7 +32,8 @@ from otel_ebpf.core.telemetry import DROPPED
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context, Fanout
 from otel_ebpf.host import gpus
 from otel_ebpf.host.k8s import K8sMetadata
-from otel_ebpf.host.processes import ResourceCache, agent_resource_attributes
+from otel_ebpf.host.identity import agent_resource_attributes
+from otel_ebpf.host.processes import ResourceCache
 from otel_ebpf.service.settings import AgentConfig
 
 __all__ = ["Agent", "PausedChild", "exit_status"]
@@ -177,7 +178,7 @@ class Agent:
                 t0 = time.monotonic()
                 r.start()
                 log.info("receiver %s started in %.2fs", rid, time.monotonic() - t0)
-            from otel_ebpf.bpf.receiver import programs_loaded
+            from otel_ebpf.bpf.loader import programs_loaded
 
             programs_loaded(self.ctx)
         except BaseException:
@@ -198,7 +199,7 @@ class Agent:
     def shutdown(self, *, exiting: bool = False, timeout: float | None = None) -> None:
         """Drain and stop, in order. Safe twice and without start. ``exiting``: this process
         ends right after, so uprobes are released by a detached child instead of holding the
-        exit ~0.1 s per probe (:func:`otel_ebpf.bpf.receiver.release_uprobes_in_background`)."""
+        exit ~0.1 s per probe (:func:`otel_ebpf.bpf.loader.release_uprobes_in_background`)."""
         if exiting:
             for r in self.receivers.values():
                 if hasattr(r, "detach_in_background"):

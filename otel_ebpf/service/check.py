@@ -48,7 +48,7 @@ def _bcc() -> Row:
 
 
 def _headers() -> Row:
-    from otel_ebpf.bpf.receiver import HEADERS_HINT, headers_dir
+    from otel_ebpf.bpf.loader import HEADERS_HINT, headers_dir
 
     d = headers_dir()
     if d is None:
@@ -69,7 +69,7 @@ def _tracefs() -> Row:
 
 def _load() -> Row:
     try:
-        from otel_ebpf.bpf.receiver import COMMON_SRC, require_bpf
+        from otel_ebpf.bpf.loader import COMMON_SRC, require_bpf
 
         bcc = require_bpf()
         b = bcc.BPF(text=COMMON_SRC.read_text(), cflags=["-DOE_FILTER_PIDS=1", '-DOE_LIB_PATTERN="libcudart.so"',

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from otel_ebpf.bpf import paused
-from otel_ebpf.bpf.receiver import COMMON_SRC, DROP_REASONS
+from otel_ebpf.bpf.loader import COMMON_SRC
+from otel_ebpf.bpf.receiver import DROP_REASONS
 from otel_ebpf.core.telemetry import Telemetry
 
 pytestmark = pytest.mark.bpf

@@ -121,7 +121,7 @@ def test_agent_killed_in_paused_window_next_agent_resumes_only_its_stop(bpf_read
 def test_only_recorded_stopped_same_processes_are_resumed(bpf_ready):
     """resume_recorded on a real BPF hash map laid out as oe_paused: one process per case."""
 
-    from otel_ebpf.bpf.receiver import import_bcc
+    from otel_ebpf.bpf.loader import import_bcc
     from otel_ebpf.bpf.paused import resume_recorded
 
     b = import_bcc().BPF(text="struct oe_paused_key { u32 tgid; u32 _pad; u64 ts; };\n"

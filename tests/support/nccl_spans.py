@@ -7,7 +7,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from otel_ebpf.processors.nccl.comms import collective_ids
+from otel_ebpf.core.ids import collective_ids
 
 __all__ = ["COMM", "SCOPE", "node", "rank_span", "root_span"]
 

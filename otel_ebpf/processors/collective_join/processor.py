@@ -54,7 +54,7 @@ from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, collective_ids, colle
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 from otel_ebpf.core.readable import ReadableSpan, SpanMaker, resource_attribute, with_changes
-from otel_ebpf.host.processes import gateway_resource_attributes
+from otel_ebpf.host.identity import gateway_resource_attributes
 from otel_ebpf.host.timeline import straggler_attributes
 
 from .config import Config

@@ -13,7 +13,7 @@ the communicator, on any host, without the agents talking:
 
 Join ids, from (comm id, seq) alone (so all ranks agree):
 
-* collective ``seq``: :func:`otel_ebpf.core.ids.collective_ids` (re-exported here), the contract
+* collective ``seq``: :func:`otel_ebpf.core.ids.collective_ids`, the contract
   shared with the gateway's collective_join: trace ``derive_id(comm_id, seq)``, every rank's span
   has the root span (emitted by rank 0) as parent and its own span id from (comm_id, seq, rank);
 * send #k from rank A to B and recv #k at B from A: trace ``derive_id(comm_id, "p2p", A, B, k)``,
@@ -25,13 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otel_ebpf.core.ids import collective_ids, derive_id, split_comm_id
+from otel_ebpf.core.ids import derive_id, split_comm_id
 from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = [
     "Comm",
     "CommTable",
-    "collective_ids",
     "comm_id_from_init_all",
     "comm_id_from_split",
     "comm_id_from_unique_id",

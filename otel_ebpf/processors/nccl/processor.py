@@ -50,7 +50,7 @@ from __future__ import annotations
 import socket
 
 from otel_ebpf.core.events import AttrValue, ProcessExit, SpanLinkRecord, SpanRecord
-from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, SPLIT_NOCOLOR, derive_id
+from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, SPLIT_NOCOLOR, collective_ids, derive_id
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 from otel_ebpf.host.timeline import StepTracker
@@ -66,7 +66,7 @@ from otel_ebpf.receivers.nccl.events import (
     NcclP2P,
 )
 
-from .comms import Comm, CommTable, collective_ids, group_ids, p2p_ids
+from .comms import Comm, CommTable, group_ids, p2p_ids
 from .config import Config
 from .splits import Held, SplitBook
 

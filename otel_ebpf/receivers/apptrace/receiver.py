@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from otel_ebpf.bpf.attach import claim_library
-from otel_ebpf.bpf.receiver import COMMON_SRC, BpfReceiver
+from otel_ebpf.bpf.loader import COMMON_SRC
+from otel_ebpf.bpf.receiver import BpfReceiver
 from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.errors import AttachError
 from otel_ebpf.core.services import AppContext

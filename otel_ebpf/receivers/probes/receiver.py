@@ -17,7 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from otel_ebpf.bpf.receiver import COMMON_SRC, BpfReceiver
+from otel_ebpf.bpf.loader import COMMON_SRC
+from otel_ebpf.bpf.receiver import BpfReceiver
 from otel_ebpf.core.errors import AttachError
 from otel_ebpf.core.pipeline import Consumer, Context
 

@@ -88,7 +88,7 @@ def _library(spec: ProbeSpec, path: str) -> str:
         if not os.path.isfile(lib):
             raise ConfigError(f"{path}.library", f"{lib}: no such file")
         return os.path.realpath(lib)
-    from otel_ebpf.bpf.receiver import import_bcc
+    from otel_ebpf.bpf.loader import import_bcc
 
     found = import_bcc().BPF.find_library(lib)
     if not found:
@@ -97,7 +97,7 @@ def _library(spec: ProbeSpec, path: str) -> str:
 
 
 def _symbol(spec: ProbeSpec, lib: str, path: str) -> None:
-    from otel_ebpf.bpf.receiver import import_bcc
+    from otel_ebpf.bpf.loader import import_bcc
 
     try:
         import_bcc().BPF._check_path_symbol(lib, spec.symbol, None, -1)
