@@ -1,0 +1,313 @@
+"""Running the twin traced, for the twin's tests: ``otel-ebpf run`` around torchrun on one host
+(:func:`traced_run`), the same behind a local gateway (:func:`gateway_run`, what a 1-node cluster gives), and
+reading back what the ranks wrote of torch's own view of their groups (:func:`rank_records`,
+:func:`torch_groups`)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from otel_ebpf.twin import TwinEnv
+from otel_ebpf.twin.launch import twin_environment
+
+__all__ = ["Group", "LocalRun", "gateway_run", "rank_records", "torch_groups", "traced_run"]
+
+Group = dict[int, tuple[int, int]]  # global rank -> (rank in the group, group size)
+
+
+def _torchrun(twin: TwinEnv, nproc: int, script: Path, args: Sequence[str]) -> list[str]:
+    return [str(twin.python), "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            str(script), *args]
+
+
+def traced_run(twin: TwinEnv, libdir: Path, script: Path, nproc: int, out: Path,
+               agent_out: Path, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``otel-ebpf run`` around torchrun on the twin's libraries (the environment otel_ebpf.twin.launch gives)."""
+    rendezvous = Path(tempfile.mkdtemp(prefix="otel-ebpf-twin-"))
+    try:
+        cmd = [sys.executable, "-m", "otel_ebpf", "run", "--output", str(agent_out), "--",
+               *_torchrun(twin, nproc, script, [str(out)])]
+        env = {**twin_environment(libdir, nproc, rendezvous), **(extra_env or {})}
+        return subprocess.run(cmd, env=env, capture_output=True,
+                              text=True, timeout=400)
+    finally:
+        shutil.rmtree(rendezvous, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """A :func:`gateway_run`: the job's exit code (-9: killed at the timeout), its and the agent's output, and
+    the gateway's files (as ``otel_ebpf.twin.cluster.ClusterRun`` names them)."""
+
+    returncode: int
+    output: str
+    seconds: float
+    traces: Path
+    metrics: Path
+
+
+def _start_gateway(out: Path, env: Mapping[str, str], join_timeout: str,
+                   desync_timeout: str) -> tuple[subprocess.Popen[str], int]:
+    cfg = out / "gateway.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "receivers": {"otlp": {"grpc_endpoint": "127.0.0.1:0", "http_endpoint": ""}},
+        "processors": {"collective_join": {"timeout": join_timeout, "desync_timeout": desync_timeout}},
+        "exporters": {"file": {"batch": {"batch_delay": "200ms"}}},
+        "service": {"metrics_interval": "1s", "pipelines": {"default": {
+            "receivers": ["otlp"], "processors": ["collective_join"], "exporters": ["file"]}}}}))
+    gateway = subprocess.Popen([sys.executable, "-m", "otel_ebpf", "--log-level", "warning", "gateway",
+                                "--config", str(cfg), "--output", str(out)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=dict(env))
+    assert gateway.stdout is not None
+    seen = ""
+    for line in gateway.stdout:  # the "listening" line names the port; EOF: it failed
+        seen += line
+        if (found := re.search(r"listening: otlp grpc=(\d+)", line)) is not None:
+            return gateway, int(found.group(1))
+    gateway.kill()
+    raise RuntimeError(f"the gateway did not start: {seen}{gateway.communicate(timeout=10)[0]}")
+
+
+def gateway_run(twin: TwinEnv, libdir: Path, script: Path, args: Sequence[str], out: Path, *, nproc: int = 4,
+                env: Mapping[str, str] | None = None, timeout: float = 300.0, join_timeout: str = "5s",
+                desync_timeout: str = "2s") -> LocalRun:
+    """One node: a gateway (collective_join, file exporter into ``out``) and ``otel-ebpf run`` around torchrun
+    exporting to it. Blocking; the job is killed at ``timeout``, the gateway stopped with SIGTERM (it releases
+    what is pending) either way."""
+    rendezvous = Path(tempfile.mkdtemp(prefix="otel-ebpf-twin-", dir="/dev/shm"))
+    run_env = twin_environment(libdir, nproc, rendezvous, env)
+    gateway, port = _start_gateway(out, run_env, join_timeout, desync_timeout)
+    start = time.monotonic()
+    try:
+        cmd = [sys.executable, "-m", "otel_ebpf", "--log-level", "warning", "run", "--quiet", "--otlp-endpoint",
+               f"http://127.0.0.1:{port}", "--", *_torchrun(twin, nproc, script, args)]
+        job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run_env,
+                               start_new_session=True)
+        try:
+            output, _ = job.communicate(timeout=timeout)
+            rc = job.returncode
+        except subprocess.TimeoutExpired:
+            subprocess.run(["kill", "-KILL", "--", f"-{job.pid}"], check=False)
+            output, rc = job.communicate()[0], -9
+        seconds = time.monotonic() - start
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        try:
+            gateway_out = gateway.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+            gateway_out = gateway.communicate()[0]
+        shutil.rmtree(rendezvous, ignore_errors=True)
+    return LocalRun(rc, output + gateway_out, seconds, out / "traces.jsonl", out / "metrics.jsonl")
+
+
+def rank_records(out: Path, nranks: int) -> list[dict[str, Any]]:
+    """What each rank of a workload program wrote (tests/twin/programs/wl_common.py, traced_groups.py)."""
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nranks)]
+
+
+def torch_groups(views: Sequence[Mapping[str, Any]]) -> list[Group]:
+    """Each distinct group torch used, as global rank -> (its rank, its size), from the ranks' records."""
+    groups: dict[tuple[str, tuple[int, ...]], Group] = {}
+    for v in views:
+        for g in v["groups"]:
+            groups.setdefault((g["name"], tuple(g["members"])), {})[v["rank"]] = (g["rank"], g["size"])
+    return list(groups.values())
+
+
+# ---- the gateway's output, checked against torch's view ----------------------------------------------------
+Signature = frozenset[tuple[int, int, int]]  # {(global rank, rank in the communicator, its size)}
+_NOT_COLLECTIVE = ("ncclSend", "ncclRecv", "ncclGroup")
+
+
+def _signature(group: Group) -> Signature:
+    return frozenset((g, r, n) for g, (r, n) in group.items())
+
+
+@dataclass(frozen=True)
+class P2p:
+    """One ncclSend/ncclRecv span: the global rank that made it (-1: no rank's process), its name, attributes
+    and start (epoch ns)."""
+
+    rank: int
+    name: str
+    attrs: dict[str, Any]
+    start: int
+
+
+@dataclass
+class Instance:
+    """One trace of one collective at the gateway: its rank spans by global rank and its root(s)."""
+
+    comm: str
+    seq: int
+    ranks: dict[int, tuple[int, int]]  # global rank -> (nccl.rank, nccl.nranks)
+    starts: dict[int, int]  # global rank -> its span's start (epoch ns)
+    roots: list[dict[str, Any]]  # the root spans' attributes (exactly one when joined)
+    duplicates: int = 0
+
+    @property
+    def complete(self) -> bool:
+        sizes = {n for _r, n in self.ranks.values()}
+        return (len(self.roots) == 1 and not self.roots[0].get("nccl.partial") and not self.duplicates
+                and len(sizes) == 1 and len(self.ranks) == sizes.pop())
+
+
+@dataclass
+class GatewayView:
+    """The gateway's spans read against the ranks' records (wl_common.py): which global rank sent each span
+    (by host name and pid), every collective instance, the send/recv pairs, and what does not fit."""
+
+    records: Sequence[Mapping[str, Any]]
+    instances: dict[bytes, Instance]  # trace id -> instance
+    p2p: dict[bytes, list[P2p]]  # trace id -> its send/recv spans
+    unranked: list[dict[str, Any]]  # collective spans without nccl.rank
+    orphans: list[str]  # spans whose parent is not in their trace
+
+    def phase_of(self, rank: int, start_ns: int) -> str:
+        """The phase (wl_common.Job.phase) whose window on ``rank`` holds ``start_ns``; "" outside all."""
+        for name, (lo, hi) in self.records[rank]["phases"].items():
+            if lo <= start_ns <= hi:
+                return str(name)
+        return ""
+
+    def instance_phase(self, inst: Instance) -> str:
+        rank = min(inst.starts)
+        return self.phase_of(rank, inst.starts[rank])
+
+
+def gateway_view(traces: Path, records: Sequence[Mapping[str, Any]]) -> GatewayView:
+    """Reads the gateway's traces.jsonl; spans of processes that are no rank (the agent's own) are ignored."""
+    from tests.support.otlp_sink import decode_attrs, spans_from_jsonl
+
+    rank_of = {(str(r["host"]), int(r["pid"])): int(r["rank"]) for r in records}
+    rows = spans_from_jsonl(traces)
+    ids = {(s.trace_id, s.span_id) for _res, _scope, s in rows}
+    view = GatewayView(records, {}, {}, [], [])
+    for res, _scope, span in rows:
+        if span.parent_span_id and (span.trace_id, span.parent_span_id) not in ids:
+            view.orphans.append(f"{span.name} trace {span.trace_id.hex()}")
+        attrs = decode_attrs(span.attributes)
+        comm, seq = attrs.get("nccl.comm.id"), attrs.get("nccl.seq")
+        if not isinstance(comm, str) or not isinstance(seq, int) or span.name.startswith("ncclComm"):
+            continue
+        rank = rank_of.get((str(res.get("host.name")), int(res.get("process.pid", -1))))
+        if span.name in ("ncclSend", "ncclRecv"):
+            view.p2p.setdefault(span.trace_id, []).append(
+                P2p(-1 if rank is None else rank, span.name, attrs, int(span.start_time_unix_nano)))
+            continue
+        if span.name in _NOT_COLLECTIVE:
+            continue
+        inst = view.instances.setdefault(span.trace_id, Instance(comm, seq, {}, {}, []))
+        if not span.parent_span_id and "nccl.rank" not in attrs:
+            inst.roots.append(attrs)
+        elif "nccl.rank" not in attrs or rank is None:
+            view.unranked.append({"span": span.name, "rank": rank, **attrs})
+        elif rank in inst.ranks:
+            inst.duplicates += 1
+        else:
+            inst.ranks[rank] = (int(attrs["nccl.rank"]), int(attrs["nccl.nranks"]))
+            inst.starts[rank] = int(span.start_time_unix_nano)
+    return view
+
+
+def membership_problems(view: GatewayView) -> list[str]:
+    """Each collective instance: one joined trace holding exactly the ranks of a group torch made, each with
+    torch's rank and size in it; every group torch used has instances; no span unranked or orphaned."""
+    expected = {_signature(g) for g in torch_groups(view.records)}
+    problems = [f"unranked collective span: {u}" for u in view.unranked[:5]]
+    problems += [f"parent not in its trace: {o}" for o in view.orphans[:5]]
+    seen: set[Signature] = set()
+    for inst in view.instances.values():
+        sig = frozenset((g, r, n) for g, (r, n) in inst.ranks.items())
+        seen.add(sig)
+        if not inst.complete or sig not in expected:
+            root = inst.roots[0] if inst.roots else {}
+            problems.append(f"comm {inst.comm} seq {inst.seq} ({root.get('nccl.op')}): "
+                            f"ranks {sorted(inst.ranks.items())}"
+                            f", {len(inst.roots)} roots, partial {root.get('nccl.partial')}, "
+                            f"missing {root.get('nccl.missing_ranks')}, {inst.duplicates} duplicates")
+    problems += [f"torch group never seen at the gateway: {sorted(s)}" for s in expected - seen]
+    return problems
+
+
+def p2p_problems(view: GatewayView) -> list[str]:
+    """Send/recv: each trace is one send and the recv it matched, naming each other as peers."""
+    problems = []
+    for trace, spans in view.p2p.items():
+        pair = {p.name: p.attrs for p in spans}
+        if not _paired(spans) or pair["ncclSend"].get("nccl.peer") != pair["ncclRecv"].get("nccl.rank") or \
+                pair["ncclRecv"].get("nccl.peer") != pair["ncclSend"].get("nccl.rank"):
+            problems.append(f"p2p trace {trace.hex()}: "
+                            f"{[(p.rank, p.name, p.attrs.get('nccl.rank'), p.attrs.get('nccl.peer')) for p in spans]}")
+    return problems
+
+
+def straggler_problems(view: GatewayView, straggler: int, marker: int, expected: int) -> list[str]:
+    """The step markers (wl_common.Job.step: world all-reduces of ``marker`` elements, ``expected`` of them):
+    each joined, and its root names the rank that slept before it as the straggler."""
+    world = _signature({r["rank"]: (r["rank"], len(view.records)) for r in view.records})
+    markers = [i for i in view.instances.values() if i.roots and i.roots[0].get("nccl.op") == "AllReduce"
+               and i.roots[0].get("nccl.count") == marker and frozenset(
+                   (g, r, n) for g, (r, n) in i.ranks.items()) == world]
+    problems = [] if len(markers) == expected else [f"{len(markers)} step markers joined, {expected} made"]
+    for inst in markers:
+        named = inst.roots[0].get("nccl.straggler.rank")
+        if named != straggler:  # on the world communicator, the straggler's rank is its global rank
+            problems.append(f"marker seq {inst.seq}: straggler {named}, skew {inst.roots[0].get('nccl.skew_ns')}"
+                            f" ns, not rank {straggler}")
+    return problems
+
+
+def counters(metrics: Path, name: str) -> dict[str, int]:
+    """{reason: total} of a cumulative counter with a ``reason`` attribute, summed over the resources that
+    sent it (each agent's last value); empty when nothing was ever counted (the counter is created at its
+    first increment)."""
+    from tests.support.otlp_sink import decode_attrs, metrics_from_jsonl
+
+    last: dict[tuple[str, str], int] = {}
+    for res, metric in metrics_from_jsonl(metrics):
+        if metric.name != name:
+            continue
+        who = json.dumps(res, sort_keys=True, default=str)
+        for point in metric.sum.data_points:
+            reason = str(decode_attrs(point.attributes).get("reason"))
+            last[(who, reason)] = max(last.get((who, reason), 0), point.as_int)
+    totals: dict[str, int] = {}
+    for (_who, reason), value in last.items():
+        totals[reason] = totals.get(reason, 0) + value
+    return totals
+
+
+def joined_numbers(view: GatewayView) -> dict[str, tuple[int, int, int, int]]:
+    """Per phase: (collective instances joined, collectives seen, send/recv pairs matched, sends and recvs
+    seen / 2). A collective is seen once per trace, plus once per unranked span."""
+    out: dict[str, list[int]] = {}
+    for inst in view.instances.values():
+        row = out.setdefault(view.instance_phase(inst) if inst.starts else "", [0, 0, 0, 0])
+        row[0] += inst.complete
+        row[1] += 1
+    if view.unranked:
+        out.setdefault("?", [0, 0, 0, 0])[1] += len(view.unranked)
+    for spans in view.p2p.values():
+        first = spans[0]
+        row = out.setdefault("?" if first.rank < 0 else view.phase_of(first.rank, first.start), [0, 0, 0, 0])
+        row[2] += _paired(spans)
+        row[3] += len(spans)
+    return {k: (v[0], v[1], v[2], v[3] // 2) for k, v in out.items()}
+
+
+def _paired(spans: Sequence[P2p]) -> bool:
+    return sorted(p.name for p in spans) == ["ncclRecv", "ncclSend"]
