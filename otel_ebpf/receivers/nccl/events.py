@@ -21,6 +21,7 @@ __all__ = [
     "NcclCommInfo",
     "NcclCommInit",
     "NcclCommInitAll",
+    "NcclCommShrink",
     "NcclCommSplit",
     "NcclGroup",
     "NcclP2P",
@@ -111,6 +112,25 @@ class NcclCommSplit:
 
 
 @dataclass(frozen=True, slots=True)
+class NcclCommShrink:
+    """ncclCommShrink(parent, excludeRanksList, excludeRanksCount, &comm, config, shrinkFlags) returned.
+    ``nexcluded`` is excludeRanksCount; ``excluded`` its first 64 ranks (all of them when
+    ``len(excluded) == nexcluded``). ``comm`` is 0 when the call failed or, non-blocking, while the child
+    is being made (NCCL 2.28.9 src/init.cc: the shrink makes its child as a split does)."""
+
+    pid: int
+    tid: int
+    start_ns: int
+    end_ns: int
+    parent: int
+    comm: int
+    nexcluded: int
+    excluded: tuple[int, ...]
+    flags: int
+    rc: int
+
+
+@dataclass(frozen=True, slots=True)
 class NcclCommEnd:
     """ncclCommDestroy (``abort`` False) or ncclCommAbort returned."""
 
@@ -180,7 +200,9 @@ class NcclP2P:
 
 @dataclass(frozen=True, slots=True)
 class NcclGroup:
-    """An outermost ncclGroupStart..ncclGroupEnd on one thread, with ``members`` calls inside."""
+    """An outermost ncclGroupStart..ncclGroupEnd on one thread, with ``members`` calls inside, ``p2p``
+    of them ncclSend/ncclRecv. ``simulated``: closed by ncclGroupSimulateEnd, so nothing was launched
+    (its members' calls did no work)."""
 
     pid: int
     tid: int
@@ -189,3 +211,5 @@ class NcclGroup:
     group: int
     members: int
     rc: int
+    p2p: int = 0
+    simulated: bool = False

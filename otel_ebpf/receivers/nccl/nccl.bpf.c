@@ -77,13 +77,15 @@ struct nccl_init_call {
 #define NCCL_CTL_END 2
 #define NCCL_CTL_INFO 3
 #define NCCL_CTL_INIT_ALL 4
+#define NCCL_CTL_SHRINK 5
 
 struct nccl_ctl_call {
     u64 ts;
     u64 a;     /* comm / parent / comms array */
     u64 b;     /* out pointer / devlist */
-    s32 i;     /* color / ndev */
-    s32 j;     /* key */
+    u64 c;     /* shrink: excludeRanksList */
+    s32 i;     /* color / ndev / excludeRanksCount */
+    s32 j;     /* key / shrinkFlags */
     u8 fn;     /* NCCL_CTL_* */
     u8 kind;   /* NCCL_END_* / NCCL_INFO_* */
     u8 _pad[6];
@@ -113,6 +115,8 @@ struct nccl_group_state {
     u64 ts;
     u32 depth;
     u32 members;
+    u32 p2p;
+    u32 sim;  /* the outermost end is ncclGroupSimulateEnd(simInfo != NULL) */
 };
 
 BPF_HASH(calls, u64, struct nccl_call, NCCL_MAX_INFLIGHT);
@@ -202,6 +206,8 @@ static __always_inline int nccl_enter(u8 op, u64 count, s32 datatype, s32 redop,
     if (g && g->depth > 0) {
         c.group = g->group;
         g->members += 1;
+        if (op == NCCL_OP_SEND || op == NCCL_OP_RECV)
+            g->p2p += 1;
     }
     if (calls.update(&id, &c) != 0)
         oe_drop(OE_DROP_STATEMAP);
@@ -405,6 +411,20 @@ int nccl_group_start_enter(struct pt_regs *ctx)
     return 0;
 }
 
+/* ncclGroupSimulateEnd(ncclSimInfo_t* simInfo): NCCL 2.28.9 src/group.cc ncclGroupEndInternal(simInfo)
+ * closes only the OUTERMOST group as a simulation (inner ends just count down), and only with a simInfo and a
+ * blocking group: a non-blocking group is launched anyway (groupLaunchNonBlocking passes no simInfo) and the
+ * call returns ncclInProgress. So the group is simulated when the outermost end had a simInfo and returned
+ * ncclSuccess; then nothing ran: its members' sequence numbers are given back by the processor. */
+int nccl_group_sim_end_enter(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct nccl_group_state *g = groups.lookup(&id);
+    if (g && g->depth == 1)
+        g->sim = PT_REGS_PARM1(ctx) != 0;
+    return 0;
+}
+
 int nccl_group_end_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
@@ -416,16 +436,19 @@ int nccl_group_end_return(struct pt_regs *ctx)
         g->depth -= 1;
         return 0;
     }
+    s32 rc = (s32)PT_REGS_RC(ctx);
     struct nccl_group *e = events.ringbuf_reserve(sizeof(struct nccl_group));
     if (!e) {
         oe_drop(OE_DROP_RINGBUF);
     } else {
         __builtin_memset(e, 0, sizeof(*e));
         e->type = NCCL_EV_GROUP;
+        e->flags = (g->sim && rc == 0) ? NCCL_GROUP_F_SIMULATED : 0;
         e->pid = id >> 32;
         e->tid = (u32)id;
-        e->rc = (s32)PT_REGS_RC(ctx);
+        e->rc = rc;
         e->members = g->members;
+        e->p2p = g->p2p;
         e->ts_start = g->ts;
         e->ts_end = now;
         e->group = g->group;
@@ -528,6 +551,17 @@ static __always_inline int nccl_ctl_enter(u8 fn, u8 kind, u64 a, u64 b, s32 i, s
     return 0;
 }
 
+/* A non-blocking split's or shrink's child whose handle comes later (see the file's comment). */
+static __always_inline void nccl_pending_child(u32 tgid)
+{
+    u32 one = 1;
+    u32 *waiting = nb_pending.lookup(&tgid);
+    if (waiting)
+        __sync_fetch_and_add(waiting, 1);
+    else if (nb_pending.update(&tgid, &one) != 0)
+        oe_drop(OE_DROP_STATEMAP);
+}
+
 /* Return probes check fn, so a nested probed call cannot be paired with the wrong one. */
 static __always_inline struct nccl_ctl_call *nccl_ctl_take(u64 id, u8 fn)
 {
@@ -553,16 +587,10 @@ int nccl_split_return(struct pt_regs *ctx)
         return 0;
     s32 rc = (s32)PT_REGS_RC(ctx);
     u64 child = nccl_issued(rc) ? nccl_read_u64(c->b) : 0;
-    if (child) {
+    if (child)
         nccl_comm_new(id >> 32, child);
-    } else if (nccl_issued(rc) && c->i != -1) {  /* -1: NCCL_SPLIT_NOCOLOR, no child */
-        u32 tgid = id >> 32, one = 1;
-        u32 *waiting = nb_pending.lookup(&tgid);
-        if (waiting)
-            __sync_fetch_and_add(waiting, 1);
-        else if (nb_pending.update(&tgid, &one) != 0)
-            oe_drop(OE_DROP_STATEMAP);
-    }
+    else if (nccl_issued(rc) && c->i != -1)  /* -1: NCCL_SPLIT_NOCOLOR, no child */
+        nccl_pending_child(id >> 32);
     struct nccl_comm_split *e = events.ringbuf_reserve(sizeof(struct nccl_comm_split));
     if (!e) {
         oe_drop(OE_DROP_RINGBUF);
@@ -581,6 +609,67 @@ int nccl_split_return(struct pt_regs *ctx)
         events.ringbuf_submit(e, oe_wakeup_flags());
     }
     ctls.delete(&id);
+    return 0;
+}
+
+/* (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm, ncclConfig_t* config,
+ *  int shrinkFlags): NCCL >= 2.27. The child is made as a split's (src/init.cc ncclCommShrink ->
+ * ncclCommInitChildComm), so a non-blocking shrink also returns with *newcomm NULL: nb_pending as for a split. */
+int nccl_shrink_enter(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!oe_is_traced(id >> 32))
+        return 0;
+    struct nccl_ctl_call c = {};
+    c.ts = bpf_ktime_get_ns();
+    c.fn = NCCL_CTL_SHRINK;
+    c.a = PT_REGS_PARM1(ctx);
+    c.b = PT_REGS_PARM4(ctx);
+    c.c = PT_REGS_PARM2(ctx);
+    c.i = (s32)PT_REGS_PARM3(ctx);
+    c.j = (s32)PT_REGS_PARM6(ctx);
+    if (ctls.update(&id, &c) != 0)
+        oe_drop(OE_DROP_STATEMAP);
+    return 0;
+}
+
+int nccl_shrink_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u64 id = bpf_get_current_pid_tgid();
+    struct nccl_ctl_call *c = nccl_ctl_take(id, NCCL_CTL_SHRINK);
+    if (!c)
+        return 0;
+    s32 rc = (s32)PT_REGS_RC(ctx);
+    u64 child = nccl_issued(rc) ? nccl_read_u64(c->b) : 0;
+    if (child)
+        nccl_comm_new(id >> 32, child);
+    else if (nccl_issued(rc))
+        nccl_pending_child(id >> 32);
+    struct nccl_comm_shrink *e = events.ringbuf_reserve(sizeof(struct nccl_comm_shrink));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        ctls.delete(&id);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->type = NCCL_EV_COMM_SHRINK;
+    e->pid = id >> 32;
+    e->tid = (u32)id;
+    e->rc = rc;
+    e->nexcluded = c->i;
+    e->flags = c->j;
+    e->ts_start = c->ts;
+    e->ts_end = now;
+    e->parent = c->a;
+    e->comm = child;
+    u32 bytes = c->i < 0 ? 0 : (u32)c->i * sizeof(s32);
+    if (bytes > sizeof(e->excluded))
+        bytes = sizeof(e->excluded);
+    if (c->c && bytes > 0 && bytes <= sizeof(e->excluded))  /* a bound the verifier sees */
+        bpf_probe_read_user(e->excluded, bytes, (void *)c->c);
+    ctls.delete(&id);
+    events.ringbuf_submit(e, oe_wakeup_flags());
     return 0;
 }
 

@@ -19,10 +19,12 @@
 #define NCCL_EV_COMM_INFO 36      /* ncclCommCount / ncclCommUserRank / ncclCommCuDevice returned */
 #define NCCL_EV_COLL 37           /* a collective returned (host enqueue done) */
 #define NCCL_EV_P2P 38            /* ncclSend / ncclRecv returned */
-#define NCCL_EV_GROUP 39          /* the outermost ncclGroupEnd returned */
+#define NCCL_EV_GROUP 39          /* the outermost ncclGroupEnd / ncclGroupSimulateEnd returned */
+#define NCCL_EV_COMM_SHRINK 40    /* ncclCommShrink returned */
 
 #define NCCL_UNIQUE_ID_BYTES 128  /* sizeof(ncclUniqueId), NCCL 2.x */
 #define NCCL_INIT_ALL_MAX 32      /* communicators of one ncclCommInitAll recorded (ndev beyond: cut) */
+#define NCCL_SHRINK_MAX 64        /* excluded ranks of one ncclCommShrink recorded (beyond: cut) */
 
 /* nccl_coll.op / nccl_p2p.op, named in receiver.py OPS */
 #define NCCL_OP_ALL_REDUCE 0
@@ -52,6 +54,7 @@
 
 /* flags */
 #define NCCL_F_SEQ 1  /* seq is valid: the communicator's creation was seen and the call was issued */
+#define NCCL_GROUP_F_SIMULATED 1  /* nccl_group.flags: closed by ncclGroupSimulateEnd, nothing launched */
 
 struct nccl_comm_init {
     u8 type;
@@ -94,6 +97,21 @@ struct nccl_comm_split {
     u64 ts_end;
     u64 parent;
     u64 comm;  /* *newcomm after the call: 0 for NCCL_SPLIT_NOCOLOR */
+};
+
+struct nccl_comm_shrink {
+    u8 type;
+    u8 _pad[3];
+    u32 pid;
+    u32 tid;
+    s32 rc;
+    s32 nexcluded;  /* excludeRanksCount as passed; excluded[] holds the first NCCL_SHRINK_MAX */
+    s32 flags;      /* shrinkFlags */
+    u64 ts_start;
+    u64 ts_end;
+    u64 parent;
+    u64 comm;       /* *newcomm after the call: 0 while a non-blocking shrink is in progress */
+    s32 excluded[NCCL_SHRINK_MAX];
 };
 
 struct nccl_comm_end {
@@ -163,12 +181,13 @@ struct nccl_p2p {
 
 struct nccl_group {
     u8 type;
-    u8 _pad[3];
+    u8 flags;     /* NCCL_GROUP_F_* */
+    u8 _pad[2];
     u32 pid;
     u32 tid;
     s32 rc;
     u32 members;  /* collectives and p2p calls issued inside, nested groups included */
-    u32 _pad2;
+    u32 p2p;      /* of which ncclSend / ncclRecv */
     u64 ts_start; /* outermost ncclGroupStart entry */
     u64 ts_end;   /* outermost ncclGroupEnd return */
     u64 group;

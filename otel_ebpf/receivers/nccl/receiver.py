@@ -3,13 +3,14 @@
 What is probed (x86-64, NCCL 2.x; symbols missing from older libraries are optional):
 
 * communicators: ncclCommInitRank, ncclCommInitRankConfig, ncclCommInitRankScalable (the
-  128-byte ncclUniqueId is captured at entry), ncclCommInitAll, ncclCommSplit,
-  ncclCommDestroy, ncclCommAbort, and the returns of ncclCommCount / ncclCommUserRank /
+  128-byte ncclUniqueId is captured at entry), ncclCommInitAll, ncclCommSplit, ncclCommShrink
+  (NCCL >= 2.27; the first 64 excluded ranks are read), ncclCommDestroy, ncclCommAbort, and the returns of ncclCommCount / ncclCommUserRank /
   ncclCommCuDevice (the only way to learn rank, size and device of a split communicator);
 * collectives: AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Gather,
   Scatter and their ``*Config`` variants (same arguments first); ncclBcast is not probed: it
   calls ncclBroadcast (NCCL 2.32.3), which would count it twice;
-* point-to-point: ncclSend, ncclRecv; groups: ncclGroupStart entry, ncclGroupEnd return.
+* point-to-point: ncclSend, ncclRecv; groups: ncclGroupStart entry, ncclGroupEnd return,
+  ncclGroupSimulateEnd (NCCL >= 2.22) entry and return: a group it closes launches nothing.
 
 Timing is host-side: a span covers the call into NCCL (argument checks and enqueueing the
 work on the stream), not the GPU execution of the collective.
@@ -34,6 +35,7 @@ from .events import (
     NcclCommInfo,
     NcclCommInit,
     NcclCommInitAll,
+    NcclCommShrink,
     NcclCommSplit,
     NcclGroup,
     NcclP2P,
@@ -48,6 +50,8 @@ OPS = ("AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AlltoA
 INIT_FUNCTIONS = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable")
 INFO_KINDS = ("nranks", "rank", "device")
 F_SEQ = 1
+GROUP_F_SIMULATED = 1
+SHRINK_MAX = 64  # NCCL_SHRINK_MAX
 SWEEP_INTERVAL_S = 10.0
 
 
@@ -85,9 +89,12 @@ COLL = Layout("nccl_coll", 37, ("type", "B"), ("op", "B"), ("flags", "B"), ("_pa
 P2P = Layout("nccl_p2p", 38, ("type", "B"), ("op", "B"), ("flags", "B"), ("_pad", "x"), *_HEAD,
              ("datatype", "i"), ("peer", "i"), ("ts_start", "Q"), ("ts_end", "Q"), ("count", "Q"),
              ("comm", "Q"), ("stream", "Q"), ("seq", "Q"), ("group", "Q"))
-GROUP = Layout("nccl_group", 39, ("type", "B"), ("_pad", "3x"), *_HEAD, ("members", "I"), ("_pad2", "4x"),
-               ("ts_start", "Q"), ("ts_end", "Q"), ("group", "Q"))
-LAYOUTS = (COMM_INIT, COMM_INIT_ALL, COMM_SPLIT, COMM_END, COMM_INFO, COLL, P2P, GROUP)
+GROUP = Layout("nccl_group", 39, ("type", "B"), ("flags", "B"), ("_pad", "2x"), *_HEAD, ("members", "I"),
+               ("p2p", "I"), ("ts_start", "Q"), ("ts_end", "Q"), ("group", "Q"))
+COMM_SHRINK = Layout("nccl_comm_shrink", 40, ("type", "B"), ("_pad", "3x"), *_HEAD, ("nexcluded", "i"),
+                     ("flags", "i"), ("ts_start", "Q"), ("ts_end", "Q"), ("parent", "Q"), ("comm", "Q"),
+                     ("excluded", f"{SHRINK_MAX}i"))
+LAYOUTS = (COMM_INIT, COMM_INIT_ALL, COMM_SPLIT, COMM_END, COMM_INFO, COLL, P2P, GROUP, COMM_SHRINK)
 
 
 def _coll(symbol: str, entry: str, optional: bool = False) -> tuple[Probe, ...]:
@@ -102,6 +109,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("ncclCommInitRankScalable", "nccl_init_rank_scalable_enter", "nccl_init_return", optional=True),
     Probe("ncclCommInitAll", "nccl_init_all_enter", "nccl_init_all_return"),
     Probe("ncclCommSplit", "nccl_split_enter", "nccl_split_return", optional=True),
+    Probe("ncclCommShrink", "nccl_shrink_enter", "nccl_shrink_return", optional=True),
     Probe("ncclCommDestroy", "nccl_destroy_enter", "nccl_end_return"),
     Probe("ncclCommAbort", "nccl_abort_enter", "nccl_end_return"),
     Probe("ncclCommCount", "nccl_count_enter", "nccl_info_return", optional=True),
@@ -119,6 +127,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("ncclRecv", "nccl_recv_enter", "nccl_call_return"),
     Probe("ncclGroupStart", "nccl_group_start_enter"),
     Probe("ncclGroupEnd", None, "nccl_group_end_return"),
+    Probe("ncclGroupSimulateEnd", "nccl_group_sim_end_enter", "nccl_group_end_return", optional=True),
 )
 
 
@@ -142,7 +151,7 @@ class NcclReceiver(BpfReceiver):
             COMM_INIT.etype: self._comm_init, COMM_INIT_ALL.etype: self._comm_init_all,
             COMM_SPLIT.etype: self._comm_split, COMM_END.etype: self._comm_end,
             COMM_INFO.etype: self._comm_info, COLL.etype: self._coll, P2P.etype: self._p2p,
-            GROUP.etype: self._group,
+            GROUP.etype: self._group, COMM_SHRINK.etype: self._comm_shrink,
         }
         self._last_sweep = time.monotonic()
 
@@ -230,5 +239,12 @@ class NcclReceiver(BpfReceiver):
                        seq if flags & F_SEQ else None, group, rc)
 
     def _group(self, raw: bytes) -> NcclGroup:
-        _, pid, tid, rc, members, t0, t1, group = GROUP.struct.unpack_from(raw)
-        return NcclGroup(pid, tid, self._ns(t0), self._ns(t1), group, members, rc)
+        _, flags, pid, tid, rc, members, p2p, t0, t1, group = GROUP.struct.unpack_from(raw)
+        return NcclGroup(pid, tid, self._ns(t0), self._ns(t1), group, members, rc, p2p,
+                         bool(flags & GROUP_F_SIMULATED))
+
+    def _comm_shrink(self, raw: bytes) -> NcclCommShrink:
+        v = COMM_SHRINK.struct.unpack_from(raw)
+        _, pid, tid, rc, n, flags, t0, t1, parent, comm = v[:10]
+        excluded = tuple(v[10:10 + max(0, min(n, SHRINK_MAX))])
+        return NcclCommShrink(pid, tid, self._ns(t0), self._ns(t1), parent, comm, n, excluded, flags, rc)
