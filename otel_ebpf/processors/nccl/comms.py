@@ -8,6 +8,8 @@ the communicator, on any host, without the agents talking:
   rank re-initialising from one unique id does so the same number of times);
 * ncclCommSplit: ``derive_id("nccl.split", parent_id, k, color)``, ``k`` the number of
   earlier splits of the parent (splits are collective: every member calls them in order);
+* ncclCommShrink: ``derive_id("nccl.shrink", parent_id, k, excluded ranks)``, ``k`` counted with the
+  parent's splits (only survivors call it, and every survivor calls it in the same order);
 * ncclCommInitAll: ``derive_id("nccl.initall", host, pid, k)``, ``k`` the process's earlier
   InitAll calls; its communicators have rank = index, nranks = ndev.
 
@@ -143,6 +145,12 @@ class CommTable:
         k = parent.splits
         parent.splits += 1
         return k, comm_id_from_split(parent.comm_id, k, color)
+
+    def next_shrink(self, parent: Comm, excluded: tuple[int, ...]) -> str:
+        """The id of the parent's next shrink child (counts it among the parent's splits)."""
+        k = parent.splits
+        parent.splits += 1
+        return _hex64(derive_id("nccl.shrink", parent.comm_id, k, sorted(set(excluded)), bits=64))
 
     def holders(self, comm_id: str) -> int:
         """How many (process, handle) entries are communicator ``comm_id``: its ranks seen here."""

@@ -13,12 +13,17 @@ Spans (ids: see :mod:`otel_ebpf.processors.nccl.comms`):
 * ncclSend/ncclRecv: ``ncclSend``/``ncclRecv`` with ``nccl.peer``; send #k A->B and recv #k
   at B from A share a trace and link each other.
 * groups: ``ncclGroup`` covers the outermost ncclGroupStart..ncclGroupEnd of one thread, with
-  ``nccl.group.id`` and ``nccl.group.size``. Its members live in their own collectives'
-  traces, so containment is a span link from each member to the group span plus the
-  member's ``nccl.group.id`` attribute, not a parent/child relation.
-* communicator lifecycle: ``ncclCommInitRank``/``...Config``/``...Scalable``/``ncclCommSplit``
-  (all ranks' spans of one communicator share trace ``derive_id(comm_id, "init")``),
-  ``ncclCommInitAll``, ``ncclCommDestroy``, ``ncclCommAbort``. The split span also carries
+  ``nccl.group.id``, ``nccl.group.size`` and ``nccl.group.p2p`` (its send/recv members: the
+  gateway's collective_join joins the send/recv of all ranks' groups that exchange them as one
+  instance). Its members live in their own collectives' traces, so containment is a span link
+  from each member to the group span plus the member's ``nccl.group.id`` attribute, not a parent/child relation.
+* simulated groups (closed by ``ncclGroupSimulateEnd``: nothing launched): the calls made inside a group are
+  held until its end (:mod:`.groups`); a simulated group's span and its members' spans carry
+  ``nccl.simulated = true`` and no join ids, count in no metric and not as ``unjoined``, and the
+  sequence numbers they took are given back to the later calls.
+* communicator lifecycle (:mod:`.communicators`): ``ncclCommInitRank``/``...Config``/``...Scalable``/
+  ``ncclCommSplit`` (all ranks' spans of one communicator share trace ``derive_id(comm_id, "init")``),
+  ``ncclCommInitAll``, ``ncclCommShrink``, ``ncclCommDestroy``, ``ncclCommAbort``. The split span also carries
   :data:`~otel_ebpf.core.ids.SPLIT_ATTRIBUTES` (parent id, k, parent rank and size, color, key).
 
 Split children's ``nccl.rank``/``nccl.nranks`` come from every parent rank's split call (:mod:`.splits`): computed
@@ -47,89 +52,63 @@ Single-threaded (the pipeline worker); ``start``/``shutdown`` are idempotent.
 """
 from __future__ import annotations
 
-import socket
-
 from otel_ebpf.core.events import AttrValue, ProcessExit, SpanLinkRecord, SpanRecord
-from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, SPLIT_NOCOLOR, collective_ids, derive_id
+from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, collective_ids
 from otel_ebpf.core.pipeline import Consumer, Context
-from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
+from otel_ebpf.core.processing import handles
 from otel_ebpf.host.timeline import StepTracker
 from otel_ebpf.receivers.nccl import events as ev_mod
-from otel_ebpf.receivers.nccl.events import (
-    NcclCollective,
-    NcclCommEnd,
-    NcclCommInfo,
-    NcclCommInit,
-    NcclCommInitAll,
-    NcclCommSplit,
-    NcclGroup,
-    NcclP2P,
-)
+from otel_ebpf.receivers.nccl.events import NcclCollective, NcclGroup, NcclP2P
 
-from .comms import Comm, CommTable, group_ids, p2p_ids
+from .comms import Comm, group_ids, p2p_ids
+from .communicators import METRICS, SCOPE, NcclCommunicators, Out
 from .config import Config
-from .splits import Held, SplitBook
+from .groups import GroupBook
 
 __all__ = ["METRICS", "SCOPE", "NcclProcessor"]
 
-SCOPE = "otel_ebpf.nccl"
-_OK = (0, 7)  # ncclSuccess, ncclInProgress
-# name -> (kind, unit, description); the counters are summed per batch (EventProcessor.sums)
-METRICS: dict[str, MetricSpec] = {
-    "nccl.calls": ("counter", "{call}", "NCCL collective and send/recv calls."),
-    "nccl.bytes": ("counter", "By", "Bytes named by NCCL calls (count x datatype size)."),
-    "nccl.comm.inits": ("counter", "{communicator}", "Communicators created."),
-    "nccl.comm.destroys": ("counter", "{communicator}", "Communicators destroyed or aborted."),
-    "nccl.errors": ("counter", "{call}", "NCCL calls that returned an error."),
-    "nccl.enqueue.duration": ("histogram", "s", "Host-side time inside NCCL calls (enqueue, not GPU execution)."),
-}
-Out = list[object]
 _Op = NcclCollective | NcclP2P  # the calls that move data: same attributes, metrics and group links
-_CommCall = NcclCommInit | NcclCommInitAll | NcclCommSplit  # the calls that make communicators
 
 
-class NcclProcessor(EventProcessor[Config]):
+class NcclProcessor(NcclCommunicators):
     """Consumer turning ``otel_ebpf.receivers.nccl`` events into SpanRecord/MetricRecord."""
-
-    NAME = "nccl"
-    SCOPE = SCOPE
-    METRICS = METRICS
 
     def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
         super().__init__(config, ctx, next_)
-        self.host = config.host or socket.gethostname()
-        self.comms = CommTable(config.max_comms, ctx.telemetry, self.host)
-        self._gpus = ctx.gpus  # otel_ebpf.host.gpus.GpuResolver or None
         self._steps = StepTracker(getattr(ctx, "host_stats", None))  # ml.step.* host figures
-        self.splits = SplitBook(config.max_comms, config.max_held_calls, int(config.split_wait * 1e9))
-        self._now_ns = 0  # the latest event end seen: the held calls' clock
-        self._releasing = False  # re-dispatching held calls: never hold them again
+        self.groups = GroupBook(config.max_held_calls, int(config.split_wait * 1e9), config.max_comms)
+        self._ungrouping = False  # re-dispatching a group's members: never hold them again
+        self._simulated = False  # ... of a group closed by ncclGroupSimulateEnd
 
     def shutdown(self) -> None:
         """Emits the calls still held (unresolved) to the next stage, then forgets everything."""
         out: Out = []
+        self._ungroup(self.groups.drain(), out)
         self._emit_held(self.splits.drain(), out)
         self.sums.flush(out)
         if out:
             self._next.consume(out)
         self.comms.clear()
         self.splits.clear()
+        self.groups.clear()
         self.sums.clear()
 
     def end_batch(self, out: Out) -> None:
+        self._ungroup(self.groups.expired(self._now_ns), out)
         self._emit_held(self.splits.expired(self._now_ns), out)
         super().end_batch(out)
 
-    def _emit_held(self, held: list[Held], out: Out, unresolved: bool = True) -> None:
-        """Processes held calls again (rank known now, or to be emitted without it)."""
-        self._releasing = True
+    def _comm_ended(self, pid: int, handle: int) -> None:
+        self.groups.forget_comm(pid, handle)
+
+    def _ungroup(self, calls: list[_Op], out: Out, simulated: bool = False) -> None:
+        """Processes a group's held calls again (its end seen, or given up on)."""
+        self._ungrouping, self._simulated = True, simulated
         try:
-            for h in held:
-                if unresolved:
-                    self._unjoined("split_unresolved")
-                self._handlers[type(h.event)](h.event, out)
+            for ev in calls:
+                self._handlers[type(ev)](ev, out)
         finally:
-            self._releasing = False
+            self._ungrouping = self._simulated = False
 
     @handles(ProcessExit)
     def _exit(self, ev: ProcessExit, out: Out) -> None:
@@ -138,27 +117,15 @@ class NcclProcessor(EventProcessor[Config]):
             if ev.source in ("", "nccl"):
                 # only after the NCCL receiver's own exit record, which its ring buffer
                 # orders after the process's last NCCL calls (another receiver's may not be)
+                self._ungroup(self.groups.expired(self._now_ns, ev.pid), out)
                 self._emit_held(self.splits.expired(self._now_ns, ev.pid), out)
                 self.comms.forget_process(ev.pid)
+                self.groups.forget_process(ev.pid)
                 self.splits.forget_process(ev.pid)
                 if self._gpus is not None:
                     self._gpus.forget(ev.pid)
         finally:
             out.append(ev)
-
-    # ---- metrics ---------------------------------------------------------------------
-    def _count(self, pid: int, name: str, value: float, **attrs: AttrValue) -> None:
-        self.sums.add(pid, name, float(value), attrs)  # float sums, as before the shared Sums
-
-    def _error(self, pid: int, function: str, rc: int) -> str | None:
-        if rc in _OK:
-            return None
-        name = ev_mod.result_name(rc)
-        self._count(pid, "nccl.errors", 1, **{"nccl.function": function, "nccl.error": name})
-        return name
-
-    def _unjoined(self, reason: str) -> None:
-        self.ctx.telemetry.add("otel_ebpf.nccl.unjoined", 1, reason=reason)
 
     # ---- collectives and p2p ---------------------------------------------------------
     def _comm_of(self, ev: _Op) -> Comm | None:
@@ -169,11 +136,28 @@ class NcclProcessor(EventProcessor[Config]):
             comm = child if self.comms.add(ev.pid, ev.comm, child) else None
         return comm
 
-    def _hold(self, ev: _Op, comm: Comm | None) -> bool:
-        """True when the call waits for its split communicator's rank (held, emitted later)."""
+    def _take(self, ev: _Op) -> tuple[_Op, Comm | None] | None:
+        """(the call renumbered past simulated calls, its communicator), or None when the call is held:
+        until its group's end (:mod:`.groups`) or its split communicator's rank (:mod:`.splits`)."""
         self._now_ns = max(self._now_ns, ev.end_ns)
-        return (comm is not None and comm.rank is None and not self._releasing
-                and self.splits.hold(comm, ev.pid, ev.end_ns, ev))
+        if ev.group and not self._ungrouping and not self._releasing:
+            if self.groups.hold(ev):
+                return None
+            self.ctx.telemetry.dropped("nccl", "group_calls_full")
+        comm = self._comm_of(ev)
+        if (comm is not None and comm.rank is None and not self._releasing and not self._simulated
+                and self.splits.hold(comm, ev.pid, ev.end_ns, ev)):
+            return None
+        return (ev, comm) if self._simulated else (self.groups.renumber(ev), comm)
+
+    def _simulated_call(self, ev: _Op, attrs: dict[str, AttrValue], out: Out) -> None:
+        """A call of a simulated group: marked, never joined nor counted as work; its number given back."""
+        if not self.groups.simulated(ev):
+            self.ctx.telemetry.dropped("nccl", "simulated_counters_full")
+        attrs["nccl.simulated"] = True
+        attrs.pop("nccl.seq", None)
+        out.append(SpanRecord(ev.pid, "nccl" + ev.op, ev.start_ns, ev.end_ns, attrs, SCOPE,
+                              links=self._group_links(ev)))
 
     def _op_attrs(self, ev: _Op, comm: Comm | None) -> dict[str, AttrValue]:
         attrs: dict[str, AttrValue] = {"nccl.op": ev.op, "nccl.count": ev.count,
@@ -198,13 +182,6 @@ class NcclProcessor(EventProcessor[Config]):
                 attrs["nccl.parent.rank"] = comm.parent_rank  # for the gateway's join (core.ids)
         self._add_hw_id(attrs, ev.pid, comm.device if comm is not None else None)
         return attrs
-
-    def _add_hw_id(self, attrs: dict[str, AttrValue], pid: int, device: int | None) -> None:
-        """``hw.id`` of the communicator's CUDA device (unknown device: only when the process can
-        be on one GPU alone), through otel_ebpf.host.gpus."""
-        uuid = self._gpus.hw_id(pid, -1 if device is None else device) if self._gpus is not None else None
-        if uuid:
-            attrs["hw.id"] = uuid
 
     def _op_metrics(self, ev: _Op, attrs: dict[str, AttrValue], out: Out) -> None:
         """nccl.calls / nccl.bytes (summed) and nccl.enqueue.duration of one call."""
@@ -239,14 +216,19 @@ class NcclProcessor(EventProcessor[Config]):
 
     @handles(NcclCollective)
     def _collective(self, ev: NcclCollective, out: Out) -> None:
-        comm = self._comm_of(ev)
-        if self._hold(ev, comm):
+        if (taken := self._take(ev)) is None:
             return
+        call, comm = taken
+        assert isinstance(call, NcclCollective)
+        ev = call
         attrs = self._op_attrs(ev, comm)
         if ev.redop is not None:
             attrs["nccl.redop"] = ev_mod.redop_name(ev.redop)
         if ev.root is not None:
             attrs["nccl.root"] = ev.root
+        if self._simulated:
+            self._simulated_call(ev, attrs, out)
+            return
         attrs.update(self._steps.attributes((ev.pid, ev.comm), ev.pid, ev.tid, ev.start_ns, ev.end_ns))
         error = self._error(ev.pid, "nccl" + ev.op, ev.rc)
         trace = parent = span = None
@@ -271,11 +253,16 @@ class NcclProcessor(EventProcessor[Config]):
 
     @handles(NcclP2P)
     def _p2p(self, ev: NcclP2P, out: Out) -> None:
-        comm = self._comm_of(ev)
-        if self._hold(ev, comm):
+        if (taken := self._take(ev)) is None:
             return
+        call, comm = taken
+        assert isinstance(call, NcclP2P)
+        ev = call
         attrs = self._op_attrs(ev, comm)
         attrs["nccl.peer"] = ev.peer
+        if self._simulated:
+            self._simulated_call(ev, attrs, out)
+            return
         error = self._error(ev.pid, "nccl" + ev.op, ev.rc)
         trace = span = None
         links = self._group_links(ev)
@@ -292,108 +279,16 @@ class NcclProcessor(EventProcessor[Config]):
 
     @handles(NcclGroup)
     def _group(self, ev: NcclGroup, out: Out) -> None:
+        self._now_ns = max(self._now_ns, ev.end_ns)
+        self._ungroup(self.groups.end(ev.pid, ev.group), out, simulated=ev.simulated)
         trace, span = group_ids(self.host, ev.pid, ev.group)
         attrs: dict[str, AttrValue] = {"nccl.group.id": format(span, "016x"), "nccl.group.size": ev.members,
-                                       "nccl.timing": "host_enqueue", "thread.id": ev.tid}
+                                       "nccl.group.p2p": ev.p2p, "nccl.timing": "host_enqueue",
+                                       "thread.id": ev.tid}
+        if ev.simulated:
+            attrs["nccl.simulated"] = True
         out.append(SpanRecord(ev.pid, "ncclGroup", ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
                               span_id=span, error=self._error(ev.pid, "ncclGroupEnd", ev.rc)))
-
-    # ---- communicators ---------------------------------------------------------------
-    def _comm_span(self, ev: _CommCall, name: str, attrs: dict[str, AttrValue], comm_id: str | None,
-                   rank: int | None, error: str | None, out: Out) -> None:
-        trace = span = None
-        if comm_id is not None:
-            attrs["nccl.comm.id"] = comm_id
-            trace = derive_id(comm_id, "init")
-            if rank is not None:
-                span = derive_id(comm_id, "init", rank, bits=64)
-        attrs["thread.id"] = ev.tid
-        self._add_hw_id(attrs, ev.pid, None)
-        out.append(SpanRecord(ev.pid, name, ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
-                              span_id=span, error=error))
-
-    def _created(self, pid: int, function: str, handle: int, comm: Comm) -> None:
-        self.comms.add(pid, handle, comm)
-        self._count(pid, "nccl.comm.inits", 1, **{"nccl.function": function})
-
-    @handles(NcclCommInit)
-    def _init(self, ev: NcclCommInit, out: Out) -> None:
-        error = self._error(ev.pid, ev.function, ev.rc)
-        comm_id = None
-        if error is None and ev.comm:
-            comm_id = self.comms.next_init_id(ev.pid, ev.unique_id)
-            self._created(ev.pid, ev.function, ev.comm, Comm(comm_id, ev.rank, ev.nranks))
-        attrs: dict[str, AttrValue] = {"nccl.rank": ev.rank, "nccl.nranks": ev.nranks}
-        self._comm_span(ev, ev.function, attrs, comm_id, ev.rank, error, out)
-
-    @handles(NcclCommInitAll)
-    def _init_all(self, ev: NcclCommInitAll, out: Out) -> None:
-        error = self._error(ev.pid, "ncclCommInitAll", ev.rc)
-        attrs: dict[str, AttrValue] = {"nccl.nranks": ev.ndev, "nccl.devices": tuple(ev.devices)}
-        comm_id = None
-        if error is None:
-            comm_id = self.comms.next_init_all_id(ev.pid)
-            for rank, (handle, device) in enumerate(zip(ev.comms, ev.devices, strict=True)):
-                if handle:
-                    self._created(ev.pid, "ncclCommInitAll", handle, Comm(comm_id, rank, ev.ndev, device))
-        self._comm_span(ev, "ncclCommInitAll", attrs, comm_id, None, error, out)
-
-    @handles(NcclCommSplit)
-    def _split(self, ev: NcclCommSplit, out: Out) -> None:
-        error = self._error(ev.pid, "ncclCommSplit", ev.rc)
-        parent = self.comms.get(ev.pid, ev.parent)
-        attrs: dict[str, AttrValue] = {"nccl.split.color": ev.color, "nccl.split.key": ev.key}
-        child: Comm | None = None
-        resolved: list[Comm] = []
-        if parent is None:
-            self._unjoined("unknown_comm")
-        elif error is None:
-            k, child_id = self.comms.next_split(parent, ev.color)
-            attrs["nccl.split.seq"] = k
-            if ev.color != SPLIT_NOCOLOR:
-                child = Comm(child_id, None, None, parent.device, parent_rank=parent.rank,
-                             split=(parent.comm_id, k))
-                self._new_child(ev, child)
-            if parent.rank is not None and parent.nranks is not None:
-                attrs["nccl.parent.rank"], attrs["nccl.parent.nranks"] = parent.rank, parent.nranks
-                resolved = self.splits.record((parent.comm_id, k), parent, ev.color, ev.key, child,
-                                              self.comms.holders(parent.comm_id))
-        if parent is not None:
-            attrs["nccl.parent.comm.id"] = parent.comm_id
-        self._comm_span(ev, "ncclCommSplit", attrs, child.comm_id if child else None, None, error, out)
-        for comm_id in dict.fromkeys(c.comm_id for c in resolved):
-            self._emit_held(self.splits.release(comm_id), out, unresolved=False)
-
-    def _new_child(self, ev: NcclCommSplit, child: Comm) -> None:
-        """A split child: known by its handle, or (non-blocking: no handle at return, whatever
-        the return code, see :mod:`.splits`) waiting for the first call on a new handle."""
-        self._count(ev.pid, "nccl.comm.inits", 1, **{"nccl.function": "ncclCommSplit"})
-        if ev.comm:
-            self.comms.add(ev.pid, ev.comm, child)
-        elif not self.splits.expect_handle(ev.pid, child):  # the split succeeded (only caller)
-            self.ctx.telemetry.dropped("nccl", "comm_table_full")
-
-    @handles(NcclCommEnd)
-    def _end(self, ev: NcclCommEnd, out: Out) -> None:
-        function = "ncclCommAbort" if ev.abort else "ncclCommDestroy"
-        error = self._error(ev.pid, function, ev.rc)
-        comm = self.comms.remove(ev.pid, ev.comm) if error is None else self.comms.get(ev.pid, ev.comm)
-        attrs: dict[str, AttrValue] = {"thread.id": ev.tid}
-        if comm is not None:
-            attrs["nccl.comm.id"] = comm.comm_id
-            if comm.rank is not None:
-                attrs["nccl.rank"] = comm.rank
-        self._add_hw_id(attrs, ev.pid, comm.device if comm is not None else None)
-        if error is None:
-            self._count(ev.pid, "nccl.comm.destroys", 1, **{"nccl.function": function})
-        out.append(SpanRecord(ev.pid, function, ev.start_ns, ev.end_ns, attrs, SCOPE, error=error))
-
-    @handles(NcclCommInfo)
-    def _info(self, ev: NcclCommInfo, _out: Out) -> None:
-        comm = self.comms.get(ev.pid, ev.comm)
-        if comm is not None and ev.rc == 0 and ev.what in ("rank", "nranks", "device"):
-            setattr(comm, ev.what, ev.value)  # the Comm fields are named as NcclCommInfo.what
-
 
 def create(config: Config, ctx: Context, next_: Consumer) -> NcclProcessor:
     return NcclProcessor(config, ctx, next_)
