@@ -29,6 +29,8 @@ Input: finished SDK spans (``ReadableSpan``, read through its API; new spans are
   here from every parent rank's ``ncclCommSplit`` span (:mod:`.splits`), held until then
   (``max_spans`` spans at most, each ``timeout`` at most; released unranked, counted in
   ``otel_ebpf.collective_join.unjoined{reason=split_unresolved}``), then joined as any rank span.
+* Grouped send/recv (uneven all-to-all, gather, scatter, ``batch_isend_irecv``, pipeline send/recv):
+  every rank's group that exchanges them joined as ONE instance, root ``nccl GroupP2P`` (:mod:`.p2p`).
 * Late spans (their collective already released) pass through; late root spans are dropped
   (a root with that id was already sent). Both count in ``nccl.join.late{nccl.span}``.
 
@@ -58,6 +60,7 @@ from otel_ebpf.host.identity import gateway_resource_attributes
 from otel_ebpf.host.timeline import straggler_attributes
 
 from .config import Config
+from .p2p import P2PJoin, is_p2p
 from .splits import SplitBook, split_call
 from .store import Collective, Front, Store
 
@@ -66,6 +69,7 @@ __all__ = ["METRICS", "SCOPE", "CollectiveJoin", "create"]
 log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.collective_join"
 _SIG = ("nccl.op", "nccl.count", "nccl.datatype")
+_P2P: dict[str, AttrValue] = {"nccl.join.kind": "p2p"}  # the p2p join's nccl.join.released
 # name -> (kind, unit, description); the counters are summed per batch (EventProcessor.sums)
 METRICS: dict[str, MetricSpec] = {
     "nccl.straggler.count": ("counter", "{collective}", "Complete collectives in which this rank started last."),
@@ -110,6 +114,9 @@ class CollectiveJoin(EventProcessor[Config]):
         self._timeout = config.timeout
         self._desync = config.effective_desync_timeout
         self._maker = SpanMaker(gateway_resource_attributes(), SCOPE)
+        self.p2p = P2PJoin(config.max_pending, config.max_spans, config.timeout, self._maker,
+                           lambda outcome: self._count("nccl.join.released", outcome=outcome, **_P2P),
+                           lambda: self._count("nccl.join.late", **{"nccl.span": "p2p"}))
         self._now = clock()  # clock() at the start of the batch being consumed
         self._pending_metrics: Out = []  # skew records, sent after the batch's spans
         self._warned: OrderedDict[str, list[Any]] = OrderedDict()  # comm -> [last warning, left out since]
@@ -118,11 +125,13 @@ class CollectiveJoin(EventProcessor[Config]):
         """Release everything pending (as partial) to the next stage. Safe twice."""
         out: Out = []
         self._unresolved(self.splits.drain(), out)
+        self.p2p.drain(out)
         for entry in self.store.pending():
             self._release(self.store.pop(entry.key), "partial", out)
         self._flush_metrics(out)
         self.store.clear()
         self.splits.clear()
+        self.p2p.clear()
         if out:
             self._next.consume(out)
 
@@ -156,6 +165,9 @@ class CollectiveJoin(EventProcessor[Config]):
         attrs = _attributes(span)
         comm = attrs.get("nccl.comm.id")
         seq = attrs.get("nccl.seq")
+        if is_p2p(span, attrs):
+            self.p2p.add(span, attrs, now, out)
+            return
         if span.name == "ncclCommSplit" and (call := split_call(attrs)) is not None:
             out.append(span)
             for child in self.splits.record(call):
@@ -251,6 +263,7 @@ class CollectiveJoin(EventProcessor[Config]):
 
     def _expire(self, now: float, out: Out) -> None:
         self._unresolved(self.splits.expired(now), out)
+        self.p2p.expired(now, out)
         store = self.store
         while (entry := store.oldest_unchecked()) is not None and now - entry.first >= self._desync:
             store.checked(entry)
@@ -305,7 +318,7 @@ class CollectiveJoin(EventProcessor[Config]):
         join: dict[str, Any] = {}
         start = end = None
         if ranks:
-            start, last, last_rank, end = _arrivals(ranks)
+            start, last, last_rank, end = entry.arrivals()
             for span in ranks.values():
                 attrs = dict(_attributes(span))
                 attrs["nccl.wait_ns"] = last - _times(span)[0]
@@ -366,22 +379,6 @@ def _attributes(span: ReadableSpan) -> Mapping[str, Any]:
 def _times(span: ReadableSpan) -> tuple[int, int]:
     """(start, end) epoch ns of a finished span (always set on one received over OTLP)."""
     return span.start_time or 0, span.end_time or 0
-
-
-def _arrivals(ranks: dict[int, ReadableSpan]) -> tuple[int, int, int, int]:
-    """(first start, last start, the rank that started last (highest on ties), last end)."""
-    first = last = end = None
-    last_rank = -1
-    for rank, span in ranks.items():
-        s, e = _times(span)
-        if first is None or s < first:
-            first = s
-        if last is None or s > last or (s == last and rank > last_rank):
-            last, last_rank = s, rank
-        if end is None or e > end:
-            end = e
-    assert first is not None and last is not None and end is not None
-    return first, last, last_rank, end
 
 
 def _host_of(front: Front | None, rank: int) -> Any:

@@ -46,6 +46,22 @@ class Collective:
     def missing(self) -> list[int]:
         return [r for r in range(self.nranks) if r not in self.ranks]
 
+    def arrivals(self) -> tuple[int, int, int, int]:
+        """(first start, last start, the rank that started last (highest on ties), last end) of the rank
+        spans so far (at least one); times are epoch ns."""
+        first = last = end = None
+        last_rank = -1
+        for rank, span in self.ranks.items():
+            s, e = span.start_time or 0, span.end_time or 0
+            if first is None or s < first:
+                first = s
+            if last is None or s > last or (s == last and rank > last_rank):
+                last, last_rank = s, rank
+            if end is None or e > end:
+                end = e
+        assert first is not None and last is not None and end is not None
+        return first, last, last_rank, end
+
 
 class Front:
     """One communicator's wavefront: rank -> highest seq seen, rank -> resource of that span."""
