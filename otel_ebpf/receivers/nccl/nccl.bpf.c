@@ -663,11 +663,14 @@ int nccl_shrink_return(struct pt_regs *ctx)
     e->ts_end = now;
     e->parent = c->a;
     e->comm = child;
-    u32 bytes = c->i < 0 ? 0 : (u32)c->i * sizeof(s32);
-    if (bytes > sizeof(e->excluded))
-        bytes = sizeof(e->excluded);
-    if (c->c && bytes > 0 && bytes <= sizeof(e->excluded))  /* a bound the verifier sees */
-        bpf_probe_read_user(e->excluded, bytes, (void *)c->c);
+    _Static_assert(NCCL_SHRINK_MAX == 64, "nccl_shrink_return masks the count with 63");
+    if (c->c && c->i >= NCCL_SHRINK_MAX) {
+        bpf_probe_read_user(e->excluded, sizeof(e->excluded), (void *)c->c);
+    } else if (c->c && c->i > 0) {
+        u64 n = (u64)c->i;
+        asm volatile("%0 &= 63" : "+r"(n));  /* a bound the verifier sees (clang drops the one above) */
+        bpf_probe_read_user(e->excluded, n * sizeof(s32), (void *)c->c);
+    }
     ctls.delete(&id);
     events.ringbuf_submit(e, oe_wakeup_flags());
     return 0;
