@@ -173,6 +173,7 @@ class GatewayView:
     records: Sequence[Mapping[str, Any]]
     instances: dict[bytes, Instance]  # trace id -> instance
     p2p: dict[bytes, list[P2p]]  # trace id -> its send/recv spans
+    p2p_roots: dict[bytes, list[dict[str, Any]]]  # trace id -> its "nccl GroupP2P" roots' attributes
     unranked: list[dict[str, Any]]  # collective spans without nccl.rank
     orphans: list[str]  # spans whose parent is not in their trace
 
@@ -195,11 +196,14 @@ def gateway_view(traces: Path, records: Sequence[Mapping[str, Any]]) -> GatewayV
     rank_of = {(str(r["host"]), int(r["pid"])): int(r["rank"]) for r in records}
     rows = spans_from_jsonl(traces)
     ids = {(s.trace_id, s.span_id) for _res, _scope, s in rows}
-    view = GatewayView(records, {}, {}, [], [])
+    view = GatewayView(records, {}, {}, {}, [], [])
     for res, _scope, span in rows:
         if span.parent_span_id and (span.trace_id, span.parent_span_id) not in ids:
             view.orphans.append(f"{span.name} trace {span.trace_id.hex()}")
         attrs = decode_attrs(span.attributes)
+        if span.name == "nccl GroupP2P":
+            view.p2p_roots.setdefault(span.trace_id, []).append(attrs)
+            continue
         comm, seq = attrs.get("nccl.comm.id"), attrs.get("nccl.seq")
         if not isinstance(comm, str) or not isinstance(seq, int) or span.name.startswith("ncclComm"):
             continue
@@ -243,15 +247,22 @@ def membership_problems(view: GatewayView) -> list[str]:
     return problems
 
 
-def p2p_problems(view: GatewayView) -> list[str]:
-    """Send/recv: each trace is one send and the recv it matched, naming each other as peers."""
+def p2p_problems(view: GatewayView, expected: Mapping[str, Sequence[set[int]]]) -> list[str]:
+    """Grouped send/recv (one torch collective: all-to-all, scatter, a pipeline stage's batch): each instance
+    one trace under one complete ``nccl GroupP2P`` root, every send matched by its recv, the root's
+    ``nccl.group.ranks`` the ranks of its spans, and those (global) ranks one of ``expected[phase]``."""
     problems = []
     for trace, spans in view.p2p.items():
-        pair = {p.name: p.attrs for p in spans}
-        if not _paired(spans) or pair["ncclSend"].get("nccl.peer") != pair["ncclRecv"].get("nccl.rank") or \
-                pair["ncclRecv"].get("nccl.peer") != pair["ncclSend"].get("nccl.rank"):
-            problems.append(f"p2p trace {trace.hex()}: "
-                            f"{[(p.rank, p.name, p.attrs.get('nccl.rank'), p.attrs.get('nccl.peer')) for p in spans]}")
+        roots = view.p2p_roots.get(trace, [])
+        ranks = {p.rank for p in spans}
+        phase = _p2p_phase(view, spans)
+        comm_ranks = sorted({int(p.attrs["nccl.rank"]) for p in spans})
+        if len(roots) != 1 or roots[0].get("nccl.partial") or not _paired(spans) or \
+                roots[0].get("nccl.group.ranks") != comm_ranks or ranks not in expected.get(phase, ()):
+            root = roots[0] if roots else {}
+            calls = sorted((p.rank, p.name, p.attrs.get("nccl.rank"), p.attrs.get("nccl.peer")) for p in spans)
+            problems.append(f"p2p trace {trace.hex()} ({phase}): {len(roots)} roots, partial "
+                            f"{root.get('nccl.partial')}, group.ranks {root.get('nccl.group.ranks')}, calls {calls}")
     return problems
 
 
@@ -292,8 +303,8 @@ def counters(metrics: Path, name: str) -> dict[str, int]:
 
 
 def joined_numbers(view: GatewayView) -> dict[str, tuple[int, int, int, int]]:
-    """Per phase: (collective instances joined, collectives seen, send/recv pairs matched, sends and recvs
-    seen / 2). A collective is seen once per trace, plus once per unranked span."""
+    """Per phase: (collective instances joined, collectives seen, grouped send/recv instances joined, seen).
+    A collective is seen once per trace, plus once per unranked span; a send/recv instance once per trace."""
     out: dict[str, list[int]] = {}
     for inst in view.instances.values():
         row = out.setdefault(view.instance_phase(inst) if inst.starts else "", [0, 0, 0, 0])
@@ -301,13 +312,24 @@ def joined_numbers(view: GatewayView) -> dict[str, tuple[int, int, int, int]]:
         row[1] += 1
     if view.unranked:
         out.setdefault("?", [0, 0, 0, 0])[1] += len(view.unranked)
-    for spans in view.p2p.values():
-        first = spans[0]
-        row = out.setdefault("?" if first.rank < 0 else view.phase_of(first.rank, first.start), [0, 0, 0, 0])
-        row[2] += _paired(spans)
-        row[3] += len(spans)
-    return {k: (v[0], v[1], v[2], v[3] // 2) for k, v in out.items()}
+    for trace, spans in view.p2p.items():
+        roots = view.p2p_roots.get(trace, [])
+        row = out.setdefault(_p2p_phase(view, spans), [0, 0, 0, 0])
+        row[2] += len(roots) == 1 and not roots[0].get("nccl.partial") and _paired(spans)
+        row[3] += 1
+    return {k: (v[0], v[1], v[2], v[3]) for k, v in out.items()}
 
 
 def _paired(spans: Sequence[P2p]) -> bool:
-    return sorted(p.name for p in spans) == ["ncclRecv", "ncclSend"]
+    """Every send has its recv: the same (comm, src, dst, k, count) seen from both ends."""
+    ends: dict[str, list[tuple[object, ...]]] = {"ncclSend": [], "ncclRecv": []}
+    for p in spans:
+        rank, peer = p.attrs.get("nccl.rank"), p.attrs.get("nccl.peer")
+        src, dst = (rank, peer) if p.name == "ncclSend" else (peer, rank)
+        ends[p.name].append((p.attrs.get("nccl.comm.id"), src, dst, p.attrs.get("nccl.seq"), p.attrs.get("nccl.count")))
+    return sorted(ends["ncclSend"]) == sorted(ends["ncclRecv"])
+
+
+def _p2p_phase(view: GatewayView, spans: Sequence[P2p]) -> str:
+    first = min(spans, key=lambda p: p.start)
+    return "?" if first.rank < 0 else view.phase_of(first.rank, first.start)

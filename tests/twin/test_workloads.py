@@ -7,10 +7,11 @@ with ``TORCH_NCCL_USE_COMM_NONBLOCKING=1``. One rank sleeps before every step (t
 
 For each job, at the gateway: every collective instance is one trace holding exactly the ranks of one group
 torch made, each with torch's own ``get_rank``/``get_world_size`` of that group (the ranks write them out);
-every torch group that was used is seen; every span's parent is in its trace; each send/recv trace is one
-matched pair; each step's marker all-reduce names the sleeping rank as its straggler; no span is counted as
-unjoined. The joined/total numbers per workload are printed (``pytest -s``; docs/benchmarks.md "Twin
-workloads").
+every torch group that was used is seen; every span's parent is in its trace; each grouped send/recv (MoE
+all-to-all, a pipeline batch, TP's scatter) is one trace under one joined ``nccl GroupP2P`` root, every
+send matched by its recv, its ranks the ones that workload exchanges between; each step's marker all-reduce
+names the sleeping rank as its straggler; no span is counted as unjoined. The joined/total numbers per
+workload are printed (``pytest -s``; docs/benchmarks.md "Twin workloads").
 """
 from __future__ import annotations
 
@@ -59,6 +60,13 @@ _NB_BINDING = ("agent: a non-blocking split child used before an earlier-made on
                "(tp mesh: tp calls bound to the unused dp split)")
 
 
+# The global ranks of each grouped send/recv instance, per phase: MoE's all-to-all spans the world, a pipeline
+# stage's batch links neighbouring stages (and the stages' start-up exchange with both neighbours, torch
+# pipelining stage.py _get_init_p2p_neighbors_ops, the whole chain), TP's scatter of the sharded weights
+# (distribute_tensor) a tp group.
+P2P_RANKS: dict[str, list[set[int]]] = {"moe": [{0, 1, 2, 3}], "pp": [{0, 1}, {1, 2}, {2, 3}, {0, 1, 2, 3}],
+                                        "tp": [{0, 1}, {2, 3}]}
+
 JOBS = {
     "mix": Job("wl_mix.py", ("ddp", "new_group", "moe", "pp"), 3),
     "sharded": Job("wl_sharded.py", ("fsdp2", "hsdp", "tp"), 2),
@@ -101,9 +109,9 @@ def test_every_collective_is_one_trace_of_exactly_its_groups_ranks(traced: Trace
     assert not problems, "\n".join(problems[:20]) + "\n" + traced.output[-3000:]
 
 
-def test_every_send_recv_trace_is_one_matched_pair(traced: Traced, request: pytest.FixtureRequest) -> None:
+def test_every_grouped_send_recv_is_one_joined_instance(traced: Traced, request: pytest.FixtureRequest) -> None:
     traced.expect(request, "p2p")
-    problems = p2p_problems(traced.view)
+    problems = p2p_problems(traced.view, P2P_RANKS)
     assert not problems, "\n".join(problems[:20])
 
 
@@ -128,6 +136,6 @@ def test_joined_per_workload(traced: Traced) -> None:
     """Prints the numbers (joined / total per phase) and checks every phase ran collectives."""
     numbers = joined_numbers(traced.view)
     for phase in traced.job.phases:
-        joined, total, pairs, p2p = numbers.get(phase, (0, 0, 0, 0))
-        print(f"twin workload {phase}: collectives joined {joined}/{total}, send/recv pairs {pairs}/{p2p}")
+        joined, total, p2p_joined, p2p = numbers.get(phase, (0, 0, 0, 0))
+        print(f"twin workload {phase}: collectives joined {joined}/{total}, grouped send/recv {p2p_joined}/{p2p}")
         assert total > 0
