@@ -21,10 +21,14 @@ class Config:
         4096, "Calls on split communicators held (over all processes) while this agent waits for "
               "the last parent rank's ncclCommSplit to compute their rank and size. Beyond it the "
               "oldest are emitted without nccl.rank (counted as otel_ebpf.nccl.unjoined"
-              "{reason=split_unresolved}; the gateway's join can still resolve them).", min=0)
+              "{reason=split_unresolved}; the gateway's join can still resolve them). Also bounds, "
+              "separately, the calls made inside NCCL groups held until the group's end says whether "
+              "ncclGroupSimulateEnd closed it (beyond: not held, counted as "
+              "otel_ebpf.events.dropped{reason=group_calls_full}).", min=0)
     split_wait: float = doc(
         5.0, "How long (event time) a call on a split communicator is held at most for its "
-             "split's last rank (see max_held_calls).", duration=True, min=0.0)
+             "split's last rank, and a call inside a group for the group's end (see max_held_calls).",
+        duration=True, min=0.0)
     host: str = doc(
         "", "Host name used in the ids of ncclCommInitAll communicators (all their ranks live "
             "in one process, so the id only has to be unique); empty means this host's name.")
