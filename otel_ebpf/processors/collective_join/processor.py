@@ -4,7 +4,7 @@ Input: finished SDK spans (``ReadableSpan``, read through its API; new spans are
 :mod:`otel_ebpf.core.readable`) from agents on any number of nodes, and ``Tick`` events.
 
 * Rank span: attributes ``nccl.comm.id``, ``nccl.seq``, ``nccl.rank``, ``nccl.nranks`` and no
-  ``nccl.peer`` (send/recv spans pass through). Root span (sent by the process that is rank 0):
+  ``nccl.peer`` (send/recv spans: see below). Root span (sent by the process that is rank 0):
   ``nccl.comm.id`` and ``nccl.seq``, no ``nccl.rank``, no parent, and span id
   :func:`otel_ebpf.core.ids.collective_root_span_id` (the contract shared with the agents' nccl processor).
 * Held per (comm id, seq) in a bounded :class:`~.store.Store` until all ``nranks`` rank spans
@@ -75,7 +75,8 @@ METRICS: dict[str, MetricSpec] = {
     "nccl.straggler.count": ("counter", "{collective}", "Complete collectives in which this rank started last."),
     "nccl.desync.count": ("counter", "{collective}",
                           "Collectives reported as hung: ranks missing after desync_timeout."),
-    "nccl.join.released": ("counter", "{collective}", "Collectives released by the join, by outcome."),
+    "nccl.join.released": ("counter", "{collective}",
+                           "Collectives released by the join, by outcome (nccl.join.kind=p2p: grouped send/recv)."),
     "nccl.join.late": ("counter", "{span}", "Spans that arrived after their collective was released."),
     "nccl.collective.skew": ("histogram", "s", "First to last rank arrival (start) of each collective."),
 }
