@@ -37,6 +37,7 @@ Input: finished SDK spans (``ReadableSpan``, read through its API; new spans are
 Metrics (gateway resource, scope ``otel_ebpf.collective_join``): ``nccl.collective.skew`` (s)
 {nccl.comm.id, nccl.op}, ``nccl.straggler.count`` {nccl.rank, host.name},
 ``nccl.desync.count`` {nccl.comm.id, nccl.op}, ``nccl.join.released`` {outcome},
+``nccl.join.p2p.released`` {outcome} (grouped send/recv: apart, so straggler ratios stay per collective),
 ``nccl.join.late`` {nccl.span}. Everything else passes through unchanged.
 
 Sharding by trace id (the Collector's ``loadbalancing`` exporter, ``routing_key: traceID``)
@@ -69,14 +70,13 @@ __all__ = ["METRICS", "SCOPE", "CollectiveJoin", "create"]
 log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.collective_join"
 _SIG = ("nccl.op", "nccl.count", "nccl.datatype")
-_P2P: dict[str, AttrValue] = {"nccl.join.kind": "p2p"}  # the p2p join's nccl.join.released
 # name -> (kind, unit, description); the counters are summed per batch (EventProcessor.sums)
 METRICS: dict[str, MetricSpec] = {
     "nccl.straggler.count": ("counter", "{collective}", "Complete collectives in which this rank started last."),
     "nccl.desync.count": ("counter", "{collective}",
                           "Collectives reported as hung: ranks missing after desync_timeout."),
-    "nccl.join.released": ("counter", "{collective}",
-                           "Collectives released by the join, by outcome (nccl.join.kind=p2p: grouped send/recv)."),
+    "nccl.join.released": ("counter", "{collective}", "Collectives released by the join, by outcome."),
+    "nccl.join.p2p.released": ("counter", "{instance}", "Grouped send/recv instances released, by outcome."),
     "nccl.join.late": ("counter", "{span}", "Spans that arrived after their collective was released."),
     "nccl.collective.skew": ("histogram", "s", "First to last rank arrival (start) of each collective."),
 }
@@ -116,7 +116,7 @@ class CollectiveJoin(EventProcessor[Config]):
         self._desync = config.effective_desync_timeout
         self._maker = SpanMaker(gateway_resource_attributes(), SCOPE)
         self.p2p = P2PJoin(config.max_pending, config.max_spans, config.timeout, self._maker,
-                           lambda outcome: self._count("nccl.join.released", outcome=outcome, **_P2P),
+                           lambda outcome: self._count("nccl.join.p2p.released", outcome=outcome),
                            lambda: self._count("nccl.join.late", **{"nccl.span": "p2p"}))
         self._now = clock()  # clock() at the start of the batch being consumed
         self._pending_metrics: Out = []  # skew records, sent after the batch's spans

@@ -64,8 +64,8 @@ def joined(spans: list[ReadableSpan], clock: list[float]) -> tuple[list[object],
 
 
 def released(out: list[object], outcome: str) -> float:
-    return sum(m.value for m in out if isinstance(m, MetricRecord) and m.name == "nccl.join.released"
-               and m.attributes.get("outcome") == outcome and m.attributes.get("nccl.join.kind") == "p2p")
+    return sum(m.value for m in out if isinstance(m, MetricRecord) and m.name == "nccl.join.p2p.released"
+               and m.attributes.get("outcome") == outcome)
 
 
 def test_each_torch_op_made_of_grouped_send_recv_is_one_instance_of_exactly_its_ranks() -> None:
