@@ -23,7 +23,7 @@ from otel_ebpf.processors.collective_join import CollectiveJoin, Config
 from otel_ebpf.twin import TwinEnv
 from tests.support.otlp_sink import decode_attrs, metrics_from_jsonl, requests_from_jsonl
 from tests.twin.conftest import PROGRAMS
-from tests.twin.test_nccl_traced import traced_run
+from tests.twin.support import traced_run
 
 
 def gateway(agent_out: Path) -> list[ReadableSpan]:

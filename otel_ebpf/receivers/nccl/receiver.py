@@ -4,8 +4,9 @@ What is probed (x86-64, NCCL 2.x; symbols missing from older libraries are optio
 
 * communicators: ncclCommInitRank, ncclCommInitRankConfig, ncclCommInitRankScalable (the
   128-byte ncclUniqueId is captured at entry), ncclCommInitAll, ncclCommSplit, ncclCommShrink
-  (NCCL >= 2.27; the first 64 excluded ranks are read), ncclCommDestroy, ncclCommAbort, and the returns of ncclCommCount / ncclCommUserRank /
-  ncclCommCuDevice (the only way to learn rank, size and device of a split communicator);
+  (NCCL >= 2.27; the first 64 excluded ranks are read), ncclCommDestroy, ncclCommAbort, and the
+  returns of ncclCommCount / ncclCommUserRank / ncclCommCuDevice (for callers that ask NCCL; PyTorch
+  never does);
 * collectives: AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Gather,
   Scatter and their ``*Config`` variants (same arguments first); ncclBcast is not probed: it
   calls ncclBroadcast (NCCL 2.32.3), which would count it twice;
