@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,9 @@ import yaml
 from otel_ebpf.twin import TwinEnv
 from otel_ebpf.twin.launch import twin_environment
 
-__all__ = ["Group", "LocalRun", "gateway_run", "rank_records", "torch_groups", "traced_run"]
+__all__ = ["GatewayView", "Group", "Instance", "LocalRun", "P2p", "counters", "gateway_run", "gateway_view",
+           "joined_numbers", "kill_problems", "membership_problems", "p2p_problems", "rank_records",
+           "straggler_problems", "torch_groups", "traced_run"]
 
 Group = dict[int, tuple[int, int]]  # global rank -> (rank in the group, group size)
 
@@ -82,10 +84,11 @@ def _start_gateway(out: Path, env: Mapping[str, str], join_timeout: str,
 
 def gateway_run(twin: TwinEnv, libdir: Path, script: Path, args: Sequence[str], out: Path, *, nproc: int = 4,
                 env: Mapping[str, str] | None = None, timeout: float = 300.0, join_timeout: str = "5s",
-                desync_timeout: str = "2s") -> LocalRun:
+                desync_timeout: str = "2s", linger: float = 0.0) -> LocalRun:
     """One node: a gateway (collective_join, file exporter into ``out``) and ``otel-ebpf run`` around torchrun
-    exporting to it. Blocking; the job is killed at ``timeout``, the gateway stopped with SIGTERM (it releases
-    what is pending) either way."""
+    exporting to it. Blocking; the job is killed at ``timeout``; the gateway is left ``linger`` seconds more
+    (a desync report needs ``desync_timeout`` to pass), then stopped with SIGTERM (it releases what is
+    pending, as partial)."""
     rendezvous = Path(tempfile.mkdtemp(prefix="otel-ebpf-twin-", dir="/dev/shm"))
     run_env = twin_environment(libdir, nproc, rendezvous, env)
     gateway, port = _start_gateway(out, run_env, join_timeout, desync_timeout)
@@ -102,6 +105,7 @@ def gateway_run(twin: TwinEnv, libdir: Path, script: Path, args: Sequence[str], 
             subprocess.run(["kill", "-KILL", "--", f"-{job.pid}"], check=False)
             output, rc = job.communicate()[0], -9
         seconds = time.monotonic() - start
+        time.sleep(linger)
     finally:
         gateway.send_signal(signal.SIGTERM)
         try:
@@ -156,6 +160,7 @@ class Instance:
     ranks: dict[int, tuple[int, int]]  # global rank -> (nccl.rank, nccl.nranks)
     starts: dict[int, int]  # global rank -> its span's start (epoch ns)
     roots: list[dict[str, Any]]  # the root spans' attributes (exactly one when joined)
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # the roots' (name, attributes)
     duplicates: int = 0
 
     @property
@@ -178,9 +183,10 @@ class GatewayView:
     orphans: list[str]  # spans whose parent is not in their trace
 
     def phase_of(self, rank: int, start_ns: int) -> str:
-        """The phase (wl_common.Job.phase) whose window on ``rank`` holds ``start_ns``; "" outside all."""
+        """The phase (wl_common.Job.phase) whose window on ``rank`` holds ``start_ns`` (a window the rank never
+        closed is open-ended); "" outside all."""
         for name, (lo, hi) in self.records[rank]["phases"].items():
-            if lo <= start_ns <= hi:
+            if lo <= start_ns and (hi is None or start_ns <= hi):
                 return str(name)
         return ""
 
@@ -217,6 +223,7 @@ def gateway_view(traces: Path, records: Sequence[Mapping[str, Any]]) -> GatewayV
         inst = view.instances.setdefault(span.trace_id, Instance(comm, seq, {}, {}, []))
         if not span.parent_span_id and "nccl.rank" not in attrs:
             inst.roots.append(attrs)
+            inst.events += [(e.name, decode_attrs(e.attributes)) for e in span.events]
         elif "nccl.rank" not in attrs or rank is None:
             view.unranked.append({"span": span.name, "rank": rank, **attrs})
         elif rank in inst.ranks:
@@ -279,6 +286,28 @@ def straggler_problems(view: GatewayView, straggler: int, marker: int, expected:
         if named != straggler:  # on the world communicator, the straggler's rank is its global rank
             problems.append(f"marker seq {inst.seq}: straggler {named}, skew {inst.roots[0].get('nccl.skew_ns')}"
                             f" ns, not rank {straggler}")
+    return problems
+
+
+def kill_problems(view: GatewayView, killed: int, marker: int) -> list[str]:
+    """A rank killed before a step's marker (wl_common.Job.step): that marker is released partial with exactly
+    the killed rank missing, and its root carries a ``nccl.desync`` event naming it."""
+    world = len(view.records)
+    markers = [i for i in view.instances.values() if i.roots and i.roots[0].get("nccl.op") == "AllReduce"
+               and i.roots[0].get("nccl.count") == marker and i.roots[0].get("nccl.nranks") == world]
+    partial = [i for i in markers if i.roots[0].get("nccl.partial")]
+    if len(partial) != 1:
+        return [f"{len(partial)} partial step markers, not 1: "
+                f"{[(i.seq, sorted(i.ranks), i.roots[0].get('nccl.missing_ranks')) for i in markers]}"]
+    inst = partial[0]
+    problems = []
+    survivors = sorted(set(range(world)) - {killed})
+    if inst.roots[0].get("nccl.missing_ranks") != [killed] or sorted(inst.ranks) != survivors:
+        problems.append(f"marker seq {inst.seq}: ranks {sorted(inst.ranks)}, missing "
+                        f"{inst.roots[0].get('nccl.missing_ranks')}, not rank {killed}")
+    desyncs = [a for name, a in inst.events if name == "nccl.desync"]
+    if not desyncs or any(a.get("nccl.missing_ranks") != [killed] for a in desyncs):
+        problems.append(f"marker seq {inst.seq}: desync events {desyncs}, none naming only rank {killed}")
     return problems
 
 

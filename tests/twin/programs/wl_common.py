@@ -12,8 +12,8 @@ Options every program takes: ``OUT [--steps N] [--phases a,b] [--straggler RANK 
 * The kill: the rank SIGKILLs itself at the start of step K of phase P, before the marker, so the marker of
   that step is the collective it never joins.
 * ``<OUT>/rank<N>.json``: rank, pid, host name, each group torch used (name, global members, torch's
-  ``get_rank``/``get_world_size`` of it) and each phase's host-time window (epoch ns), so the tests can tell
-  which workload a span came from.
+  ``get_rank``/``get_world_size`` of it) and each phase's host-time window (epoch ns; end null while it
+  runs), so the tests can tell which workload a span came from.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class Job:
         dist.init_process_group("nccl", device_id=self.device, timeout=timedelta(seconds=self.args.pg_timeout))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.groups: list[dict[str, object]] = []
-        self.phases: dict[str, tuple[int, int]] = {}
+        self.phases: dict[str, tuple[int, int | None]] = {}
         self._phase = ""
         self.record("world", None)
 
@@ -82,11 +82,14 @@ class Job:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Times the phase (host epoch ns, after a world barrier so no rank's window overlaps another phase's
-        collectives) and synchronizes the device at its end."""
+        collectives) and synchronizes the device at its end. The record is written at the start too (the
+        window open: end null), so a job that dies in the phase leaves each rank's record."""
         dist.barrier()
         torch.cuda.synchronize()
         self._phase = name
         start = time.time_ns()
+        self.phases[name] = (start, None)
+        self.write()
         yield
         torch.cuda.synchronize()
         self.phases[name] = (start, time.time_ns())
