@@ -22,6 +22,7 @@ from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 from otel_ebpf.receivers.nccl import events as ev_mod
 from otel_ebpf.receivers.nccl.events import (
+    NcclCommBind,
     NcclCommEnd,
     NcclCommInfo,
     NcclCommInit,
@@ -168,13 +169,22 @@ class NcclCommunicators(EventProcessor[Config]):
 
     def _new_child(self, ev: NcclCommSplit | NcclCommShrink, child: Comm) -> None:
         """A split's or shrink's child: known by its handle, or (non-blocking: no handle at return,
-        whatever the return code, see :mod:`.splits`) waiting for the first call on a new handle."""
+        whatever the return code, see :mod:`.splits`) waiting for the NcclCommBind of its ``newcomm``."""
         function = "ncclCommSplit" if isinstance(ev, NcclCommSplit) else "ncclCommShrink"
         self._count(ev.pid, "nccl.comm.inits", 1, **{"nccl.function": function})
         if ev.comm:
             self.comms.add(ev.pid, ev.comm, child)
-        elif not self.splits.expect_handle(ev.pid, child):  # the split succeeded (only caller)
+        elif not self.splits.expect_handle(ev.pid, ev.newcomm, child):  # the split succeeded (only caller)
             self.ctx.telemetry.dropped("nccl", "comm_table_full")
+
+    @handles(NcclCommBind)
+    def _bind(self, ev: NcclCommBind, _out: Out) -> None:
+        """The handle of the non-blocking child published at ``ev.newcomm`` (before its first call's event)."""
+        child = self.splits.bind(ev.pid, ev.newcomm)
+        if child is None:  # its split's record was lost, or the child dropped by a bound (both counted)
+            self.ctx.telemetry.dropped("nccl", "bind_without_split")
+        else:
+            self.comms.add(ev.pid, ev.comm, child)  # False: the table is full (counted there)
 
     @handles(NcclCommShrink)
     def _shrink(self, ev: NcclCommShrink, out: Out) -> None:

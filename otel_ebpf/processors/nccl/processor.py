@@ -129,12 +129,8 @@ class NcclProcessor(NcclCommunicators):
 
     # ---- collectives and p2p ---------------------------------------------------------
     def _comm_of(self, ev: _Op) -> Comm | None:
-        """The call's communicator; a handle this process never created is the handle of its
-        oldest non-blocking split child still without one (see :mod:`.splits`)."""
-        comm = self.comms.get(ev.pid, ev.comm)
-        if comm is None and ev.comm and (child := self.splits.bind(ev.pid)) is not None:
-            comm = child if self.comms.add(ev.pid, ev.comm, child) else None
-        return comm
+        """The call's communicator (a non-blocking child's handle was bound by the NcclCommBind before it)."""
+        return self.comms.get(ev.pid, ev.comm)
 
     def _take(self, ev: _Op) -> tuple[_Op, Comm | None] | None:
         """(the call renumbered past simulated calls, its communicator), or None when the call is held:

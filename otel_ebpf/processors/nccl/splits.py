@@ -17,22 +17,20 @@ most ``wait_ns`` (measured in event time). Calls released unresolved (bound, tim
 shutdown) keep the parent rank for the gateway; each is counted by the processor.
 
 Non-blocking splits (``config.blocking = 0``; PyTorch's ``TORCH_NCCL_USE_COMM_NONBLOCKING=1``):
-NCCL sets ``*newcomm = NULL`` on entry and publishes the handle from its init thread when the
-child is ready (src/init.cc ``ncclCommInitChildComm``: "*newcomm should be NCCL_COMM_NULL until
-comm split fully complete"), so the handle is unknown at return. The split returns ncclSuccess,
-not ncclInProgress (its ``NCCLCHECK(ncclGroupEndInternal())`` lets the group's ncclInProgress
-through); the parent's ``ncclCommGetAsyncError`` says ncclInProgress meanwhile. PyTorch 2.11's
-``NCCLComm::split`` polls that, then the child pointer, before returning, so one process's
-splits complete in call order and a child's first call follows its own split.
-Such a child waits, per process and in call order, for the first call on a handle this process
-has not created otherwise (:meth:`SplitBook.bind`); the BPF program numbers that call as the
-child's first (nccl.bpf.c ``nb_pending``).
+NCCL sets ``*newcomm = NULL`` on entry and its init thread stores the child there when it is ready
+(NCCL 2.28.9 src/init.cc ``ncclCommInitChildComm``: "*newcomm should be NCCL_COMM_NULL until comm split
+fully complete"; ``ncclCommInitRankFunc``), so the handle is unknown at return (ncclCommShrink makes its
+child the same way). A process may make several such children before using any, and use them in any
+order (a 2-D DeviceMesh makes dp then tp; tensor parallel uses tp first), so no order tells which handle
+is whose. The BPF program keeps each pending child's ``newcomm`` address, reads them when a call arrives
+on a handle it does not know, and names the exact child in a :class:`NcclCommBind` (nccl.bpf.c); here the
+child waits under (process, ``newcomm``) for it (:meth:`SplitBook.expect_handle` / :meth:`SplitBook.bind`).
 
 Not thread-safe: owned by the processor's single worker thread.
 """
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from otel_ebpf.core.ids import split_ranks
@@ -65,8 +63,8 @@ class Held:
 
 class SplitBook:
     """The splits seen (at most ``max_splits``, oldest forgotten first), the calls held for their
-    children (at most ``max_held`` over all, each at most ``wait_ns``), and per process the
-    non-blocking children still waiting for their handle (at most ``max_splits`` in all)."""
+    children (at most ``max_held`` over all, each at most ``wait_ns``), and the non-blocking children
+    still waiting for their handle, by (process, newcomm address) (at most ``max_splits``)."""
 
     def __init__(self, max_splits: int, max_held: int, wait_ns: int) -> None:
         self.max_splits = max_splits
@@ -75,8 +73,7 @@ class SplitBook:
         self._splits: OrderedDict[SplitKey, _Split] = OrderedDict()
         self._held: OrderedDict[str, list[Held]] = OrderedDict()  # child comm id -> calls, oldest first
         self._held_count = 0
-        self._unbound: dict[int, deque[Comm]] = {}
-        self._unbound_count = 0
+        self._unbound: dict[tuple[int, int], Comm] = {}
 
     def __len__(self) -> int:
         return len(self._splits)
@@ -150,30 +147,25 @@ class SplitBook:
         return out
 
     # -- non-blocking children ---------------------------------------------------------------
-    def expect_handle(self, pid: int, child: Comm) -> bool:
-        """``child`` of a non-blocking split has no handle yet; False when the bound is reached."""
-        if self._unbound_count >= self.max_splits:
+    def expect_handle(self, pid: int, newcomm: int, child: Comm) -> bool:
+        """``child`` of a non-blocking split or shrink of ``pid`` will be published at address ``newcomm``.
+        A child already waiting there is replaced (its NCCLComm was freed, the memory reused: the BPF
+        program keeps one slot per address too). False when the bound is reached."""
+        key = (pid, newcomm)
+        if key not in self._unbound and len(self._unbound) >= self.max_splits:
             return False
-        self._unbound.setdefault(pid, deque()).append(child)
-        self._unbound_count += 1
+        self._unbound[key] = child
         return True
 
-    def bind(self, pid: int) -> Comm | None:
-        """The oldest non-blocking child of ``pid`` still without a handle (taken), or None."""
-        waiting = self._unbound.get(pid)
-        if not waiting:
-            return None
-        child = waiting.popleft()
-        self._unbound_count -= 1
-        if not waiting:
-            del self._unbound[pid]
-        return child
+    def bind(self, pid: int, newcomm: int) -> Comm | None:
+        """The child of ``pid`` published at ``newcomm`` (taken), or None when none waits there."""
+        return self._unbound.pop((pid, newcomm), None)
 
     def forget_process(self, pid: int) -> None:
-        self._unbound_count -= len(self._unbound.pop(pid, ()))
+        for key in [k for k in self._unbound if k[0] == pid]:
+            del self._unbound[key]
 
     def clear(self) -> None:
         self._splits.clear()
         self._unbound.clear()
-        self._unbound_count = 0
         self.drain()

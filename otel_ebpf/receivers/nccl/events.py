@@ -17,6 +17,7 @@ __all__ = [
     "REDOPS",
     "RESULTS",
     "NcclCollective",
+    "NcclCommBind",
     "NcclCommEnd",
     "NcclCommInfo",
     "NcclCommInit",
@@ -98,7 +99,9 @@ class NcclCommInitAll:
 
 @dataclass(frozen=True, slots=True)
 class NcclCommSplit:
-    """ncclCommSplit(parent, color, key, &comm) returned; ``comm`` 0 for NCCL_SPLIT_NOCOLOR."""
+    """ncclCommSplit(parent, color, key, newcomm) returned; ``comm`` is ``*newcomm`` at return: 0 for
+    NCCL_SPLIT_NOCOLOR and, non-blocking, until NCCL publishes the child (a later :class:`NcclCommBind`
+    names the handle by ``newcomm``, the out-parameter's address)."""
 
     pid: int
     tid: int
@@ -109,6 +112,7 @@ class NcclCommSplit:
     color: int
     key: int
     rc: int
+    newcomm: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +120,8 @@ class NcclCommShrink:
     """ncclCommShrink(parent, excludeRanksList, excludeRanksCount, &comm, config, shrinkFlags) returned.
     ``nexcluded`` is excludeRanksCount; ``excluded`` its first 64 ranks (all of them when
     ``len(excluded) == nexcluded``). ``comm`` is 0 when the call failed or, non-blocking, while the child
-    is being made (NCCL 2.28.9 src/init.cc: the shrink makes its child as a split does)."""
+    is being made (NCCL 2.28.9 src/init.cc: the shrink makes its child as a split does; ``newcomm`` as in
+    :class:`NcclCommSplit`)."""
 
     pid: int
     tid: int
@@ -128,6 +133,20 @@ class NcclCommShrink:
     excluded: tuple[int, ...]
     flags: int
     rc: int
+    newcomm: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NcclCommBind:
+    """The first call on ``comm``, a handle NCCL published at ``newcomm`` after the non-blocking split or
+    shrink of this process that passed that address returned: ``comm`` is that call's child. Comes before
+    that call's own event."""
+
+    pid: int
+    tid: int
+    time_ns: int
+    comm: int
+    newcomm: int
 
 
 @dataclass(frozen=True, slots=True)

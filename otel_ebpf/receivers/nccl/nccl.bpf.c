@@ -18,18 +18,29 @@
  *
  * Non-blocking ncclCommSplit (config.blocking = 0) returns with *newcomm still NULL: NCCL
  * 2.28.9 src/init.cc ncclCommInitChildComm sets it to NCCL_COMM_NULL and its init thread
- * publishes the handle when the child is ready. The return code is ncclSuccess, not
- * ncclInProgress: ncclCommSplit's NCCLCHECK(ncclGroupEndInternal()) lets the group's
- * ncclInProgress through as success (src/include/checks.h); the parent's ncclCommGetAsyncError
- * says ncclInProgress until then. So a split that returned success or in-progress with no
- * handle and a color has a child to come. nb_pending counts, per process, such children whose
- * handle is not known yet; the first call on a handle the process has no state for takes one
- * and numbers from 0 (processors/nccl/splits.py binds it the same way, in order). A blocking
- * split always returns the handle. ncclCommInitRankConfig in non-blocking mode returns
- * ncclInProgress with *newcomm already set (ncclCommInitRankDev), read as issued.
+ * (ncclCommInitRankFunc) stores the child into the caller's *newcomm when the child is ready.
+ * The return code is ncclSuccess, not ncclInProgress: ncclCommSplit's
+ * NCCLCHECK(ncclGroupEndInternal()) lets the group's ncclInProgress through as success
+ * (src/include/checks.h). So a split (or shrink, made the same way) that returned success or
+ * in-progress with no handle and a color has a child to come, published at the address the
+ * caller passed as newcomm. nb_pending keeps those addresses per process (NCCL_MAX_PENDING
+ * slots; a full table is a counted STATEMAP drop). PyTorch 2.11 passes &comm->ncclComm_, a
+ * member of the child's own heap NCCLComm (c10d NCCLUtils.cpp NCCLComm::split), which keeps the
+ * handle while the child lives, so two pending children never share an address. The first
+ * probed call on a handle the process has no state for (a collective, a send/recv, a split or
+ * shrink of it, its destroy) reads each pending address of its process (bpf_probe_read_user)
+ * and binds the handle to the child whose address holds it: exactly that child, whatever the
+ * order the children were made and used in. The match frees the slot, numbers the child's
+ * calls from 0 and submits a nccl_comm_bind record (before the call's own record) naming the
+ * address, which the split record carries too (processors/nccl/splits.py binds by it). An
+ * unreadable address is skipped and counted (counters[2]); no creation-order guess is made: a
+ * call on a handle no pending address holds stays unnumbered (unknown communicator).
+ * A blocking split always returns the handle. ncclCommInitRankConfig in non-blocking mode
+ * returns ncclInProgress with *newcomm already set (ncclCommInitRankDev), read as issued.
  *
  * Parameters (-D): NCCL_MAX_INFLIGHT (threads inside a probed call at once),
- * NCCL_MAX_COMMS (live communicators), NCCL_MAX_P2P (p2p counters, LRU).
+ * NCCL_MAX_COMMS (live communicators), NCCL_MAX_P2P (p2p counters, LRU), NCCL_MAX_PENDING
+ * (non-blocking children per process waiting for their handle, a power of 2).
  */
 #include "nccl.h"
 
@@ -43,7 +54,12 @@
 #define NCCL_MAX_P2P 65536
 #endif
 
+#ifndef NCCL_MAX_PENDING
+#define NCCL_MAX_PENDING 16
+#endif
+
 #define NCCL_RC_IN_PROGRESS 7
+#define NCCL_COUNTER_UNREADABLE 2  /* counters[]: pending addresses that could not be read */
 
 _Static_assert(NCCL_INIT_ALL_MAX == 32, "nccl_init_all_return masks indexes with 31");
 
@@ -125,8 +141,13 @@ BPF_HASH(ctls, u64, struct nccl_ctl_call, NCCL_MAX_INFLIGHT);
 BPF_HASH(groups, u64, struct nccl_group_state, NCCL_MAX_INFLIGHT);
 BPF_HASH(comms, struct nccl_comm_key, struct nccl_comm_state, NCCL_MAX_COMMS);
 BPF_TABLE("lru_hash", struct nccl_p2p_key, u64, p2p_seq, NCCL_MAX_P2P);
-BPF_HASH(nb_pending, u32, u32, NCCL_MAX_COMMS);  /* tgid -> non-blocking split children without handle */
-BPF_ARRAY(counters, u64, 2);  /* [0] group ids, [1] communicator generations */
+/* The newcomm addresses of one process's non-blocking children still without a handle; 0: free slot. */
+struct nccl_pending {
+    u64 newcomm[NCCL_MAX_PENDING];
+};
+
+BPF_HASH(nb_pending, u32, struct nccl_pending, 1024);  /* tgid -> its pending children */
+BPF_ARRAY(counters, u64, 3);  /* [0] group ids, [1] communicator generations, [2] unreadable newcomm */
 
 static __always_inline int nccl_issued(s32 rc)
 {
@@ -168,6 +189,66 @@ static __always_inline u64 nccl_read_u64(u64 addr)
     if (addr)
         bpf_probe_read_user(&v, sizeof(v), (void *)addr);
     return v;
+}
+
+_Static_assert((NCCL_MAX_PENDING & (NCCL_MAX_PENDING - 1)) == 0, "NCCL_MAX_PENDING must be a power of 2");
+
+/* The pending slot (of *p) whose newcomm address now holds comm, or -1 (see the file's comment). */
+static __always_inline int nccl_pending_find(struct nccl_pending *p, u64 comm)
+{
+    for (int i = 0; i < NCCL_MAX_PENDING; i++) {
+        u64 addr = p->newcomm[i];
+        if (addr == 0)
+            continue;
+        u64 v = 0;
+        if (bpf_probe_read_user(&v, sizeof(v), (void *)addr) != 0) {
+            int idx = NCCL_COUNTER_UNREADABLE;
+            u64 *n = counters.lookup(&idx);
+            if (n)
+                __sync_fetch_and_add(n, 1);
+            continue;
+        }
+        if (v == comm)
+            return i;
+    }
+    return -1;
+}
+
+/* The state of the process's communicator comm, or NULL. A handle without state may be a non-blocking
+ * child's, published since its split returned: bound here, exactly (the file's comment). id: pid_tgid. */
+static __always_inline struct nccl_comm_state *nccl_comm_state_of(u64 id, u64 comm)
+{
+    u32 tgid = id >> 32;
+    struct nccl_comm_key k = {};
+    k.tgid = tgid;
+    k.comm = comm;
+    struct nccl_comm_state *st = comms.lookup(&k);
+    if (st || comm == 0)
+        return st;
+    struct nccl_pending *p = nb_pending.lookup(&tgid);
+    if (!p)
+        return 0;
+    int i = nccl_pending_find(p, comm);
+    if (i < 0)
+        return 0;
+    u64 slot = (u64)i & (NCCL_MAX_PENDING - 1);
+    u64 addr = p->newcomm[slot];
+    p->newcomm[slot] = 0;
+    nccl_comm_new(tgid, comm);
+    struct nccl_comm_bind *e = events.ringbuf_reserve(sizeof(struct nccl_comm_bind));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+    } else {
+        __builtin_memset(e, 0, sizeof(*e));
+        e->type = NCCL_EV_COMM_BIND;
+        e->pid = tgid;
+        e->tid = (u32)id;
+        e->ts = bpf_ktime_get_ns();
+        e->comm = comm;
+        e->newcomm = addr;
+        events.ringbuf_submit(e, oe_wakeup_flags());
+    }
+    return comms.lookup(&k);
 }
 
 /* A thread that dies inside a probed call (a killed rank, a crash) never returns: free its
@@ -366,22 +447,7 @@ int nccl_call_return(struct pt_regs *ctx)
     if (!c)
         return 0;
     s32 rc = (s32)PT_REGS_RC(ctx);
-    struct nccl_comm_key k = {};
-    k.tgid = id >> 32;
-    k.comm = c->comm;
-    struct nccl_comm_state *st = comms.lookup(&k);
-    if (!st) {
-        u32 tgid = id >> 32;
-        u32 *waiting = nb_pending.lookup(&tgid);
-        if (waiting && *waiting > 0) {
-            if (*waiting == 1)
-                nb_pending.delete(&tgid);
-            else
-                __sync_fetch_and_add(waiting, -1);
-            nccl_comm_new(tgid, c->comm);
-            st = comms.lookup(&k);
-        }
-    }
+    struct nccl_comm_state *st = nccl_comm_state_of(id, c->comm);
     if (c->op == NCCL_OP_SEND || c->op == NCCL_OP_RECV)
         nccl_submit_p2p(c, id, rc, now, st);
     else
@@ -551,15 +617,28 @@ static __always_inline int nccl_ctl_enter(u8 fn, u8 kind, u64 a, u64 b, s32 i, s
     return 0;
 }
 
-/* A non-blocking split's or shrink's child whose handle comes later (see the file's comment). */
-static __always_inline void nccl_pending_child(u32 tgid)
+/* A non-blocking split's or shrink's child whose handle comes later, at newcomm (see the file's comment).
+ * An address already pending is kept once: the earlier child's NCCLComm was freed and its memory reused. */
+static __always_inline void nccl_pending_child(u32 tgid, u64 newcomm)
 {
-    u32 one = 1;
-    u32 *waiting = nb_pending.lookup(&tgid);
-    if (waiting)
-        __sync_fetch_and_add(waiting, 1);
-    else if (nb_pending.update(&tgid, &one) != 0)
+    struct nccl_pending empty = {};
+    struct nccl_pending *p = nb_pending.lookup_or_try_init(&tgid, &empty);
+    if (!p || newcomm == 0) {
         oe_drop(OE_DROP_STATEMAP);
+        return;
+    }
+    int free = -1;
+    for (int i = 0; i < NCCL_MAX_PENDING; i++) {
+        if (p->newcomm[i] == newcomm)
+            return;
+        if (free < 0 && p->newcomm[i] == 0)
+            free = i;
+    }
+    if (free < 0) {
+        oe_drop(OE_DROP_STATEMAP);
+        return;
+    }
+    p->newcomm[(u64)free & (NCCL_MAX_PENDING - 1)] = newcomm;
 }
 
 /* Return probes check fn, so a nested probed call cannot be paired with the wrong one. */
@@ -586,11 +665,12 @@ int nccl_split_return(struct pt_regs *ctx)
     if (!c)
         return 0;
     s32 rc = (s32)PT_REGS_RC(ctx);
+    nccl_comm_state_of(id, c->a);  /* a parent that is a pending child: bound (record) before the split's */
     u64 child = nccl_issued(rc) ? nccl_read_u64(c->b) : 0;
     if (child)
         nccl_comm_new(id >> 32, child);
     else if (nccl_issued(rc) && c->i != -1)  /* -1: NCCL_SPLIT_NOCOLOR, no child */
-        nccl_pending_child(id >> 32);
+        nccl_pending_child(id >> 32, c->b);
     struct nccl_comm_split *e = events.ringbuf_reserve(sizeof(struct nccl_comm_split));
     if (!e) {
         oe_drop(OE_DROP_RINGBUF);
@@ -606,6 +686,7 @@ int nccl_split_return(struct pt_regs *ctx)
         e->ts_end = now;
         e->parent = c->a;
         e->comm = child;
+        e->newcomm = c->b;
         events.ringbuf_submit(e, oe_wakeup_flags());
     }
     ctls.delete(&id);
@@ -614,7 +695,7 @@ int nccl_split_return(struct pt_regs *ctx)
 
 /* (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm, ncclConfig_t* config,
  *  int shrinkFlags): NCCL >= 2.27. The child is made as a split's (src/init.cc ncclCommShrink ->
- * ncclCommInitChildComm), so a non-blocking shrink also returns with *newcomm NULL: nb_pending as for a split. */
+ * ncclCommInitChildComm), so a non-blocking shrink also returns with *newcomm NULL: pending as a split's. */
 int nccl_shrink_enter(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -641,11 +722,12 @@ int nccl_shrink_return(struct pt_regs *ctx)
     if (!c)
         return 0;
     s32 rc = (s32)PT_REGS_RC(ctx);
+    nccl_comm_state_of(id, c->a);
     u64 child = nccl_issued(rc) ? nccl_read_u64(c->b) : 0;
     if (child)
         nccl_comm_new(id >> 32, child);
     else if (nccl_issued(rc))
-        nccl_pending_child(id >> 32);
+        nccl_pending_child(id >> 32, c->b);
     struct nccl_comm_shrink *e = events.ringbuf_reserve(sizeof(struct nccl_comm_shrink));
     if (!e) {
         oe_drop(OE_DROP_RINGBUF);
@@ -663,6 +745,7 @@ int nccl_shrink_return(struct pt_regs *ctx)
     e->ts_end = now;
     e->parent = c->a;
     e->comm = child;
+    e->newcomm = c->b;
     _Static_assert(NCCL_SHRINK_MAX == 64, "nccl_shrink_return masks the count with 63");
     if (c->c && c->i >= NCCL_SHRINK_MAX) {
         bpf_probe_read_user(e->excluded, sizeof(e->excluded), (void *)c->c);
@@ -694,6 +777,7 @@ int nccl_end_return(struct pt_regs *ctx)
     if (!c)
         return 0;
     s32 rc = (s32)PT_REGS_RC(ctx);
+    nccl_comm_state_of(id, c->a);  /* a child never used before its end: its pending slot freed */
     if (rc == 0)
         nccl_comm_forget(id >> 32, c->a);
     struct nccl_comm_end *e = events.ringbuf_reserve(sizeof(struct nccl_comm_end));

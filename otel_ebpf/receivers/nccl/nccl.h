@@ -21,6 +21,7 @@
 #define NCCL_EV_P2P 38            /* ncclSend / ncclRecv returned */
 #define NCCL_EV_GROUP 39          /* the outermost ncclGroupEnd / ncclGroupSimulateEnd returned */
 #define NCCL_EV_COMM_SHRINK 40    /* ncclCommShrink returned */
+#define NCCL_EV_COMM_BIND 41      /* a non-blocking split/shrink child's handle, first seen on a call */
 
 #define NCCL_UNIQUE_ID_BYTES 128  /* sizeof(ncclUniqueId), NCCL 2.x */
 #define NCCL_INIT_ALL_MAX 32      /* communicators of one ncclCommInitAll recorded (ndev beyond: cut) */
@@ -96,7 +97,8 @@ struct nccl_comm_split {
     u64 ts_start;
     u64 ts_end;
     u64 parent;
-    u64 comm;  /* *newcomm after the call: 0 for NCCL_SPLIT_NOCOLOR */
+    u64 comm;     /* *newcomm after the call: 0 for NCCL_SPLIT_NOCOLOR, or non-blocking until published */
+    u64 newcomm;  /* newcomm itself: the address the child's handle is published at */
 };
 
 struct nccl_comm_shrink {
@@ -111,7 +113,21 @@ struct nccl_comm_shrink {
     u64 ts_end;
     u64 parent;
     u64 comm;       /* *newcomm after the call: 0 while a non-blocking shrink is in progress */
+    u64 newcomm;    /* newcomm itself (as in nccl_comm_split) */
     s32 excluded[NCCL_SHRINK_MAX];
+};
+
+/* The first probed call on a handle published at a pending newcomm address (nccl.bpf.c): comm is the
+ * child of the split/shrink record with that newcomm. Submitted before that call's own record. */
+struct nccl_comm_bind {
+    u8 type;
+    u8 _pad[3];
+    u32 pid;
+    u32 tid;
+    u32 _pad2;
+    u64 ts;
+    u64 comm;
+    u64 newcomm;
 };
 
 struct nccl_comm_end {

@@ -13,6 +13,10 @@ What is probed (x86-64, NCCL 2.x; symbols missing from older libraries are optio
 * point-to-point: ncclSend, ncclRecv; groups: ncclGroupStart entry, ncclGroupEnd return,
   ncclGroupSimulateEnd (NCCL >= 2.22) entry and return: a group it closes launches nothing.
 
+A non-blocking split's or shrink's child is named by the first call on its handle (NcclCommBind: the
+program matches the handle to the address the split's caller passed, nccl.bpf.c); addresses that
+could not be read are counted as ``otel_ebpf.events.dropped{receiver=nccl, reason=pending_unreadable}``.
+
 Timing is host-side: a span covers the call into NCCL (argument checks and enqueueing the
 work on the stream), not the GPU execution of the collective.
 
@@ -32,6 +36,7 @@ from otel_ebpf.host.procfs import process_gone
 from .config import Config
 from .events import (
     NcclCollective,
+    NcclCommBind,
     NcclCommEnd,
     NcclCommInfo,
     NcclCommInit,
@@ -78,7 +83,7 @@ COMM_INIT_ALL = Layout("nccl_comm_init_all", 33, ("type", "B"), ("_pad", "3x"), 
                        ("_pad2", "4x"), ("ts_start", "Q"), ("ts_end", "Q"), ("comms", "32Q"),
                        ("devs", "32i"))
 COMM_SPLIT = Layout("nccl_comm_split", 34, ("type", "B"), ("_pad", "3x"), *_HEAD, ("color", "i"),
-                    ("key", "i"), ("ts_start", "Q"), ("ts_end", "Q"), ("parent", "Q"), ("comm", "Q"))
+                    ("key", "i"), ("ts_start", "Q"), ("ts_end", "Q"), ("parent", "Q"), ("comm", "Q"), ("newcomm", "Q"))
 COMM_END = Layout("nccl_comm_end", 35, ("type", "B"), ("kind", "B"), ("_pad", "2x"), *_HEAD,
                   ("ts_start", "Q"), ("ts_end", "Q"), ("comm", "Q"))
 COMM_INFO = Layout("nccl_comm_info", 36, ("type", "B"), ("kind", "B"), ("_pad", "2x"), *_HEAD,
@@ -94,8 +99,10 @@ GROUP = Layout("nccl_group", 39, ("type", "B"), ("flags", "B"), ("_pad", "2x"), 
                ("p2p", "I"), ("ts_start", "Q"), ("ts_end", "Q"), ("group", "Q"))
 COMM_SHRINK = Layout("nccl_comm_shrink", 40, ("type", "B"), ("_pad", "3x"), *_HEAD, ("nexcluded", "i"),
                      ("flags", "i"), ("ts_start", "Q"), ("ts_end", "Q"), ("parent", "Q"), ("comm", "Q"),
-                     ("excluded", f"{SHRINK_MAX}i"))
-LAYOUTS = (COMM_INIT, COMM_INIT_ALL, COMM_SPLIT, COMM_END, COMM_INFO, COLL, P2P, GROUP, COMM_SHRINK)
+                     ("newcomm", "Q"), ("excluded", f"{SHRINK_MAX}i"))
+COMM_BIND = Layout("nccl_comm_bind", 41, ("type", "B"), ("_pad", "3x"), ("pid", "I"), ("tid", "I"), ("_pad2", "4x"),
+                   ("ts", "Q"), ("comm", "Q"), ("newcomm", "Q"))
+LAYOUTS = (COMM_INIT, COMM_INIT_ALL, COMM_SPLIT, COMM_END, COMM_INFO, COLL, P2P, GROUP, COMM_SHRINK, COMM_BIND)
 
 
 def _coll(symbol: str, entry: str, optional: bool = False) -> tuple[Probe, ...]:
@@ -152,8 +159,9 @@ class NcclReceiver(BpfReceiver):
             COMM_INIT.etype: self._comm_init, COMM_INIT_ALL.etype: self._comm_init_all,
             COMM_SPLIT.etype: self._comm_split, COMM_END.etype: self._comm_end,
             COMM_INFO.etype: self._comm_info, COLL.etype: self._coll, P2P.etype: self._p2p,
-            GROUP.etype: self._group, COMM_SHRINK.etype: self._comm_shrink,
+            GROUP.etype: self._group, COMM_SHRINK.etype: self._comm_shrink, COMM_BIND.etype: self._comm_bind,
         }
+        self._unreadable_seen = [0, 0, 0]  # counters[] as last read; only [2] is reported
         self._last_sweep = time.monotonic()
 
     def start(self) -> None:
@@ -163,6 +171,9 @@ class NcclReceiver(BpfReceiver):
             self.bpf.attach_tracepoint(tp="sched:sched_process_exit", fn_name="nccl_thread_exit")
 
     def poll_maps(self) -> list[object]:
+        for name, grown in self._array_deltas("counters", ("", "", "pending_unreadable"), self._unreadable_seen):
+            if name:  # [0], [1] are id counters, not losses
+                self.ctx.telemetry.dropped(self.name, name, grown)
         now = time.monotonic()
         if now - self._last_sweep >= SWEEP_INTERVAL_S:
             self._last_sweep = now
@@ -215,8 +226,12 @@ class NcclReceiver(BpfReceiver):
                                tuple(v[39:39 + n]), rc)
 
     def _comm_split(self, raw: bytes) -> NcclCommSplit:
-        _, pid, tid, rc, color, key, t0, t1, parent, comm = COMM_SPLIT.struct.unpack_from(raw)
-        return NcclCommSplit(pid, tid, self._ns(t0), self._ns(t1), parent, comm, color, key, rc)
+        _, pid, tid, rc, color, key, t0, t1, parent, comm, newcomm = COMM_SPLIT.struct.unpack_from(raw)
+        return NcclCommSplit(pid, tid, self._ns(t0), self._ns(t1), parent, comm, color, key, rc, newcomm)
+
+    def _comm_bind(self, raw: bytes) -> NcclCommBind:
+        _, pid, tid, ts, comm, newcomm = COMM_BIND.struct.unpack_from(raw)
+        return NcclCommBind(pid, tid, self._ns(ts), comm, newcomm)
 
     def _comm_end(self, raw: bytes) -> NcclCommEnd:
         _, kind, pid, tid, rc, t0, t1, comm = COMM_END.struct.unpack_from(raw)
@@ -246,6 +261,7 @@ class NcclReceiver(BpfReceiver):
 
     def _comm_shrink(self, raw: bytes) -> NcclCommShrink:
         v = COMM_SHRINK.struct.unpack_from(raw)
-        _, pid, tid, rc, n, flags, t0, t1, parent, comm = v[:10]
-        excluded = tuple(v[10:10 + max(0, min(n, SHRINK_MAX))])
-        return NcclCommShrink(pid, tid, self._ns(t0), self._ns(t1), parent, comm, n, excluded, flags, rc)
+        _, pid, tid, rc, n, flags, t0, t1, parent, comm, newcomm = v[:11]
+        excluded = tuple(v[11:11 + max(0, min(n, SHRINK_MAX))])
+        return NcclCommShrink(pid, tid, self._ns(t0), self._ns(t1), parent, comm, n, excluded, flags, rc,
+                              newcomm)

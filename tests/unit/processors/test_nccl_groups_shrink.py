@@ -8,7 +8,14 @@ from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.core.telemetry import DROPPED
 from otel_ebpf.processors.nccl import Config, NcclProcessor
 from otel_ebpf.processors.nccl.comms import comm_id_from_unique_id
-from otel_ebpf.receivers.nccl.events import NcclCollective, NcclCommInit, NcclCommShrink, NcclGroup, NcclP2P
+from otel_ebpf.receivers.nccl.events import (
+    NcclCollective,
+    NcclCommBind,
+    NcclCommInit,
+    NcclCommShrink,
+    NcclGroup,
+    NcclP2P,
+)
 
 UID = bytes(range(128))
 WORLD = 0x5000
@@ -89,8 +96,8 @@ def test_members_of_a_group_that_never_ends_are_released_at_exit_and_the_bound_i
     assert [s.attributes["nccl.seq"] for s in out if s.name == "ncclAllReduce"] == [0]
 
 
-def shrink(pid: int, comm: int, excluded: tuple[int, ...] = (2,)) -> NcclCommShrink:
-    return NcclCommShrink(pid, pid, 3_000, 4_000, WORLD, comm, len(excluded), excluded, 0, 0)
+def shrink(pid: int, comm: int, excluded: tuple[int, ...] = (2,), newcomm: int = 0x6000) -> NcclCommShrink:
+    return NcclCommShrink(pid, pid, 3_000, 4_000, WORLD, comm, len(excluded), excluded, 0, 0, newcomm)
 
 
 def test_shrink_children_are_the_parents_ranks_minus_the_excluded_in_order() -> None:
@@ -107,10 +114,11 @@ def test_shrink_children_are_the_parents_ranks_minus_the_excluded_in_order() -> 
     assert {s.trace_id for s in calls} == {collective_ids(child.pop(), 0, 0)[0]}
 
 
-def test_a_non_blocking_shrink_binds_its_child_at_the_first_call_on_a_new_handle() -> None:
+def test_a_non_blocking_shrink_binds_its_child_by_the_address_it_is_published_at() -> None:
     h = Harness()
     h.feed(init(100, 3, 4))
-    (span,) = h.spans(shrink(100, 0, excluded=(0, 1)))  # *newcomm NULL until the child is ready
-    (call,) = [s for s in h.spans(coll(100, 0, handle=0x9000)) if s.name == "ncclAllReduce"]
+    (span,) = h.spans(shrink(100, 0, excluded=(0, 1), newcomm=0x6100))  # *newcomm NULL until the child is ready
+    (call,) = [s for s in h.spans(NcclCommBind(100, 100, 5_000, 0x9000, 0x6100), coll(100, 0, handle=0x9000))
+               if s.name == "ncclAllReduce"]
     assert (call.attributes["nccl.rank"], call.attributes["nccl.nranks"]) == (1, 2)
     assert call.attributes["nccl.comm.id"] == span.attributes["nccl.comm.id"]

@@ -9,7 +9,8 @@ from otel_ebpf.core.ids import collective_root_span_id, split_ranks
 from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.nccl import Config, NcclProcessor
 from otel_ebpf.processors.nccl.comms import comm_id_from_split, comm_id_from_unique_id
-from otel_ebpf.receivers.nccl.events import NcclCollective, NcclCommInit, NcclCommSplit
+from otel_ebpf.core.telemetry import DROPPED
+from otel_ebpf.receivers.nccl.events import NcclCollective, NcclCommBind, NcclCommInit, NcclCommSplit
 
 UID = bytes(range(128))
 WORLD = comm_id_from_unique_id(UID, 0)
@@ -88,30 +89,52 @@ def test_two_colors_with_keys_and_a_nested_split_of_a_split() -> None:
     assert s.attributes["nccl.comm.id"] == comm_id_from_split(comm_id_from_split(WORLD, 0, 0), 0, 7)
 
 
-def test_non_blocking_split_learns_the_child_handle_at_its_first_call() -> None:
+def nb_split(rank: int, color: int, key: int, newcomm: int, t: int) -> NcclCommSplit:
+    """A non-blocking split's return: ``*newcomm`` still NULL, ``newcomm`` the caller's out-parameter."""
+    return NcclCommSplit(100 + rank, 100 + rank, t, t + 10, H, 0, color, key, 0, newcomm)
+
+
+def bind(rank: int, handle: int, newcomm: int) -> NcclCommBind:
+    return NcclCommBind(100 + rank, 100 + rank, 9_000, handle, newcomm)
+
+
+def test_non_blocking_children_are_bound_by_their_newcomm_address_whatever_order_they_are_used_in() -> None:
     # TORCH_NCCL_USE_COMM_NONBLOCKING=1 on NCCL 2.28.9: ncclCommInitRankConfig returns ncclInProgress with
-    # *newcomm already set (src/init.cc ncclCommInitRankDev); ncclCommSplit returns ncclSuccess (its
-    # NCCLCHECK(ncclGroupEndInternal()) lets the group's ncclInProgress through) with *newcomm still NULL
-    # (ncclCommInitChildComm), stored later by the split's thread. torch's NCCLComm::split polls the parent's
-    # ncclCommGetAsyncError and then the pointer, so each split is over before the next; a child's first
-    # probed call comes after all the splits made before it.
+    # *newcomm already set (src/init.cc ncclCommInitRankDev); ncclCommSplit returns ncclSuccess with *newcomm
+    # still NULL (ncclCommInitChildComm), stored later by NCCL's thread. torch 2.11 passes &comm->ncclComm_ of
+    # each child's own NCCLComm (NCCLUtils.cpp NCCLComm::split). A (dp, tp) DeviceMesh makes dp's child, then
+    # tp's, and tensor parallel uses tp's first: the BPF program names the exact child (NcclCommBind).
     agent = Agent(init_rc=IN_PROGRESS)
     # new_group([1, 3]): ranks 0 and 2 take part with NCCL_SPLIT_NOCOLOR, no child to wait for
     agent.feed(*(split(r, 0 if r % 2 else -1, r // 2, 0) for r in range(4)))
-    # both dimensions of a 2x2 mesh, made before any is used
-    agent.feed(*(split(r, r // 2, r, 0, t=4_000) for r in range(4)),
-               *(split(r, r % 2, r, 0, t=5_000) for r in range(4)))
-    odd = agent.feed(coll(1, 0, 0x71), coll(3, 0, 0x73))
-    assert ranks_of(odd) == {1: (0, 2), 3: (1, 2)}
-    assert {s.attributes["nccl.comm.id"] for s in odd if s.name == "ncclAllReduce"} == {comm_id_from_split(WORLD, 0, 0)}
-    rows = agent.feed(*(coll(r, 0, 0x80 + r, t=20_000) for r in range(4)))
-    cols = agent.feed(*(coll(r, 0, 0x90 + r, t=30_000) for r in range(4)))
-    assert ranks_of(rows) == {0: (0, 2), 1: (1, 2), 2: (0, 2), 3: (1, 2)}  # bound in split order
-    assert ranks_of(cols) == {0: (0, 2), 1: (0, 2), 2: (1, 2), 3: (1, 2)}
-    assert {s.pid - 100: s.attributes["nccl.comm.id"] for s in cols if s.name == "ncclAllReduce"} == {
-        r: comm_id_from_split(WORLD, 2, r % 2) for r in range(4)}
-    assert agent.proc.comms.get(103, 0x83) is not None and agent.unjoined("unknown_comm") == 0
-    assert agent.unjoined("no_rank") == agent.unjoined("split_unresolved") == 0
+    dp_at, tp_at = {r: 0xD000 + 16 * r for r in range(4)}, {r: 0xE000 + 16 * r for r in range(4)}
+    agent.feed(*(nb_split(r, r % 2, r, dp_at[r], 4_000) for r in range(4)),   # dp: {0, 2}, {1, 3}
+               *(nb_split(r, r // 2, r, tp_at[r], 5_000) for r in range(4)))  # tp: {0, 1}, {2, 3}
+    tp = agent.feed(*(e for r in range(4) for e in (bind(r, 0x90 + r, tp_at[r]), coll(r, 0, 0x90 + r, t=20_000))))
+    dp = agent.feed(*(e for r in range(4) for e in (bind(r, 0x80 + r, dp_at[r]), coll(r, 0, 0x80 + r, t=30_000))))
+    assert ranks_of(tp) == {0: (0, 2), 1: (1, 2), 2: (0, 2), 3: (1, 2)}
+    assert {s.pid - 100: s.attributes["nccl.comm.id"] for s in tp if s.name == "ncclAllReduce"} == {
+        r: comm_id_from_split(WORLD, 2, r // 2) for r in range(4)}
+    assert ranks_of(dp) == {0: (0, 2), 1: (0, 2), 2: (1, 2), 3: (1, 2)}
+    assert {s.pid - 100: s.attributes["nccl.comm.id"] for s in dp if s.name == "ncclAllReduce"} == {
+        r: comm_id_from_split(WORLD, 1, r % 2) for r in range(4)}
+    assert agent.unjoined("unknown_comm") == agent.unjoined("no_rank") == agent.unjoined("split_unresolved") == 0
+
+
+def test_a_call_on_a_handle_no_child_was_published_at_is_not_given_a_pending_childs_identity() -> None:
+    agent = Agent(init_rc=IN_PROGRESS)
+    agent.feed(*(nb_split(r, 0, r, 0xD000 + r, 4_000) for r in range(4)))
+    # no NcclCommBind came (the BPF program found no pending address holding 0x99): the call stays unknown
+    (call,) = [s for s in agent.feed(coll(0, 0, 0x99)) if s.name == "ncclAllReduce"]
+    assert "nccl.comm.id" not in call.attributes and agent.unjoined("unknown_comm") == 1
+    # a bind for an address no split of this process passed is counted, not guessed
+    agent.feed(bind(1, 0x98, 0xBAD))
+    assert agent.ctx.telemetry.get(DROPPED, receiver="nccl", reason="bind_without_split") == 1
+    assert "nccl.comm.id" not in agent.feed(coll(1, 0, 0x98))[0].attributes
+    # the child still waits at its own address, and a process's exit forgets its children
+    assert ranks_of(agent.feed(bind(2, 0x92, 0xD002), coll(2, 0, 0x92))) == {2: (2, 4)}
+    agent.proc.consume([ProcessExit(103, 103, 40_000, "nccl")])
+    assert agent.proc.splits.bind(103, 0xD003) is None and agent.proc.splits.bind(100, 0xD000) is not None
 
 
 def test_held_calls_are_bounded_timed_and_freed_at_exit_carrying_the_parent_rank() -> None:
