@@ -53,13 +53,6 @@ class Job:
     gaps: Mapping[str, str] = field(default_factory=dict)
 
 
-# Non-blocking split children are bound to handles in split order (receivers/nccl/nccl.bpf.c nb_pending,
-# processors/nccl/splits.py SplitBook.bind: "a child's first call follows its own split"). The tp phase's
-# (dp, tp) mesh makes two splits and uses only the second: its first call takes the dp child's identity.
-_NB_BINDING = ("agent: a non-blocking split child used before an earlier-made one gets that one's comm id "
-               "(tp mesh: tp calls bound to the unused dp split)")
-
-
 # The global ranks of each grouped send/recv instance, per phase: MoE's all-to-all spans the world, a pipeline
 # stage's batch links neighbouring stages (and the stages' start-up exchange with both neighbours, torch
 # pipelining stage.py _get_init_p2p_neighbors_ops, the whole chain), TP's scatter of the sharded weights
@@ -70,8 +63,7 @@ P2P_RANKS: dict[str, list[set[int]]] = {"moe": [{0, 1, 2, 3}], "pp": [{0, 1}, {1
 JOBS = {
     "mix": Job("wl_mix.py", ("ddp", "new_group", "moe", "pp"), 3),
     "sharded": Job("wl_sharded.py", ("fsdp2", "hsdp", "tp"), 2),
-    "nonblocking": Job("wl_sharded.py", ("fsdp2", "hsdp", "tp"), 1, {"TORCH_NCCL_USE_COMM_NONBLOCKING": "1"},
-                       {"membership": _NB_BINDING, "p2p": _NB_BINDING, "unjoined": _NB_BINDING}),
+    "nonblocking": Job("wl_sharded.py", ("fsdp2", "hsdp", "tp"), 1, {"TORCH_NCCL_USE_COMM_NONBLOCKING": "1"}),
 }
 
 
