@@ -10,13 +10,15 @@ behaves like the real libraries and what does not yet.
     env = find_env()            # .venv-twin, made by scripts/setup.sh
     libdir = build(env)         # cached
     run = launch("train.py", nproc=2, timeout=120)
+    run = run_cluster(ClusterSpec(Path("train.py"), nodes=2, gpus_per_node=2))  # namespace nodes, traced
 """
 from __future__ import annotations
 
 from otel_ebpf.twin.build import build
+from otel_ebpf.twin.cluster import ClusterRun, ClusterSpec, run_cluster
 from otel_ebpf.twin.env import TORCH_VERSION, TwinEnv, find_env
 from otel_ebpf.twin.errors import TwinBuildError, TwinSetupError
 from otel_ebpf.twin.launch import TwinRun, launch
 
-__all__ = ["TORCH_VERSION", "TwinBuildError", "TwinEnv", "TwinRun", "TwinSetupError", "build", "find_env",
-           "launch"]
+__all__ = ["TORCH_VERSION", "ClusterRun", "ClusterSpec", "TwinBuildError", "TwinEnv", "TwinRun", "TwinSetupError",
+           "build", "find_env", "launch", "run_cluster"]
