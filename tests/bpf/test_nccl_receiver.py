@@ -74,10 +74,10 @@ class Run:
 
 
 def run_traced(argvs: list[list[str]], config: Config | None = None, *, wait_ready: bool = True,
-               timeout: float = 60.0) -> Run:
-    """Start every program (they wait on stdin), trace them all with one receiver, release
-    them, wait until each has exited and its ProcessExit was read."""
-    procs = [subprocess.Popen(a, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for a in argvs]
+               timeout: float = 60.0, env: dict[str, str] | None = None) -> Run:
+    """Start every program (they wait on stdin; ``env``: their environment), trace them all with one
+    receiver, release them, wait until each has exited and its ProcessExit was read."""
+    procs = [subprocess.Popen(a, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for a in argvs]
     receiver: NcclReceiver | None = None
     try:
         if wait_ready:
