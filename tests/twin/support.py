@@ -1,28 +1,23 @@
-"""Running the twin traced, for the twin's tests: ``otel-ebpf run`` around torchrun on one host
-(:func:`traced_run`), the same behind a local gateway (:func:`gateway_run`, what a 1-node cluster gives), and
-reading back what the ranks wrote of torch's own view of their groups (:func:`rank_records`,
-:func:`torch_groups`)."""
+"""The twin's traced runs, read back, for the twin's tests: ``otel-ebpf run`` around torchrun on one host
+(:func:`traced_run`); what the ranks wrote of torch's own view of their groups (:func:`rank_records`,
+:func:`torch_groups`); and a gateway's output (``otel_ebpf.twin.cluster.run_cluster``) checked against it
+(:func:`gateway_view` and the ``*_problems`` functions, :func:`counters`, :func:`joined_numbers`)."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from otel_ebpf.twin import TwinEnv
 from otel_ebpf.twin.launch import twin_environment
 
-__all__ = ["GatewayView", "Group", "Instance", "LocalRun", "P2p", "counters", "gateway_run", "gateway_view",
+__all__ = ["GatewayView", "Group", "Instance", "P2p", "counters", "gateway_view",
            "joined_numbers", "kill_problems", "membership_problems", "p2p_problems", "rank_records",
            "straggler_problems", "torch_groups", "traced_run"]
 
@@ -46,75 +41,6 @@ def traced_run(twin: TwinEnv, libdir: Path, script: Path, nproc: int, out: Path,
                               text=True, timeout=400)
     finally:
         shutil.rmtree(rendezvous, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class LocalRun:
-    """A :func:`gateway_run`: the job's exit code (-9: killed at the timeout), its and the agent's output, and
-    the gateway's files (as ``otel_ebpf.twin.cluster.ClusterRun`` names them)."""
-
-    returncode: int
-    output: str
-    seconds: float
-    traces: Path
-    metrics: Path
-
-
-def _start_gateway(out: Path, env: Mapping[str, str], join_timeout: str,
-                   desync_timeout: str) -> tuple[subprocess.Popen[str], int]:
-    cfg = out / "gateway.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "receivers": {"otlp": {"grpc_endpoint": "127.0.0.1:0", "http_endpoint": ""}},
-        "processors": {"collective_join": {"timeout": join_timeout, "desync_timeout": desync_timeout}},
-        "exporters": {"file": {"batch": {"batch_delay": "200ms"}}},
-        "service": {"metrics_interval": "1s", "pipelines": {"default": {
-            "receivers": ["otlp"], "processors": ["collective_join"], "exporters": ["file"]}}}}))
-    gateway = subprocess.Popen([sys.executable, "-m", "otel_ebpf", "--log-level", "warning", "gateway",
-                                "--config", str(cfg), "--output", str(out)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env=dict(env))
-    assert gateway.stdout is not None
-    seen = ""
-    for line in gateway.stdout:  # the "listening" line names the port; EOF: it failed
-        seen += line
-        if (found := re.search(r"listening: otlp grpc=(\d+)", line)) is not None:
-            return gateway, int(found.group(1))
-    gateway.kill()
-    raise RuntimeError(f"the gateway did not start: {seen}{gateway.communicate(timeout=10)[0]}")
-
-
-def gateway_run(twin: TwinEnv, libdir: Path, script: Path, args: Sequence[str], out: Path, *, nproc: int = 4,
-                env: Mapping[str, str] | None = None, timeout: float = 300.0, join_timeout: str = "5s",
-                desync_timeout: str = "2s", linger: float = 0.0) -> LocalRun:
-    """One node: a gateway (collective_join, file exporter into ``out``) and ``otel-ebpf run`` around torchrun
-    exporting to it. Blocking; the job is killed at ``timeout``; the gateway is left ``linger`` seconds more
-    (a desync report needs ``desync_timeout`` to pass), then stopped with SIGTERM (it releases what is
-    pending, as partial)."""
-    rendezvous = Path(tempfile.mkdtemp(prefix="otel-ebpf-twin-", dir="/dev/shm"))
-    run_env = twin_environment(libdir, nproc, rendezvous, env)
-    gateway, port = _start_gateway(out, run_env, join_timeout, desync_timeout)
-    start = time.monotonic()
-    try:
-        cmd = [sys.executable, "-m", "otel_ebpf", "--log-level", "warning", "run", "--quiet", "--otlp-endpoint",
-               f"http://127.0.0.1:{port}", "--", *_torchrun(twin, nproc, script, args)]
-        job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run_env,
-                               start_new_session=True)
-        try:
-            output, _ = job.communicate(timeout=timeout)
-            rc = job.returncode
-        except subprocess.TimeoutExpired:
-            subprocess.run(["kill", "-KILL", "--", f"-{job.pid}"], check=False)
-            output, rc = job.communicate()[0], -9
-        seconds = time.monotonic() - start
-        time.sleep(linger)
-    finally:
-        gateway.send_signal(signal.SIGTERM)
-        try:
-            gateway_out = gateway.communicate(timeout=60)[0]
-        except subprocess.TimeoutExpired:
-            gateway.kill()
-            gateway_out = gateway.communicate()[0]
-        shutil.rmtree(rendezvous, ignore_errors=True)
-    return LocalRun(rc, output + gateway_out, seconds, out / "traces.jsonl", out / "metrics.jsonl")
 
 
 def rank_records(out: Path, nranks: int) -> list[dict[str, Any]]:
@@ -263,7 +189,7 @@ def p2p_problems(view: GatewayView, expected: Mapping[str, Sequence[set[int]]]) 
         roots = view.p2p_roots.get(trace, [])
         ranks = {p.rank for p in spans}
         phase = _p2p_phase(view, spans)
-        comm_ranks = sorted({int(p.attrs["nccl.rank"]) for p in spans})
+        comm_ranks = sorted({p.attrs.get("nccl.rank", -1) for p in spans})  # -1: a span left unranked
         if len(roots) != 1 or roots[0].get("nccl.partial") or not _paired(spans) or \
                 roots[0].get("nccl.group.ranks") != comm_ranks or ranks not in expected.get(phase, ()):
             root = roots[0] if roots else {}
