@@ -55,7 +55,7 @@
 #endif
 
 #ifndef NCCL_MAX_PENDING
-#define NCCL_MAX_PENDING 16
+#define NCCL_MAX_PENDING 32
 #endif
 
 #define NCCL_RC_IN_PROGRESS 7
