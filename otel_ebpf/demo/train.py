@@ -67,7 +67,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kill-rank", type=int, default=-1, help="global rank that SIGKILLs itself (-1: none)")
     p.add_argument("--kill-after-step", type=int, default=-1)
     p.add_argument("--tp", type=int, default=0, help="tensor-parallel degree (default: the ranks per node)")
-    p.add_argument("--timeout-s", type=float, default=20.0, help="process group timeout, seconds")
+    p.add_argument("--timeout-s", type=float, default=15.0, help="process group timeout, seconds")
     return p.parse_args(argv)
 
 
@@ -197,7 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rank {rank}: {watchdog.fired or 'a collective failed'}: {type(exc).__name__}: "
               f"{str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr, flush=True)
         time.sleep(EXIT_LINGER_S)
-        return TIMEOUT_EXIT
+        sys.stdout.flush()
+        # Not through the interpreter's exit: it restores the default SIGTERM action, and torchrun's SIGTERM
+        # during torch's (slow) tear-down of aborted communicators would then end us with -15 instead.
+        os._exit(TIMEOUT_EXIT)
     watchdog.deadline = float("inf")
     dist.destroy_process_group()
     time.sleep(EXIT_LINGER_S)
