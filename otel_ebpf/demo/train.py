@@ -103,6 +103,7 @@ def write_comms(mesh: DeviceMesh, rank: int) -> None:
     groups = [("world", dist.group.WORLD), ("dp", mesh.get_group("dp")), ("tp", mesh.get_group("tp"))]
     comms = [{"name": name, "members": dist.get_process_group_ranks(g), "rank": dist.get_rank(g),
               "size": dist.get_world_size(g)} for name, g in groups]
+    Path(out).mkdir(parents=True, exist_ok=True)
     path = Path(out) / f"comms-rank{rank}.json"
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(comms))
