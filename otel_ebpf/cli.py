@@ -64,7 +64,7 @@ MAIN_EXAMPLES = """examples:
   otel-ebpf config --defaults                       every config key, documented
   otel-ebpf gateway --otlp-endpoint http://collector:4317
                                                     join collectives from many agents
-  sudo otel-ebpf demo                               a simulated 2-node job, traced, no GPU needed
+  sudo otel-ebpf demo                               real PyTorch on simulated GPUs and nodes, traced, no GPU
 """
 
 
@@ -78,7 +78,8 @@ GATEWAY_EXAMPLES = """examples:
 
 DEMO_EXAMPLES = """examples:
   sudo otel-ebpf demo
-      2 nodes x 2 ranks, 20 steps, the last rank 30 ms late to every collective: the gateway names it
+      2 nodes x 2 ranks of FSDP2 + tensor parallel, 20 steps, the last rank 30 ms late to every step: the
+      gateway names it
   sudo otel-ebpf demo --kill-rank 1 --kill-after-step 5
       rank 1 crashes: the collective it never joined is reported (partial, nccl.desync event)
   sudo otel-ebpf demo --otlp-endpoint http://127.0.0.1:4317
@@ -105,17 +106,19 @@ CONFIG_EXAMPLES = """examples:
 
 
 def _demo_parser(sub: Any) -> None:
-    demo = sub.add_parser("demo", help="a simulated multi-node training job on this machine, traced (no GPU needed)",
-                          description="Runs N 'nodes' (network + UTS namespaces on 10.213.<i>.0/30 veths) with an "
-                                      "agent each, R ranks per node driving the real CUDA runtime and a stand-in "
-                                      "NCCL, and a gateway joining every collective; then prints what it found. "
-                                      "Needs root.",
+    demo = sub.add_parser("demo", help="a real PyTorch training job on simulated GPUs and nodes, traced (no GPU "
+                                       "needed)",
+                          description="Runs an FSDP2 + tensor-parallel training job (real PyTorch 2.11, the twin's "
+                                      "simulated GPUs: kernels do nothing, timing is host timing) on N 'nodes' "
+                                      "(network + UTS namespaces on a private bridge) x R ranks, an agent per node "
+                                      "and a gateway joining every collective of every communicator; then prints "
+                                      "what it found. Needs root and the twin (scripts/setup.sh).",
                           epilog=DEMO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--nodes", type=int, metavar="N", default=2, help="simulated nodes (default 2)")
     demo.add_argument("--ranks-per-node", type=int, metavar="R", default=2, help="ranks per node (default 2)")
     demo.add_argument("--steps", type=int, metavar="S", default=20, help="training steps (default 20)")
     demo.add_argument("--straggler", type=int, metavar="RANK",
-                      help="rank that is late to every collective (default: the last rank; -1: none)")
+                      help="rank that is late to every step (default: the last rank; -1: none)")
     demo.add_argument("--straggler-delay-ms", type=float, metavar="MS", default=30.0,
                       help="how late, in ms (default 30)")
     demo.add_argument("--straggler-cause", choices=("cpu", "sleep"), default="cpu",

@@ -3,6 +3,7 @@ torchrun under its own ``otel-ebpf run`` agent, one gateway joining every collec
 Needs root and BCC (runs in CI)."""
 from __future__ import annotations
 
+import fcntl
 import re
 import subprocess
 from collections import defaultdict
@@ -32,8 +33,9 @@ def joined(traces: Path) -> dict[bytes, list[tuple[dict[str, Any], Any, dict[str
 def test_two_nodes_give_one_joined_trace_per_collective_with_all_four_ranks(
         bpf_ready: None, twin: TwinEnv, libdir: Path, tmp_path: Path) -> None:
     lines: list[tuple[int, str]] = []
+    said: list[str] = []
     run = run_cluster(ClusterSpec(PROGRAMS / "cluster_allreduce.py", output=tmp_path / "out", timeout=300),
-                      on_line=lambda i, line: lines.append((i, line)))
+                      echo=said.append, on_line=lambda i, line: lines.append((i, line)))
     log = "\n".join(f"[{i}] {line}" for i, line in lines)[-6000:]
     assert run.returncodes == {0: 0, 1: 0} and not run.timed_out and not run.problems, log
     sums = sorted(m for _i, line in lines for m in re.findall(r"cluster rank=\d+ host=node-\d+ sum=[\d.]+", line))
@@ -50,5 +52,19 @@ def test_two_nodes_give_one_joined_trace_per_collective_with_all_four_ranks(
     assert all_reduces == 3
     assert not any(a.get("nccl.partial") for a in roots)
     assert (run.logs / "node-0.log").exists() and (run.logs / "gateway.log").exists()
-    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
-    assert "oe-twin-" not in listing  # cleaned up
+    assert slot_cleaned("\n".join(said))
+
+
+def slot_cleaned(said: str) -> bool:
+    """No namespace of the run's node slot (10.213.(128 + slot).1, from its progress) is left, unless another run
+    (other tests, users) holds the slot by now."""
+    m = re.search(r"gateway listening on 10\.213\.(\d+)\.1:", said)
+    assert m, said
+    slot = int(m.group(1)) - 128
+    with open(f"/run/otel-ebpf/nodes-{slot}.lock", "wb") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+        return f"oe-twin-{slot}-" not in listing
