@@ -118,8 +118,16 @@ class Summary:
         return rank, host, n
 
     def late_figures(self, rank: int) -> list[tuple[tuple[str, float, float], ...]]:
-        """The step figures of each complete collective ``rank`` was the straggler of."""
-        return [c.figures for c in self.complete if c.straggler_rank == rank and c.figures]
+        """The step figures of the complete collectives ``rank`` was the straggler of, the quarter of them
+        where it kept the others waiting longest (skew at or above that quarter's lowest). Why: a training
+        step issues tens of collectives; the rank's own delay precedes only the first, and it is last to many
+        others only because of it, with ordinary figures that would outvote the delay in a median."""
+        late = [c for c in self.complete if c.straggler_rank == rank and c.figures]
+        skews = sorted(c.skew_ns or 0 for c in late)
+        if not skews:
+            return []
+        cut = skews[min(len(skews) - 1, 3 * len(skews) // 4)]
+        return [c.figures for c in late if (c.skew_ns or 0) >= cut]
 
     def skew_ms(self) -> tuple[float, float] | None:
         """(p50, max) of the complete collectives' skew, in ms."""

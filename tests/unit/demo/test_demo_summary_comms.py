@@ -145,3 +145,26 @@ def test_read_comms_keeps_each_group_once_in_rank_file_order_and_skips_bad_files
         summary.CommName("world", (0, 1, 2, 3)), summary.CommName("dp", (0, 2)), summary.CommName("tp", (0, 1)),
         summary.CommName("dp", (1, 3)), summary.CommName("tp", (2, 3)), summary.CommName("ep", (0, 1))]
     assert summary.read_comms(tmp_path / "missing") == []
+
+
+def test_why_late_looks_at_the_collectives_the_straggler_kept_the_others_waiting_longest(tmp_path: Path) -> None:
+    """A step of many collectives: the straggler's 30 ms asleep precedes only the first (large skew); it is
+    last, by little, to the others too, with the same figures as its peers. A median over all of them would
+    say the host looked normal."""
+    lines = []
+    for seq in range(8):
+        first = seq % 4 == 0
+        root = json.loads(_root(WORLD, "AllReduce", seq, straggler=3))
+        span = root["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+        span["attributes"] = [a for a in span["attributes"] if a["key"] != "nccl.skew_ns"]
+        span["attributes"].append(_attr("nccl.skew_ns", 31_000_000 if first else 400_000))
+        for key, value in (("nccl.straggler.off_cpu.sleep.duration", 0.030 if first else 0.001),
+                           ("nccl.peers_median.off_cpu.sleep.duration", 0.001)):
+            span["attributes"].append({"key": key, "value": {"doubleValue": value}})
+        lines += [json.dumps(root), *_rank_spans(WORLD, "AllReduce", seq)]
+    path = tmp_path / "traces.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    s = summary.read(path)
+    assert len(s.late_figures(3)) == 2
+    text = summary.render(s, straggler=3, killed=None, out_dir=tmp_path)
+    assert "why late: in the step before, rank 3 spent off-CPU (sleep) 30.0 ms (peers' median 1.0 ms)" in text
