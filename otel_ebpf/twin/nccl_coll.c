@@ -13,8 +13,9 @@
  *   enqueues a kernel on `stream` and returns; the work completes later, and stream/event waits observe
  *   it.  Here nothing is pending after the call, so torch's Work objects are complete at once and a
  *   straggler shows as a slow call, not a slow stream (host timing only).
- * - A rank that dies leaves the others waiting until torch's watchdog aborts the communicator (as with NCCL
- *   without NCCL_ASYNC_ERROR_HANDLING) or the launcher's timeout kills the job.
+ * - A rank that dies leaves the others waiting inside the call until the communicator is aborted (then the
+ *   call returns ncclSuccess, as NCCL's enqueue had, and ncclCommGetAsyncError says ncclRemoteError:
+ *   nccl_group.c group_run) or the launcher's timeout kills the job.
  * - Reductions compute in double, then round to the element type (NCCL reduces in the element type);
  *   fp8 types are reduced as bytes.
  */

@@ -174,7 +174,12 @@ static ncclResult_t group_run(void)
     if (rc == ncclSuccess)
         rc = run_p2p(group_tasks, group_len);
     group_reset();
-    return rc;
+    /* Aborted while waiting for peers (ncclRemoteError from the barrier or the p2p rings): NCCL 2.28.9 had
+     * returned ncclSuccess from this call long before, once the kernel was enqueued (src/enqueue.cc
+     * ncclEnqueueCheck); a dead peer or an abort shows only through ncclCommGetAsyncError, which says
+     * ncclRemoteError once aborted (nccl_comm.c).  So the call succeeds here too: what the caller and a
+     * tracer observe of it is then as on a GPU (a call that returned, a communicator that failed later). */
+    return rc == ncclRemoteError ? ncclSuccess : rc;
 }
 
 ncclResult_t twin_submit(const struct twin_task *t)
