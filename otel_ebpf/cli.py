@@ -11,6 +11,8 @@
                       [--otlp-endpoint URL [--otlp-protocol grpc|http]] [--output DIR] | --defaults
     otel-ebpf demo [--nodes N] [--ranks-per-node R] [--steps S] [--straggler RANK] [--straggler-delay-ms MS]
                    [--kill-rank RANK --kill-after-step K] [--output DIR] [--otlp-endpoint URL]
+    otel-ebpf twin [--nodes M] [--gpus-per-node G] [--output DIR] [--otlp-endpoint URL] [--no-trace]
+                   [--timeout S] -- script.py [ARGS ...]
     otel-ebpf report DIR [-o report.html] [--perfetto trace.json]
     otel-ebpf export --parquet OUTDIR DIR
 
@@ -18,7 +20,8 @@ Exit codes: the traced command's own code for ``run -- CMD``; 0 for ``gateway`` 
 SIGINT/SIGTERM (after flushing); 0 for a ``demo`` that ran as asked (an injected crash is
 reported, not an error), 130 when it is interrupted; 2 for configuration (or option) errors;
 3 when the host cannot run eBPF (``check`` explains why); 1 for other agent errors (for
-``demo``: a node, agent, rank or the gateway failed, named in the message).
+``demo``: a node, agent, rank or the gateway failed, named in the message). ``twin``: 0 when every rank
+exited 0, 1 when one failed (or the job timed out), 2 bad options, 3 the host cannot run it.
 """
 from __future__ import annotations
 
@@ -65,6 +68,7 @@ MAIN_EXAMPLES = """examples:
   otel-ebpf gateway --otlp-endpoint http://collector:4317
                                                     join collectives from many agents
   sudo otel-ebpf demo                               real PyTorch on simulated GPUs and nodes, traced, no GPU
+  sudo otel-ebpf twin -- train.py                   your torchrun program on simulated GPUs and nodes, traced
 """
 
 
@@ -131,6 +135,34 @@ def _demo_parser(sub: Any) -> None:
     demo.add_argument("--otlp-endpoint", metavar="URL", help="the gateway also exports here (OTLP/gRPC)")
 
 
+TWIN_EXAMPLES = """examples:
+  sudo otel-ebpf twin -- train.py --epochs 1
+      2 nodes x 2 simulated GPUs, traced; joined collectives per communicator at the end
+  sudo otel-ebpf twin --nodes 4 --gpus-per-node 2 --otlp-endpoint http://127.0.0.1:4317 -- train.py
+      the gateway also sends the joined traces to a Collector or Jaeger
+limits: kernels do nothing (computed values are meaningless), no Triton/torch.compile codegen, timing is host
+timing. docs/twin.md.
+"""
+
+
+def _twin_parser(sub: Any) -> None:
+    twin = sub.add_parser("twin", help="run a torchrun-style PyTorch program on simulated GPUs and nodes, traced",
+                          description="Runs SCRIPT under torchrun on M 'nodes' (network + UTS namespaces) x G "
+                                      "simulated GPUs: the real torch 2.11 CUDA wheel on the twin's stand-in "
+                                      "CUDA/NCCL, an otel-ebpf agent per node, a gateway joining every collective. "
+                                      "Needs root and the twin (scripts/setup.sh).",
+                          epilog=TWIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    twin.add_argument("--nodes", type=int, metavar="M", default=2, help="namespace nodes (default 2)")
+    twin.add_argument("--gpus-per-node", type=int, metavar="G", default=2, help="simulated GPUs per node (default 2)")
+    twin.add_argument("--output", metavar="DIR", default="./otel-ebpf-twin-out",
+                      help="the gateway's OTLP JSON lines and the logs (default ./otel-ebpf-twin-out)")
+    twin.add_argument("--otlp-endpoint", metavar="URL", help="the gateway also exports here (OTLP/gRPC)")
+    twin.add_argument("--no-trace", action="store_true", help="no agents, no gateway: the program alone")
+    twin.add_argument("--timeout", type=float, metavar="S", default=600.0,
+                      help="the whole job, seconds; everything is stopped at it (default 600)")
+    twin.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="otel-ebpf", description="eBPF + NVML to OpenTelemetry for AI/ML jobs.",
                                 epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -175,6 +207,7 @@ def _parser() -> argparse.ArgumentParser:
                                                     "when no endpoint is given)")
     gw.add_argument("--defaults", action="store_true", help="print the default gateway config and exit")
     _demo_parser(sub)
+    _twin_parser(sub)
     report_cli.add_parsers(sub)  # report, export: otel_ebpf/report/cli.py
     return p
 
@@ -329,6 +362,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return report_cli.run(args)
         if args.cmd == "demo":
             return _demo(args)
+        if args.cmd == "twin":
+            from otel_ebpf.demo import twin_cmd
+
+            command = args.command[1:] if args.command[:1] == ["--"] else args.command
+            return twin_cmd.run(twin_cmd.TwinOptions(command, args.nodes, args.gpus_per_node, args.output,
+                                                     args.otlp_endpoint, not args.no_trace, args.timeout))
         return _run(args)
     except ConfigError as exc:
         print(f"otel-ebpf: {exc}", file=sys.stderr)

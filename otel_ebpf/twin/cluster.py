@@ -15,9 +15,10 @@ namespaces). Each node's agent traces the cuda, nccl and sched receivers (with t
 exactly the stand-in libraries of the twin's build, and exports to the gateway, which joins every
 collective across nodes. ``RANK`` = node * G + local rank, as torchrun sets it.
 
-When a node's torchrun exits non-zero, the other nodes get ``bad_exit_grace`` seconds, then are stopped
-(a scheduler's kill-on-bad-exit: with the static rendezvous nothing tells another node's torchrun that
-its peers are gone). At ``timeout`` everything is stopped; the agents still flush what they traced.
+When a node's torchrun logs a failed rank or exits non-zero, the nodes still running get ``bad_exit_grace``
+seconds, then are stopped (a scheduler's kill-on-bad-exit: with the static rendezvous nothing tells another
+node's torchrun that its peers are gone, and in torch 2.11 a node with a failed rank can linger 300 s on the
+store before it exits). At ``timeout`` everything is stopped; the agents still flush what they traced.
 
 Blocking. Raises ``TwinSetupError``/``TwinBuildError``/``EnvironmentError_`` (not root, no BPF, no ``ip``,
 no twin venv) or ``ValueError`` (a bad spec) before anything starts; a failing program is a result
@@ -53,6 +54,8 @@ __all__ = ["ClusterRun", "ClusterSpec", "run_cluster"]
 MASTER_PORT = 29500  # torchrun's default; each node has its own network namespace, so it is always free
 GATEWAY_START_S = 30.0
 STOP_S = 40.0  # an agent flushing and detaching its probes
+KILL_AFTER_S = 15.0
+_RANK_FAILED = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+|ChildFailedError")
 _UP = re.compile(r"^oe-twin up node=(\d+) host=(\S+)")
 # The first line under the agent, once its probes are attached: which node and the host name it sees.
 _ANNOUNCE = 'echo "oe-twin up node=$1 host=$(cat /proc/sys/kernel/hostname)"; shift; exec "$@"'
@@ -132,6 +135,8 @@ class _Cluster:
         self.codes: dict[int, int] = {}
         self.problems: list[str] = []
         self.hurry = threading.Event()
+        self.killed = False
+        self.failed_at: float | None = None  # when a node first reported a failed rank (or exited non-zero)
         self.staging = Path("/dev/shm" if os.access("/dev/shm", os.W_OK) else "/tmp") / "otel-ebpf-twin-nodes"
 
     def prepare(self) -> None:
@@ -224,11 +229,17 @@ class _Cluster:
             what = "agent up" if self.spec.traced else "up"
             self.echo(f"{name}: {what} (host name {m.group(2)}, {self.net.nodes[index].addr if self.net else ''}); "
                       f"ranks {index * g}-{index * g + g - 1} starting")
-        elif self.on_line is not None:
-            self.on_line(index, line)
+        else:
+            if self.failed_at is None and _RANK_FAILED.search(line):
+                # torchrun's log of a failed rank (torch 2.11 elastic/multiprocessing/api.py). That node can then
+                # linger for minutes before it exits (shutting its rendezvous down waits on the store, 300 s).
+                self.failed_at = time.monotonic()
+                self.echo(f"{name}: torchrun reports a failed rank (see {self.logs}/{name}.log)")
+            if self.on_line is not None:
+                self.on_line(index, line)
 
-    def _reap(self, first_bad: float | None) -> float | None:
-        """Record nodes that exited; returns when the first one failed."""
+    def _reap(self) -> None:
+        """Record nodes that exited, and when the first one failed."""
         for i, c in enumerate(self.children):
             if i in self.codes or c.running():
                 continue
@@ -238,12 +249,28 @@ class _Cluster:
                                      f"started (see {c.log}):{c.tail()}")
             elif c.proc.returncode != 0:
                 self.echo(f"node-{i}: torchrun exited with code {c.proc.returncode} (see {c.log})")
-                first_bad = first_bad if first_bad is not None else time.monotonic()
-        return first_bad
+                self.failed_at = self.failed_at if self.failed_at is not None else time.monotonic()
+
+    def _kill_on_bad_exit(self, late: float) -> None:
+        """``late`` seconds after the grace: SIGTERM the nodes still running; KILL_AFTER_S later, SIGKILL what
+        runs under each one's agent (torchrun blocked in a store wait sees no SIGTERM), or the untraced node."""
+        running = [c for c in self.children if c.running()]
+        if late < 0 or not running:
+            return
+        if not any(c.terminated for c in running):
+            names = ", ".join(c.name for c in running)
+            self.echo(f"a node failed {self.spec.bad_exit_grace:g}s ago: stopping {names}")
+            for c in running:
+                c.terminate()
+        elif late > KILL_AFTER_S and not self.killed:
+            self.killed = True
+            names = ", ".join(c.name for c in running)
+            self.echo(f"still running {KILL_AFTER_S:g}s after SIGTERM: SIGKILL {names}")
+            for c in running:
+                c.kill_descendants() if self.spec.traced else c.stop(0, self.hurry)
 
     def watch(self, deadline: float) -> bool:
         """Until every node exited, or ``deadline`` (returns True: timed out)."""
-        first_bad: float | None = None
         while len(self.codes) < len(self.children):
             try:
                 name, line = self.lines.get(timeout=0.2)
@@ -251,14 +278,9 @@ class _Cluster:
                     self._line(name, line)
             except queue.Empty:
                 pass
-            first_bad = self._reap(first_bad)
-            if first_bad is not None and time.monotonic() > first_bad + self.spec.bad_exit_grace:
-                running = [c for c in self.children if c.running()]
-                if running and not any(c.terminated for c in running):
-                    self.echo(f"a node failed {self.spec.bad_exit_grace:g}s ago: stopping "
-                              + ", ".join(c.name for c in running))
-                    for c in running:
-                        c.terminate()
+            self._reap()
+            if self.failed_at is not None:
+                self._kill_on_bad_exit(time.monotonic() - self.failed_at - self.spec.bad_exit_grace)
             if time.monotonic() > deadline:
                 return True
         return False
@@ -328,9 +350,9 @@ def run_cluster(spec: ClusterSpec, echo: Callable[[str], None] | None = None,
     calling thread."""
     _check(spec)
     say = echo or (lambda s: None)
+    _preflight(spec.traced)
     twin = find_env()
     libdir = build(twin)
-    _preflight(spec.traced)
     spec = ClusterSpec(**{**spec.__dict__, "script": Path(spec.script).resolve()})
     c = _Cluster(spec, twin, libdir, say, on_line)
     started = time.monotonic()

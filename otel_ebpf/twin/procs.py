@@ -54,6 +54,19 @@ class Child:
             self._terminated = True
             _quiet(lambda: self.proc.send_signal(signal.SIGTERM))
 
+    def kill_descendants(self) -> None:
+        """SIGKILL every process of this child's session except the child itself (an agent then sees its
+        command end and flushes). Never raises."""
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == self.proc.pid:
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[3]) == self.proc.pid:  # field 6: the session id
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (OSError, ValueError, IndexError):
+                pass
+
     def tail(self, n: int = 8) -> str:
         """The last ``n`` lines of the log, indented, for an error message."""
         try:
