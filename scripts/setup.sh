@@ -88,8 +88,9 @@ fi
 twin_torch=2.11.0
 twin_site=".venv-twin/lib/python3.11/site-packages"
 twin_inc=".venv-twin/twin-include"
-if [ -n "$extras" ] && { [ ! -e "$twin_site/torch-$twin_torch.dist-info/METADATA" ] \
-     || [ ! -e "$twin_inc/cuda/nv/target" ] || [ ! -e "$twin_inc/nccl/nccl.h" ]; }; then
+# Installed also with --no-test-deps: `otel-ebpf demo` (scripts/demo.sh) and `otel-ebpf twin` run on it.
+if [ ! -e "$twin_site/torch-$twin_torch.dist-info/METADATA" ] \
+     || [ ! -e "$twin_inc/cuda/nv/target" ] || [ ! -e "$twin_inc/nccl/nccl.h" ]; then
   echo "setup: installing the twin's torch==$twin_torch (CUDA wheel) into .venv-twin" >&2
   [ -x .venv-twin/bin/python ] || /usr/bin/python3.11 -m venv .venv-twin
   .venv-twin/bin/python -m pip install -q --no-deps "torch==$twin_torch" filelock "typing-extensions>=4.10.0" \
