@@ -14,7 +14,12 @@
  * ncclInProgress takes the next number of its communicator; ncclSend/ncclRecv count
  * separately per (communicator, peer, direction), so send #k A->B matches recv #k at B from A.
  * A communicator whose creation was not seen (probes attached late, or comms full) has no
- * state here and its calls carry no NCCL_F_SEQ.
+ * state here and its calls carry no NCCL_F_SEQ. A call takes its communicator's generation (and
+ * next collective number) at ENTRY: ncclCommAbort, called from another thread while a thread is
+ * blocked inside a call on that communicator (NCCL 2.28.9 src/init.cc ncclCommAbort; PyTorch's
+ * watchdog does it), forgets the state before the blocked call returns, and that call is still
+ * numbered: a collective with the number it would have taken at entry, a send/recv by its
+ * generation's p2p counter (p2p_seq is keyed by generation and outlives the state).
  *
  * Non-blocking ncclCommSplit (config.blocking = 0) returns with *newcomm still NULL: NCCL
  * 2.28.9 src/init.cc ncclCommInitChildComm sets it to NCCL_COMM_NULL and its init thread
@@ -71,6 +76,8 @@ struct nccl_call {
     u64 count;
     u64 stream;
     u64 group;
+    u64 gen;  /* the communicator's generation at entry, 0: unknown then */
+    u64 seq;  /* its next collective number at entry (used only if it ended before the return) */
     s32 datatype;
     s32 redop;
     s32 root;
@@ -283,6 +290,11 @@ static __always_inline int nccl_enter(u8 op, u64 count, s32 datatype, s32 redop,
     c.peer = peer;
     c.comm = comm;
     c.stream = stream;
+    struct nccl_comm_state *st = nccl_comm_state_of(id, comm);
+    if (st) {
+        c.gen = st->gen;
+        c.seq = st->seq;
+    }
     struct nccl_group_state *g = groups.lookup(&id);
     if (g && g->depth > 0) {
         c.group = g->group;
@@ -374,8 +386,7 @@ static __always_inline u64 nccl_p2p_next(u32 tgid, u64 gen, s32 peer, u32 dir)
     return __sync_fetch_and_add(v, 1);
 }
 
-static __always_inline int nccl_submit_p2p(struct nccl_call *c, u64 id, s32 rc, u64 now,
-                                           struct nccl_comm_state *st)
+static __always_inline int nccl_submit_p2p(struct nccl_call *c, u64 id, s32 rc, u64 now)
 {
     struct nccl_p2p *e = events.ringbuf_reserve(sizeof(struct nccl_p2p));
     if (!e) {
@@ -396,8 +407,8 @@ static __always_inline int nccl_submit_p2p(struct nccl_call *c, u64 id, s32 rc, 
     e->comm = c->comm;
     e->stream = c->stream;
     e->group = c->group;
-    if (st && nccl_issued(rc)) {
-        u64 seq = nccl_p2p_next(id >> 32, st->gen, c->peer, c->op == NCCL_OP_RECV);
+    if (c->gen && nccl_issued(rc)) {
+        u64 seq = nccl_p2p_next(id >> 32, c->gen, c->peer, c->op == NCCL_OP_RECV);
         if (seq != (u64)-1) {
             e->seq = seq;
             e->flags = NCCL_F_SEQ;
@@ -430,8 +441,10 @@ static __always_inline int nccl_submit_coll(struct nccl_call *c, u64 id, s32 rc,
     e->comm = c->comm;
     e->stream = c->stream;
     e->group = c->group;
-    if (st && nccl_issued(rc)) {
-        e->seq = __sync_fetch_and_add(&st->seq, 1);
+    if (c->gen && nccl_issued(rc)) {
+        /* st NULL: the communicator ended (ncclCommAbort from another thread) while this call was inside:
+         * the number it would have taken at entry (one thread at a time uses a communicator) */
+        e->seq = st ? __sync_fetch_and_add(&st->seq, 1) : c->seq;
         e->flags = NCCL_F_SEQ;
     }
     events.ringbuf_submit(e, oe_wakeup_flags());
@@ -447,9 +460,14 @@ int nccl_call_return(struct pt_regs *ctx)
     if (!c)
         return 0;
     s32 rc = (s32)PT_REGS_RC(ctx);
-    struct nccl_comm_state *st = nccl_comm_state_of(id, c->comm);
+    struct nccl_comm_key k = {};
+    k.tgid = id >> 32;
+    k.comm = c->comm;
+    struct nccl_comm_state *st = c->gen ? comms.lookup(&k) : 0;
+    if (st && st->gen != c->gen)
+        st = 0;  /* the handle is a newer communicator's: this call's ended meanwhile */
     if (c->op == NCCL_OP_SEND || c->op == NCCL_OP_RECV)
-        nccl_submit_p2p(c, id, rc, now, st);
+        nccl_submit_p2p(c, id, rc, now);
     else
         nccl_submit_coll(c, id, rc, now, st);
     calls.delete(&id);
