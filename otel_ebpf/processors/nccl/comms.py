@@ -91,7 +91,15 @@ class CommTable:
     counters ids are derived from, bounded the same way. A full table refuses the new entry
     and counts ``otel_ebpf.events.dropped{receiver=nccl, reason=comm_table_full}``: that
     communicator's calls are then emitted without join ids. Full counters count
-    ``reason=comm_counters_full`` (a later repeat of that init could reuse an id)."""
+    ``reason=comm_counters_full`` (a later repeat of that init could reuse an id).
+
+    Ended communicators (:meth:`end`) are kept, at most ``max_comms`` of them (the oldest end
+    forgotten first), until their process exits, for the calls that entered before the end and
+    return after it: ncclCommAbort is called from another thread while a thread is blocked inside
+    a call on that communicator (NCCL 2.28.9 src/init.cc ncclCommAbort; PyTorch's watchdog), and
+    that call's record comes after the abort's. :meth:`for_call` gives such a call its ended
+    communicator. A call whose ended communicator was forgotten is emitted as on an unknown one
+    (counted ``otel_ebpf.nccl.unjoined{reason=unknown_comm}`` by the processor)."""
 
     def __init__(self, max_comms: int, telemetry: Telemetry, host: str) -> None:
         self.max_comms = max_comms
@@ -100,6 +108,7 @@ class CommTable:
         self._comms: dict[tuple[int, int], Comm] = {}
         self._inits: dict[tuple[int, bytes], int] = {}
         self._init_alls: dict[int, int] = {}
+        self._ended: dict[tuple[int, int], tuple[Comm, int]] = {}  # (pid, handle) -> (comm, end's return ns)
 
     def __len__(self) -> int:
         return len(self._comms)
@@ -115,18 +124,39 @@ class CommTable:
         self._comms[key] = comm  # a reused handle (freed, then allocated again) is a new comm
         return True
 
-    def remove(self, pid: int, handle: int) -> Comm | None:
-        return self._comms.pop((pid, handle), None)
+    def end(self, pid: int, handle: int, end_ns: int) -> Comm | None:
+        """Removes the communicator, destroyed or aborted by a call that returned at ``end_ns``, and keeps it
+        for the calls on it still inside NCCL then (class doc). Returns it, or None if it was unknown."""
+        comm = self._comms.pop((pid, handle), None)
+        if comm is None:
+            return None
+        key = (pid, handle)
+        self._ended.pop(key, None)  # the handle's earlier communicator: its calls entered before this one's
+        if len(self._ended) >= self.max_comms:
+            del self._ended[next(iter(self._ended))]
+        self._ended[key] = (comm, end_ns)
+        return comm
+
+    def for_call(self, pid: int, handle: int, start_ns: int) -> Comm | None:
+        """The communicator of a call that entered at ``start_ns``: the ended one on that handle if the call
+        entered before its end returned (a newer communicator may have the handle now), else the live one."""
+        ended = self._ended.get((pid, handle))
+        if ended is not None and start_ns <= ended[1]:
+            return ended[0]
+        return self._comms.get((pid, handle))
 
     def forget_process(self, pid: int) -> None:
         for key in [k for k in self._comms if k[0] == pid]:
             del self._comms[key]
+        for key in [k for k in self._ended if k[0] == pid]:
+            del self._ended[key]
         for init_key in [k for k in self._inits if k[0] == pid]:
             del self._inits[init_key]
         self._init_alls.pop(pid, None)
 
     def clear(self) -> None:
         self._comms.clear()
+        self._ended.clear()
         self._inits.clear()
         self._init_alls.clear()
 

@@ -211,7 +211,7 @@ class NcclCommunicators(EventProcessor[Config]):
     def _end(self, ev: NcclCommEnd, out: Out) -> None:
         function = "ncclCommAbort" if ev.abort else "ncclCommDestroy"
         error = self._error(ev.pid, function, ev.rc)
-        comm = self.comms.remove(ev.pid, ev.comm) if error is None else self.comms.get(ev.pid, ev.comm)
+        comm = self.comms.end(ev.pid, ev.comm, ev.end_ns) if error is None else self.comms.get(ev.pid, ev.comm)
         if error is None:
             self._comm_ended(ev.pid, ev.comm)
         attrs: dict[str, AttrValue] = {"thread.id": ev.tid}

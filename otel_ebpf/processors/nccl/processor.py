@@ -129,8 +129,9 @@ class NcclProcessor(NcclCommunicators):
 
     # ---- collectives and p2p ---------------------------------------------------------
     def _comm_of(self, ev: _Op) -> Comm | None:
-        """The call's communicator (a non-blocking child's handle was bound by the NcclCommBind before it)."""
-        return self.comms.get(ev.pid, ev.comm)
+        """The call's communicator (a non-blocking child's handle was bound by the NcclCommBind before it;
+        one ended while the call was inside NCCL, by ncclCommAbort from another thread, is still its)."""
+        return self.comms.for_call(ev.pid, ev.comm, ev.start_ns)
 
     def _take(self, ev: _Op) -> tuple[_Op, Comm | None] | None:
         """(the call renumbered past simulated calls, its communicator), or None when the call is held:

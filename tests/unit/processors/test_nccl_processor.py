@@ -346,3 +346,41 @@ def test_only_the_nccl_receivers_exit_record_frees_communicators() -> None:
     assert span.trace_id is not None and span.attributes["nccl.comm.id"]
     h.feed(ProcessExit(101, 6, "rank", 0, source="nccl"))
     assert h.proc.comms.get(101, HANDLE) is None
+
+
+def test_a_call_blocked_while_another_thread_aborts_its_communicator_keeps_its_ids() -> None:
+    """PyTorch's watchdog: thread A blocked in ncclAllReduce (a peer died), thread B calls ncclCommAbort on
+    that communicator (NCCL 2.28.9 src/init.cc ncclCommAbort), then A's call returns. The abort's record
+    comes first; A's call keeps the communicator (and the seq the receiver numbered it with at entry)."""
+    h = three_ranks()
+    pid, tid_b = PIDS[1], 7777
+    assert h.spans(coll(pid, 0, start=10_000))[0].trace_id is not None
+    blocked = NcclCollective(pid, pid, 20_000, 15_020_000, "AllReduce", HANDLE, 1024, 7, 0, None, 0xabc, 1, 0, 0)
+    (abort,) = h.spans(NcclCommEnd(pid, tid_b, 15_000_000, 15_010_000, HANDLE, True, 0))
+    assert abort.name == "ncclCommAbort" and h.proc.comms.get(pid, HANDLE) is None
+    (span,) = h.spans(blocked)
+    comm_id = comm_id_from_unique_id(UID, 0)
+    assert span.attributes["nccl.comm.id"] == comm_id == abort.attributes["nccl.comm.id"]
+    assert span.attributes["nccl.seq"] == 1 and span.attributes["nccl.rank"] == 1
+    assert span.trace_id == derive_id(comm_id, 1)
+    assert h.ctx.telemetry.get("otel_ebpf.nccl.unjoined", reason="unknown_comm") == 0
+    # a new communicator on the reused handle: its calls (entered after the abort) are its own
+    h.feed(NcclCommInit(pid, pid, 16_000_000, 16_001_000, "ncclCommInitRank", HANDLE, 2, 0, bytes(128), 0))
+    (new,) = by_name(h.spans(coll(pid, 0, start=17_000_000)), "ncclAllReduce")
+    assert new.attributes["nccl.comm.id"] == comm_id_from_unique_id(bytes(128), 0)
+    assert new.attributes["nccl.rank"] == 0
+    # a call that entered after the abort, on no communicator, is unknown; the process's exit forgets the ended
+    h.feed(NcclCommEnd(pid, pid, 18_000_000, 18_001_000, HANDLE, False, 0))
+    (late,) = h.spans(coll(pid, 1, start=19_000_000))
+    assert "nccl.comm.id" not in late.attributes
+    h.feed(ProcessExit(pid, 5, "rank", 0))
+    assert h.proc.comms.for_call(pid, HANDLE, 0) is None
+
+
+def test_ended_communicators_kept_for_blocked_calls_are_bounded() -> None:
+    h = Harness(host="node-a", max_comms=2)
+    for pid in (100, 101, 102):
+        h.feed(init(pid, 0, handle=HANDLE), NcclCommEnd(pid, pid, 3_000, 4_000, HANDLE, True, 0))
+    assert h.proc.comms.for_call(100, HANDLE, 2_500) is None  # the oldest end forgotten
+    assert h.proc.comms.for_call(102, HANDLE, 2_500) is not None
+    assert h.proc.comms.for_call(102, HANDLE, 4_001) is None  # entered after the end
