@@ -28,7 +28,8 @@ Input: finished SDK spans (``ReadableSpan``, read through its API; new spans are
 * Split children the agent could not rank (no ``nccl.rank``, but ``nccl.parent.rank``): ranked
   here from every parent rank's ``ncclCommSplit`` span (:mod:`.splits`), held until then
   (``max_spans`` spans at most, each ``timeout`` at most; released unranked, counted in
-  ``otel_ebpf.collective_join.unjoined{reason=split_unresolved}``), then joined as any rank span.
+  ``otel_ebpf.collective_join.unjoined{reason=split_unresolved}``), then joined as any rank span (their
+  send/recv: as any ranked send/recv, below).
 * Grouped send/recv (uneven all-to-all, gather, scatter, ``batch_isend_irecv``, pipeline send/recv):
   every rank's group that exchanges them joined as ONE instance, root ``nccl GroupP2P`` (:mod:`.p2p`).
 * Late spans (their collective already released) pass through; late root spans are dropped
@@ -164,30 +165,24 @@ class CollectiveJoin(EventProcessor[Config]):
     def _span(self, span: ReadableSpan, out: Out) -> None:
         now = self._now
         attrs = _attributes(span)
-        comm = attrs.get("nccl.comm.id")
-        seq = attrs.get("nccl.seq")
-        if is_p2p(span, attrs):
-            self.p2p.add(span, attrs, now, out)
-            return
         if span.name == "ncclCommSplit" and (call := split_call(attrs)) is not None:
             out.append(span)
             for child in self.splits.record(call):
                 for waited in self.splits.take(child):
                     self._span(waited, out)
             return
+        if (ranked := self._split_ranked(span, attrs, now)) is None:
+            return
+        span, attrs = ranked
+        if is_p2p(span, attrs):
+            self.p2p.add(span, attrs, now, out)
+            return
+        comm = attrs.get("nccl.comm.id")
+        seq = attrs.get("nccl.seq")
         if type(comm) is not str or type(seq) is not int or "nccl.peer" in attrs:
             out.append(span)
             return
         rank = attrs.get("nccl.rank")
-        parent_rank = attrs.get("nccl.parent.rank")
-        if rank is None and type(parent_rank) is int:
-            ranked = self.splits.lookup(comm, parent_rank)
-            if ranked is None:
-                self.splits.wait(comm, span, now)
-                return
-            attrs = {**attrs, "nccl.rank": ranked[0], "nccl.nranks": ranked[1]}
-            _, root_id, own_id = collective_ids(comm, seq, ranked[0])  # as the agent would have
-            span, rank = with_changes(span, attrs, ids=(own_id, root_id)), ranked[0]
         if rank is None:
             if span.parent is None and span.context.span_id == collective_root_span_id(comm, seq):
                 self._root(span, attrs, (comm, seq), now, out)
@@ -211,6 +206,25 @@ class CollectiveJoin(EventProcessor[Config]):
             out.append(span)
             return
         self._add(entry, span, attrs, rank, nranks, out)
+
+    def _split_ranked(self, span: ReadableSpan, attrs: Mapping[str, Any],
+                      now: float) -> tuple[ReadableSpan, Mapping[str, Any]] | None:
+        """``(span, attrs)`` as they came or, for a split child's call its agent could not rank (``nccl.parent.rank``,
+        no ``nccl.rank``), ranked from the split: a collective under the ids its agent would have given, a send/recv
+        with its ids (its ``nccl.peer`` is a child rank: NCCL's API); None while held (:class:`~.splits.SplitBook`)."""
+        comm, seq, parent_rank = attrs.get("nccl.comm.id"), attrs.get("nccl.seq"), attrs.get("nccl.parent.rank")
+        if attrs.get("nccl.rank") is not None or type(comm) is not str or type(seq) is not int \
+                or type(parent_rank) is not int:
+            return span, attrs
+        ranked = self.splits.lookup(comm, parent_rank)
+        if ranked is None:
+            self.splits.wait(comm, span, now)
+            return None
+        attrs = {**attrs, "nccl.rank": ranked[0], "nccl.nranks": ranked[1]}
+        if "nccl.peer" in attrs:
+            return with_changes(span, attrs), attrs
+        _, root_id, own_id = collective_ids(comm, seq, ranked[0])  # as the agent would have
+        return with_changes(span, attrs, ids=(own_id, root_id)), attrs
 
     def _add(self, entry: Collective, span: ReadableSpan, attrs: Mapping[str, Any], rank: int, nranks: int,
              out: Out) -> None:

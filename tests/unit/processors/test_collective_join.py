@@ -215,8 +215,8 @@ def test_unrelated_spans_p2p_and_other_events_pass_through_unchanged(sink, clock
     other = ReadableSpan("forward", context=SpanContext(1, 2, False, SAMPLED), resource=NODES["node-a"],
                          attributes={"x": 1}, start_time=T0, end_time=T0 + 1)
     p2p = ReadableSpan("ncclSend", context=SpanContext(3, 4, False, SAMPLED), resource=NODES["node-a"],
-                       attributes={"nccl.comm.id": COMM, "nccl.seq": 1, "nccl.parent.rank": 0,
-                                   "nccl.peer": 1}, start_time=T0, end_time=T0 + 1)  # unranked: no p2p join
+                       attributes={"nccl.comm.id": COMM, "nccl.seq": 1, "nccl.peer": 1},
+                       start_time=T0, end_time=T0 + 1)  # unranked, no nccl.parent.rank to rank it by: no p2p join
     bad = rank_span(9, 5, 0)  # rank 5 of 4
     tick, record = Tick(5), MetricRecord(None, "m", "counter", 1, {})
     join.consume([other, p2p, tick, record, bad])
