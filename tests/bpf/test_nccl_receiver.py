@@ -324,3 +324,32 @@ def test_state_of_a_thread_killed_inside_a_call_and_of_an_exited_process_is_free
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+# ---- ncclCommAbort from another thread while a call is blocked ----------------------------------
+
+def test_a_call_blocked_while_another_thread_aborts_its_communicator_keeps_its_number_and_comm(
+        bpf_ready: None, tmp_path: Path) -> None:
+    """tests/bpf/nccl_abort.c: the abort returns (its state forgotten) before the blocked call does."""
+    src, lib, prog = HERE / "nccl_abort.c", tmp_path / "libnccl.so.2", tmp_path / "nccl_abort"
+    cc = ["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror"]
+    subprocess.run([*cc, "-DFAKE_LIB", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=60)
+    subprocess.run([*cc, "-o", str(prog), str(src), "-ldl", "-lpthread"], check=True, timeout=60)
+    run = run_traced([[str(prog), str(lib), "--wait-stdin"]])
+    assert run.codes == [0] and "same handle=1" in run.stdout[0], run.stdout
+    pid = run.pids[0]
+    inits, (abort, destroy) = run.of(pid, NcclCommInit), run.of(pid, NcclCommEnd)
+    colls = run.of(pid, NcclCollective)
+    assert [(c.count, c.comm, c.seq) for c in colls] == [(0, abort.comm, 0), (1, abort.comm, 1), (0, abort.comm, 0)]
+    blocked = colls[1]
+    assert abort.abort and blocked.tid != abort.tid and abort.end_ns < blocked.end_ns
+    assert run.sink.events.index(abort) < run.sink.events.index(blocked)  # the real order: abort first
+    out = ListConsumer()
+    proc = NcclProcessor(ProcessorConfig(host="h"), Context(), out)
+    proc.start()
+    proc.consume(list(run.sink.events))
+    spans = [s for s in out.events if isinstance(s, SpanRecord) and s.name == "ncclAllReduce"]
+    assert len(inits) == 2 and [s.attributes.get("nccl.seq") for s in spans] == [0, 1, 0]
+    ids = [s.attributes.get("nccl.comm.id") for s in spans]
+    assert ids[0] == ids[1] != ids[2] and None not in ids and all(s.trace_id is not None for s in spans)
+    assert destroy.comm == abort.comm and not destroy.abort
