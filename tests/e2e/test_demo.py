@@ -102,11 +102,11 @@ def test_demo_joins_every_collective_of_every_communicator_and_names_the_straggl
     assert no_namespaces(run.stdout)
 
 
-@pytest.mark.xfail(strict=True, reason="measured at be595a3/bc6e1fd: the survivors' collective that waits for the "
-                   "killed rank gives no span (the stand-in NCCL completes collectives inside the call; the call a "
-                   "peer never joins ends by abort and is not traced as a collective), so the gateway has nothing "
-                   "to mark partial; expected to pass once the stand-in NCCL returns after enqueue and reports the "
-                   "dead peer through ncclCommGetAsyncError (issue 14 item 2). Remove this mark then.")
+@pytest.mark.xfail(strict=True, reason="measured at 665ba35 (twice): the crash is FOUND and released as partial "
+                   "collectives, but not every desync names node-0: rank 2's tp AllReduce (seq 13, comm tp[2,3]) is "
+                   "released partial naming rank 3 on node-1, which was alive but blocked in the dp[1,3] AllGather "
+                   "(seq 18) waiting for the killed rank 1, so it never made that call: a true cascade. The last "
+                   "assertion should accept a desync whose missing rank is itself blocked in a partial collective.")
 def test_demo_crash_is_reported_as_a_partial_collective_and_a_desync(
         bpf_ready: None, twin_ready: TwinEnv, tmp_path: Path) -> None:
     run = demo(tmp_path / "out", "--steps", "4", "--kill-rank", "1", "--kill-after-step", "2")
