@@ -61,18 +61,10 @@ class Job:
 P2P_RANKS: dict[str, list[set[int]]] = {"moe": [{0, 1, 2, 3}], "pp": [{0, 1}, {1, 2}, {2, 3}, {0, 1, 2, 3}],
                                         "tp": [{0, 1}, {2, 3}]}
 
-# Across 2 nodes no agent sees every parent rank's split, so split children's calls reach the gateway with
-# nccl.parent.rank for it to rank (processors/collective_join/splits.py); it does so for collectives only: a
-# send/recv without nccl.rank is passed on as it came (processor.py: "nccl.peer" in attrs -> out), alone in its
-# trace, no GroupP2P root, uncounted. Seen non-blocking: TP's first scatter (distribute_tensor) on each tp child.
-_P2P_SPLIT = ("gateway: a split child's send/recv left for the gateway to rank (nccl.parent.rank, no nccl.rank) "
-              "is passed through unranked and unjoined")
-
 JOBS = {
     "mix": Job("wl_mix.py", ("ddp", "new_group", "moe", "pp"), 3),
     "sharded": Job("wl_sharded.py", ("fsdp2", "hsdp", "tp"), 2),
-    "nonblocking": Job("wl_sharded.py", ("fsdp2", "hsdp", "tp"), 1, {"TORCH_NCCL_USE_COMM_NONBLOCKING": "1"},
-                       {"p2p": _P2P_SPLIT}),
+    "nonblocking": Job("wl_sharded.py", ("fsdp2", "hsdp", "tp"), 1, {"TORCH_NCCL_USE_COMM_NONBLOCKING": "1"}),
 }
 
 
