@@ -38,16 +38,17 @@ STEP = re.compile(r"oe-demo step rank=0 step=(\d+)")
 PIPELINE = ["cuda", "nccl", "sched"]
 
 
-def _agent_config(path: Path, libdir: Path) -> Path:
+def _agent_config(path: Path, libdir: Path, pipeline: list[str]) -> Path:
     path.write_text(yaml.safe_dump({
         "receivers": {"cuda": {"libraries": [str(libdir / "libcudart.so.13")]},
                       "nccl": {"libraries": [str(libdir / "libnccl.so.2")]}},
-        "service": {"pipelines": {"default": {"receivers": PIPELINE, "processors": PIPELINE}}}}))
+        "service": {"pipelines": {"default": {"receivers": pipeline, "processors": pipeline}}}}))
     path.chmod(0o600)  # the agent refuses a world-writable config
     return path
 
 
-def run_once(traced: bool, ranks: int, steps: int, warmup: int, tmp: Path, timeout: float) -> float:
+def run_once(traced: bool, ranks: int, steps: int, warmup: int, tmp: Path, timeout: float,
+             pipeline: list[str] = PIPELINE) -> float:
     """One job; the median step time in seconds (rank 0's step lines after ``warmup``)."""
     from otel_ebpf.twin.build import build
     from otel_ebpf.twin.env import find_env
@@ -60,7 +61,7 @@ def run_once(traced: bool, ranks: int, steps: int, warmup: int, tmp: Path, timeo
            str(TRAIN), "--steps", str(steps)]
     argv = job
     if traced:
-        cfg = _agent_config(tmp / "agent.yaml", libdir)
+        cfg = _agent_config(tmp / "agent.yaml", libdir, pipeline)
         out = tmp / f"traced-{time.monotonic_ns()}"
         argv = [sys.executable, "-m", "otel_ebpf", "run", "--quiet", "--config", str(cfg), "--output", str(out),
                 "--", *job]
@@ -97,6 +98,7 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--pipeline", default=",".join(PIPELINE), help="receivers (and processors) of the traced mode")
     a = p.parse_args()
     if os.geteuid() != 0:
         print("run as root: the traced mode loads BPF programs", file=sys.stderr)
@@ -105,11 +107,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="otel-ebpf-bench-") as d:
         for r in range(a.rounds):
             for mode in ("untraced", "traced") if r % 2 == 0 else ("traced", "untraced"):
-                step = run_once(mode == "traced", a.ranks, a.steps, a.warmup, Path(d), a.timeout)
+                step = run_once(mode == "traced", a.ranks, a.steps, a.warmup, Path(d), a.timeout,
+                                a.pipeline.split(","))
                 results[mode].append(step)
                 print(f"round {r + 1}/{a.rounds} {mode}: {step * 1000:.1f} ms/step", file=sys.stderr, flush=True)
     base = statistics.median(results["untraced"])
-    print(f"| mode ({a.ranks} ranks, {a.steps} steps, {a.rounds} rounds) | ms per step (median) | vs untraced |")
+    print(f"| mode ({a.pipeline}; {a.ranks} ranks, {a.steps} steps, {a.rounds} rounds) "
+          "| ms per step (median) | vs untraced |")
     print("|---|---|---|")
     for mode, steps in results.items():
         med = statistics.median(steps)
