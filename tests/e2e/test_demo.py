@@ -8,7 +8,6 @@ crash is the thing being demonstrated, reported in the files and the summary.
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 
 from otel_ebpf.twin import TwinEnv, TwinSetupError, find_env
 from tests.support.otlp_sink import decode_attrs, spans_from_jsonl
+from tests.twin.support import slot_cleaned
 
 pytestmark = [pytest.mark.bpf, pytest.mark.timeout(420)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,23 +58,6 @@ def roots(traces: Spans) -> list[tuple[Any, dict[str, Any]]]:
             if not span.parent_span_id and "nccl.op" in attrs]
 
 
-def no_namespaces(stdout: str) -> bool:
-    """Nothing left behind by the run that printed ``stdout``: no namespace or root-side veth of its node slot
-    (read from the gateway's address, 10.213.(128 + slot).1). Another run may hold the slot by now (runs of
-    other tests or users coexist): then its namespaces are that run's and nothing can be said."""
-    m = re.search(r"gateway listening on 10\.213\.(\d+)\.1:", stdout)
-    assert m, stdout
-    slot = int(m.group(1)) - 128
-    with open(f"/run/otel-ebpf/nodes-{slot}.lock", "wb") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True  # in use by a newer run
-        listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
-        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10).stdout
-        return f"oe-twin-{slot}-" not in listing and not re.search(rf"^\d+:\s+oe{slot}h\b", links, re.M)
-
-
 def test_demo_joins_every_collective_of_every_communicator_and_names_the_straggler(
         bpf_ready: None, twin_ready: TwinEnv, tmp_path: Path) -> None:
     run = demo(tmp_path / "out", "--steps", "6", "--straggler", "3", "--straggler-delay-ms", "60")
@@ -99,7 +82,7 @@ def test_demo_joins_every_collective_of_every_communicator_and_names_the_straggl
     page = (tmp_path / "out" / "report.html").read_text()  # the run leaves a report to open
     assert str(tmp_path / "out" / "report.html") in run.stdout and '"straggler"' in page
     assert not re.search(r'<(script|link|img)[^>]+(src|href)="https?://', page)  # opens offline
-    assert no_namespaces(run.stdout)
+    assert slot_cleaned(run.stdout)
 
 
 def test_demo_crash_is_reported_as_a_partial_collective_and_a_desync(
@@ -116,7 +99,7 @@ def test_demo_crash_is_reported_as_a_partial_collective_and_a_desync(
     assert any(m == {1} and "node-0" in hosts for m, _arrived, hosts in missing), missing
     stuck = set().union(*(arrived for _m, arrived, _h in missing))
     assert all(m <= stuck | {1} for m, _arrived, _h in missing), missing
-    assert no_namespaces(run.stdout)
+    assert slot_cleaned(run.stdout)
 
 
 def partial_collectives(traces: Spans) -> list[tuple[set[int], set[int], list[str]]]:

@@ -4,7 +4,9 @@
 (:func:`gateway_view` and the ``*_problems`` functions, :func:`counters`, :func:`joined_numbers`)."""
 from __future__ import annotations
 
+import fcntl
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -17,9 +19,23 @@ from typing import Any
 from otel_ebpf.twin import TwinEnv
 from otel_ebpf.twin.launch import twin_environment
 
-__all__ = ["GatewayView", "Group", "Instance", "P2p", "counters", "gateway_view",
-           "joined_numbers", "kill_problems", "membership_problems", "p2p_problems", "rank_records",
-           "straggler_problems", "torch_groups", "traced_run"]
+__all__ = [
+    "GatewayView",
+    "Group",
+    "Instance",
+    "P2p",
+    "counters",
+    "gateway_view",
+    "joined_numbers",
+    "kill_problems",
+    "membership_problems",
+    "p2p_problems",
+    "rank_records",
+    "slot_cleaned",
+    "straggler_problems",
+    "torch_groups",
+    "traced_run",
+]
 
 Group = dict[int, tuple[int, int]]  # global rank -> (rank in the group, group size)
 
@@ -288,3 +304,20 @@ def _paired(spans: Sequence[P2p]) -> bool:
 def _p2p_phase(view: GatewayView, spans: Sequence[P2p]) -> str:
     first = min(spans, key=lambda p: p.start)
     return "?" if first.rank < 0 else view.phase_of(first.rank, first.start)
+
+
+def slot_cleaned(said: str) -> bool:
+    """Nothing left behind by the cluster run that printed ``said``: no namespace or root-side veth of its node
+    slot (read from the gateway's address, 10.213.(128 + slot).1). Another run may hold the slot by now (runs of
+    other tests or users coexist): then its namespaces are that run's and nothing can be said."""
+    m = re.search(r"gateway listening on 10\.213\.(\d+)\.1:", said)
+    assert m, said
+    slot = int(m.group(1)) - 128
+    with open(f"/run/otel-ebpf/nodes-{slot}.lock", "wb") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True  # in use by a newer run
+        listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10).stdout
+        return f"oe-twin-{slot}-" not in listing and not re.search(rf"^\d+:\s+oe{slot}h\b", links, re.M)

@@ -3,9 +3,7 @@ torchrun under its own ``otel-ebpf run`` agent, one gateway joining every collec
 Needs root and BCC (runs in CI)."""
 from __future__ import annotations
 
-import fcntl
 import re
-import subprocess
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ from otel_ebpf.twin import TwinEnv
 from otel_ebpf.twin.cluster import ClusterSpec, run_cluster
 from tests.support.otlp_sink import decode_attrs, spans_from_jsonl
 from tests.twin.conftest import PROGRAMS
+from tests.twin.support import slot_cleaned
 
 pytestmark = [pytest.mark.bpf, pytest.mark.timeout(400)]
 
@@ -53,18 +52,3 @@ def test_two_nodes_give_one_joined_trace_per_collective_with_all_four_ranks(
     assert not any(a.get("nccl.partial") for a in roots)
     assert (run.logs / "node-0.log").exists() and (run.logs / "gateway.log").exists()
     assert slot_cleaned("\n".join(said))
-
-
-def slot_cleaned(said: str) -> bool:
-    """No namespace of the run's node slot (10.213.(128 + slot).1, from its progress) is left, unless another run
-    (other tests, users) holds the slot by now."""
-    m = re.search(r"gateway listening on 10\.213\.(\d+)\.1:", said)
-    assert m, said
-    slot = int(m.group(1)) - 128
-    with open(f"/run/otel-ebpf/nodes-{slot}.lock", "wb") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
-        return f"oe-twin-{slot}-" not in listing
