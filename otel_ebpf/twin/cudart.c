@@ -13,16 +13,32 @@
  * - Device memory is real, addressable memory: copies and memsets move the bytes, so every host-visible
  *   value (tensor.cpu(), NCCL results) is real data.
  * - Sticky "last error" per thread: cudaGetLastError returns and resets, cudaPeekAtLastError only returns.
+ * - Streams are FIFO queues, each drained by its own worker thread (CUDA Programming Guide 13.0, "Streams"):
+ *   cudaMemcpyAsync, cudaMemsetAsync, cudaEventRecord, host functions and NCCL's work (__cudaTwinLaunch)
+ *   run in call order on their stream, after the calls return.  cudaStreamWaitEvent makes a stream wait for
+ *   the work an event captured; cudaStreamQuery/cudaEventQuery say cudaErrorNotReady while work is pending;
+ *   cudaStreamSynchronize, cudaEventSynchronize and cudaDeviceSynchronize block until it is done.  An event's
+ *   time is the host time at which its stream reached it (as a GPU timestamps it when the stream does).
+ * - The legacy default stream (0, cudaStreamLegacy) waits for prior work on every blocking stream of its
+ *   device, and blocking streams wait for it; streams made with cudaStreamNonBlocking do not (CUDA Runtime
+ *   API 13.0, "Stream synchronization behavior").  cudaStreamPerThread is a blocking stream per host thread.
+ * - Host synchronisation of copies as the CUDA Runtime API 13.0 "API synchronization behavior" page says:
+ *   cudaMemcpy returns once done, except device to device; cudaMemcpyAsync to or from pageable host memory
+ *   (memory cudaHostAlloc did not make and cudaHostRegister did not register) returns once done; cudaMemset
+ *   on device memory does not wait; cudaFree and cudaFreeHost wait for all work first.
  * What differs from a GPU (said in docs/twin.md):
  * - Device memory is host memory (the model's one big simplification): kernels are never run, they are
- *   counted and do nothing, so values a kernel would compute are left as they were.
- * - Work is never asynchronous: copies happen inside the call; streams and events are always complete
- *   (cudaStreamQuery/cudaEventQuery give cudaSuccess, never cudaErrorNotReady); event times are host times at
- *   cudaEventRecord.  NCCL work is synchronous too (nccl_coll.c).
+ *   counted and do nothing, so values a kernel would compute are left as they were.  A kernel launch takes
+ *   no stream time: only copies, memsets, host functions and NCCL's work occupy a stream.
+ * - Work on an idle stream whose dependencies are met runs inside the call, on the calling thread (the same
+ *   observable order; no thread hand-off for the common case).
  * - Graph capture, CUDA IPC and driver entry points are refused (cudaErrorNotSupported /
  *   cudaErrorSymbolNotFound), which torch handles as "not available".
+ * - A stream's worker thread, once started, lives until the process exits; a destroyed stream's struct is
+ *   kept (events may still point at it).  Streams are not safe across fork(), as CUDA contexts are not.
  *
- * Env: OTEL_EBPF_TWIN_GPUS=N, OTEL_EBPF_TWIN_TRACE=1 (log calls to stderr).
+ * Env: OTEL_EBPF_TWIN_GPUS=N, OTEL_EBPF_TWIN_NODE=k (the node index: devices' UUIDs and PCI domains differ
+ * per node, as GPUs of different machines do), OTEL_EBPF_TWIN_TRACE=1 (log calls to stderr).
  */
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
@@ -58,6 +74,13 @@ static int device_count(void)
     return n < 0 ? 0 : n;
 }
 
+/* OTEL_EBPF_TWIN_NODE: which node of a twin cluster this process runs on (otel_ebpf/twin/cluster.py). */
+static int node_index(void)
+{
+    const char *s = getenv("OTEL_EBPF_TWIN_NODE");
+    return s != NULL ? atoi(s) : 0;
+}
+
 static __thread int cur_dev;
 static __thread cudaError_t last_err = cudaSuccess;
 
@@ -69,7 +92,8 @@ static cudaError_t fail(cudaError_t e)
 }
 
 /* ---- allocations: a registry so cudaPointerGetAttributes can answer, as UVA does ---- */
-struct alloc { void *p; size_t n; int dev; int host; struct alloc *next; };
+/* host: cudaHostAlloc'd or cudaHostRegister'ed (pinned); owned: ours to unmap (not a registered range) */
+struct alloc { void *p; size_t n; int dev; int host; int owned; struct alloc *next; };
 static struct alloc *allocs;
 static pthread_mutex_t alloc_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -84,7 +108,7 @@ static void *do_alloc(size_t n, int host)
             munmap(p, len);
         return NULL;
     }
-    *a = (struct alloc){ p, len, cur_dev, host, NULL };
+    *a = (struct alloc){ p, len, cur_dev, host, 1, NULL };
     pthread_mutex_lock(&alloc_mu);
     a->next = allocs;
     allocs = a;
@@ -116,7 +140,8 @@ static cudaError_t do_free(void *p)
     a = find_alloc(p, 1);
     if (a == NULL)
         return fail(cudaErrorInvalidValue);
-    munmap(a->p, a->n);
+    if (a->owned)
+        munmap(a->p, a->n);
     free(a);
     return cudaSuccess;
 }
@@ -146,6 +171,9 @@ API const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorSymbolNotFound: return "cudaErrorSymbolNotFound";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
     default: snprintf(buf, sizeof(buf), "cudaError_%d", (int)e); return buf;
     }
 }
@@ -175,7 +203,6 @@ API cudaError_t cudaSetDevice(int d)
     cur_dev = d;
     return cudaSuccess;
 }
-API cudaError_t cudaDeviceSynchronize(void) { T(); return cudaSuccess; } /* nothing is ever pending */
 
 API cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d)
 {
@@ -184,8 +211,11 @@ API cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d)
         return fail(cudaErrorInvalidDevice);
     memset(p, 0, sizeof(*p));
     snprintf(p->name, sizeof(p->name), "otel-ebpf twin GPU %d (no GPU)", d);
+    /* distinct per device and per node, as NCCL's topology and NVML-keyed tools want; PCI bus ids repeat
+     * across nodes, as on identical real machines */
     for (int i = 0; i < 16; i++)
-        p->uuid.bytes[i] = (char)(0x40 + d * 16 + i); /* distinct per device, as NCCL's topology wants */
+        p->uuid.bytes[i] = (char)(0x40 + d * 16 + i);
+    memcpy(p->uuid.bytes, &(uint32_t){ 0x6e696e74u ^ (uint32_t)node_index() }, 4);
     p->totalGlobalMem = 80ULL << 30;
     p->sharedMemPerBlock = 48 << 10;
     p->regsPerBlock = 65536;
@@ -280,16 +310,358 @@ API cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
 API cudaError_t cudaDeviceCanAccessPeer(int *can, int d, int peer) { (void)d; (void)peer; *can = 1; return cudaSuccess; }
 API cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) { (void)peer; (void)flags; return cudaSuccess; }
 
-/* ---- memory: copies and memsets complete inside the call (see the header comment) ---- */
+/* ---- streams: FIFO queues of work, each drained in order by its own worker thread ---- */
+
+#define STREAM_MAGIC 0x5354524d5457494eULL
+#define MAX_DEVICES 64
+struct twin_event;
+enum op_kind { OP_COPY, OP_SET, OP_RECORD, OP_WAIT, OP_HOST, OP_CALLBACK, OP_FREE };
+struct op {
+    enum op_kind kind;
+    uint64_t pos; /* its place on its stream: it runs once the stream's `done` is pos - 1 */
+    struct op *next;
+    union {
+        struct { void *d; const void *s; size_t w, h, dp, sp; } copy; /* rows of w bytes (h = 1: a plain copy) */
+        struct { void *d; int v; size_t n; } set;
+        struct { struct twin_event *e; } rec;
+        struct { struct twin_stream *s; uint64_t upto; } wait; /* until s has done its op `upto` */
+        struct { void (*fn)(void *); void *arg; } host;
+        struct { cudaStreamCallback_t cb; cudaStream_t handle; void *arg; } callback;
+        struct { void *p; } free;
+    } u;
+};
+struct twin_stream {
+    uint64_t magic;
+    int dev, prio;
+    unsigned flags;
+    int legacy;            /* the device's legacy default stream */
+    uint64_t enq, done;    /* ops placed so far; ops finished so far (done <= enq; idle when equal) */
+    struct op *head, *tail;
+    int has_worker;
+    struct twin_stream *next_all;
+};
+#define EVENT_MAGIC 0x45564e545457494eULL
+struct twin_event {
+    uint64_t magic;
+    double t_ms;
+    unsigned flags;
+    int refs;                     /* the handle, plus each record op not yet run */
+    struct twin_stream *rec_on;   /* the stream of the last cudaEventRecord (NULL: never recorded) */
+    uint64_t rec_pos;             /* that record's place on it: the event is complete once it is done */
+};
+
+/* One lock and one condition for all streams of the process: waits are few and short-lived. */
+static pthread_mutex_t q_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t q_cv = PTHREAD_COND_INITIALIZER;
+static struct twin_stream *all_streams;
+static struct twin_stream *legacy_streams[MAX_DEVICES];
+static __thread struct twin_stream *per_thread_streams[MAX_DEVICES];
+
+static struct twin_stream *stream_alloc_locked(int dev, unsigned flags, int prio, int legacy)
+{
+    struct twin_stream *f = calloc(1, sizeof(*f));
+    if (f == NULL)
+        return NULL;
+    *f = (struct twin_stream){ .magic = STREAM_MAGIC, .dev = dev, .prio = prio, .flags = flags, .legacy = legacy };
+    f->next_all = all_streams;
+    all_streams = f;
+    return f;
+}
+
+static struct twin_stream *stream_of(cudaStream_t s)
+{
+    struct twin_stream *f = (struct twin_stream *)s;
+    return (uintptr_t)f > 16 && f->magic == STREAM_MAGIC ? f : NULL;
+}
+
+/* The stream a handle names, under q_mu: 0 and cudaStreamLegacy are the current device's legacy default
+ * stream, cudaStreamPerThread this thread's (driver_types.h 13.0); NULL for a handle that is no stream. */
+static struct twin_stream *resolve_locked(cudaStream_t s)
+{
+    int dev = cur_dev >= 0 && cur_dev < MAX_DEVICES ? cur_dev : 0;
+    if (s == NULL || s == cudaStreamLegacy) {
+        if (legacy_streams[dev] == NULL)
+            legacy_streams[dev] = stream_alloc_locked(dev, 0, 0, 1);
+        return legacy_streams[dev];
+    }
+    if (s == cudaStreamPerThread) {
+        if (per_thread_streams[dev] == NULL)
+            per_thread_streams[dev] = stream_alloc_locked(dev, 0, 0, 0);
+        return per_thread_streams[dev];
+    }
+    return stream_of(s);
+}
+
+static int blocking(const struct twin_stream *f) { return !(f->flags & cudaStreamNonBlocking); }
+
+/* Runs one op's work (outside q_mu). */
+static void run_op(struct op *o)
+{
+    switch (o->kind) {
+    case OP_COPY:
+        for (size_t i = 0; i < o->u.copy.h; i++)
+            if (o->u.copy.w)
+                memmove((char *)o->u.copy.d + i * o->u.copy.dp, (const char *)o->u.copy.s + i * o->u.copy.sp,
+                        o->u.copy.w);
+        break;
+    case OP_SET:
+        if (o->u.set.n)
+            memset(o->u.set.d, o->u.set.v, o->u.set.n);
+        break;
+    case OP_RECORD:
+        o->u.rec.e->t_ms = now_ms();
+        break;
+    case OP_HOST:
+        o->u.host.fn(o->u.host.arg);
+        break;
+    case OP_CALLBACK:
+        o->u.callback.cb(o->u.callback.handle, cudaSuccess, o->u.callback.arg);
+        break;
+    case OP_FREE:
+        do_free(o->u.free.p);
+        break;
+    case OP_WAIT:
+        break;
+    }
+}
+
+/* After an op ran, under q_mu: its stream moves on, and an event whose handle is gone is freed. */
+static void finish_locked(struct twin_stream *f, struct op *o)
+{
+    f->done = o->pos;
+    if (o->kind == OP_RECORD && --o->u.rec.e->refs == 0)
+        free(o->u.rec.e);
+    pthread_cond_broadcast(&q_cv);
+}
+
+static int ready_locked(const struct twin_stream *f, const struct op *o)
+{
+    return f->done == o->pos - 1 && (o->kind != OP_WAIT || o->u.wait.s->done >= o->u.wait.upto);
+}
+
+static void *stream_worker(void *arg)
+{
+    struct twin_stream *f = arg;
+    pthread_mutex_lock(&q_mu);
+    for (;;) {
+        struct op *o = f->head;
+        if (o == NULL || !ready_locked(f, o)) {
+            pthread_cond_wait(&q_cv, &q_mu);
+            continue;
+        }
+        f->head = o->next;
+        if (f->head == NULL)
+            f->tail = NULL;
+        pthread_mutex_unlock(&q_mu);
+        run_op(o);
+        pthread_mutex_lock(&q_mu);
+        finish_locked(f, o);
+        free(o);
+    }
+    return NULL;
+}
+
+/* Appends an op to a stream, under q_mu, starting the stream's worker on first use. */
+static cudaError_t push_locked(struct twin_stream *f, struct op *o)
+{
+    if (!f->has_worker) {
+        pthread_t t;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&at, 256 << 10);
+        if (pthread_create(&t, &at, stream_worker, f) != 0) {
+            pthread_attr_destroy(&at);
+            return cudaErrorMemoryAllocation;
+        }
+        pthread_attr_destroy(&at);
+        f->has_worker = 1;
+    }
+    o->pos = ++f->enq;
+    o->next = NULL;
+    if (f->tail != NULL)
+        f->tail->next = o;
+    else
+        f->head = o;
+    f->tail = o;
+    pthread_cond_broadcast(&q_cv);
+    return cudaSuccess;
+}
+
+static cudaError_t push_wait_locked(struct twin_stream *f, struct twin_stream *on, uint64_t upto)
+{
+    struct op *w;
+    if (on == f || on->done >= upto)
+        return cudaSuccess; /* a stream's own work is in order already; finished work needs no wait */
+    if ((w = calloc(1, sizeof(*w))) == NULL)
+        return cudaErrorMemoryAllocation;
+    w->kind = OP_WAIT;
+    w->u.wait.s = on;
+    w->u.wait.upto = upto;
+    return push_locked(f, w);
+}
+
+/* The implicit waits of the legacy default stream, under q_mu: work on it waits for prior work on every
+ * blocking stream of its device; work on a blocking stream waits for prior work on the legacy stream. */
+static cudaError_t implicit_waits_locked(struct twin_stream *f)
+{
+    cudaError_t rc = cudaSuccess;
+    if (f->legacy) {
+        for (struct twin_stream *b = all_streams; b != NULL && rc == cudaSuccess; b = b->next_all)
+            if (b != f && b->dev == f->dev && blocking(b) && b->magic == STREAM_MAGIC)
+                rc = push_wait_locked(f, b, b->enq);
+    } else if (blocking(f) && f->dev < MAX_DEVICES && legacy_streams[f->dev] != NULL) {
+        rc = push_wait_locked(f, legacy_streams[f->dev], legacy_streams[f->dev]->enq);
+    }
+    return rc;
+}
+
+/* Places `o` (heap-allocated, taken over) on stream handle `s`.  When that stream is idle and has nothing
+ * to wait for, the op runs here and now (`inline_ok`); otherwise its worker runs it later.  With `host_wait`
+ * the call returns once the op is done (a host-synchronous API).  `o` is gone when this returns. */
+static cudaError_t submit(cudaStream_t s, struct op *o, int inline_ok, int host_wait)
+{
+    struct twin_stream *f;
+    cudaError_t rc;
+    uint64_t pos;
+    pthread_mutex_lock(&q_mu);
+    if ((f = resolve_locked(s)) == NULL) {
+        pthread_mutex_unlock(&q_mu);
+        if (o->kind == OP_RECORD)
+            o->u.rec.e->refs--;
+        free(o);
+        return fail(s == NULL || (uintptr_t)s <= 16 ? cudaErrorMemoryAllocation : cudaErrorInvalidResourceHandle);
+    }
+    if ((rc = implicit_waits_locked(f)) == cudaSuccess && inline_ok && f->enq == f->done) {
+        o->pos = ++f->enq; /* placed but not queued: later ops on f wait for it (ready_locked) */
+        if (o->kind == OP_RECORD) {
+            o->u.rec.e->rec_on = f;
+            o->u.rec.e->rec_pos = o->pos;
+        }
+        pthread_mutex_unlock(&q_mu);
+        run_op(o);
+        pthread_mutex_lock(&q_mu);
+        finish_locked(f, o);
+        pthread_mutex_unlock(&q_mu);
+        free(o);
+        return cudaSuccess;
+    }
+    if (rc == cudaSuccess)
+        rc = push_locked(f, o);
+    if (rc != cudaSuccess) {
+        pthread_mutex_unlock(&q_mu);
+        if (o->kind == OP_RECORD)
+            o->u.rec.e->refs--;
+        free(o);
+        return fail(rc);
+    }
+    if (o->kind == OP_RECORD) {
+        o->u.rec.e->rec_on = f;
+        o->u.rec.e->rec_pos = o->pos;
+    }
+    pos = o->pos; /* o may be freed by the worker from here on */
+    while (host_wait && f->done < pos)
+        pthread_cond_wait(&q_cv, &q_mu);
+    pthread_mutex_unlock(&q_mu);
+    return cudaSuccess;
+}
+
+/* Blocks until every op placed so far on the streams `match` selects is done. */
+static void drain(int dev, int legacy_rules, struct twin_stream *only)
+{
+    pthread_mutex_lock(&q_mu);
+    for (struct twin_stream *f = all_streams; f != NULL; f = f->next_all) {
+        uint64_t upto = f->enq;
+        int mine = only != NULL ? f == only || (legacy_rules && f->dev == only->dev && blocking(f))
+                                : dev < 0 || f->dev == dev;
+        while (mine && f->done < upto)
+            pthread_cond_wait(&q_cv, &q_mu);
+    }
+    pthread_mutex_unlock(&q_mu);
+}
+
+static struct op *new_op(enum op_kind k)
+{
+    struct op *o = calloc(1, sizeof(*o));
+    if (o != NULL)
+        o->kind = k;
+    return o;
+}
+
+/* The last work launched for one NCCL communicator (nccl_twin.h, same layout): read and moved under q_mu. */
+struct twin_order { void *stream; uint64_t pos; };
+
+/* Private to the twin's libnccl.so.2 (nccl_twin.h): runs fn(arg) as one piece of work on streams[0] once
+ * every one of the `n` streams has finished the work placed on it so far, and makes streams[1..n-1] wait
+ * for it, as NCCL 2.28.9 src/enqueue.cc ncclLaunchPrepare joins a group's user streams onto the first one
+ * (ncclStreamWaitStream) and, after the launch, makes the others wait for it (ncclLaunchFinish).  It also
+ * runs after the last work launched for each of the `norders` communicators, and becomes their last: NCCL
+ * orders all work of a communicator, whatever the user streams, through its device stream
+ * (comm->sharedRes->deviceStream, a strong stream the launch stream waits for and then joins).  Never runs
+ * fn inline: the caller returns while the work waits for its peers, as after a kernel launch.  Not a CUDA
+ * API; no torch library imports it. */
+API cudaError_t __cudaTwinLaunch(const cudaStream_t *streams, int n, struct twin_order *const *orders, int norders,
+                                 void (*fn)(void *), void *arg)
+{
+    struct twin_stream *first, *f;
+    struct op *o = new_op(OP_HOST);
+    cudaError_t rc = cudaSuccess;
+    if (o == NULL || n < 1) {
+        free(o);
+        return fail(n < 1 ? cudaErrorInvalidValue : cudaErrorMemoryAllocation);
+    }
+    o->u.host.fn = fn;
+    o->u.host.arg = arg;
+    pthread_mutex_lock(&q_mu);
+    if ((first = resolve_locked(streams[0])) == NULL)
+        rc = cudaErrorInvalidResourceHandle;
+    for (int i = 1; i < n && rc == cudaSuccess; i++)
+        rc = (f = resolve_locked(streams[i])) == NULL ? cudaErrorInvalidResourceHandle
+                                                      : push_wait_locked(first, f, f->enq);
+    for (int i = 0; i < norders && rc == cudaSuccess; i++)
+        if (orders[i]->stream != NULL)
+            rc = push_wait_locked(first, orders[i]->stream, orders[i]->pos);
+    if (rc == cudaSuccess)
+        rc = implicit_waits_locked(first);
+    if (rc == cudaSuccess)
+        rc = push_locked(first, o);
+    else
+        free(o);
+    for (int i = 0; i < norders && rc == cudaSuccess; i++)
+        *orders[i] = (struct twin_order){ first, first->enq };
+    for (int i = 1; i < n && rc == cudaSuccess; i++)
+        rc = push_wait_locked(resolve_locked(streams[i]), first, first->enq);
+    pthread_mutex_unlock(&q_mu);
+    return rc == cudaSuccess ? cudaSuccess : fail(rc);
+}
+
+/* ---- memory ---- */
 API cudaError_t cudaMalloc(void **p, size_t n)
 {
     T();
     *p = do_alloc(n, 0);
     return *p != NULL ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
-API cudaError_t cudaFree(void *p) { T(); return do_free(p); }
+/* cudaFree and cudaFreeHost synchronise the device first (CUDA Runtime API 13.0, "API synchronization
+ * behavior"); here every stream of the process, since a buffer may be in use on any of them. */
+API cudaError_t cudaFree(void *p)
+{
+    T();
+    if (p != NULL)
+        drain(-1, 0, NULL);
+    return do_free(p);
+}
 API cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) { (void)s; return cudaMalloc(p, n); }
-API cudaError_t cudaFreeAsync(void *p, cudaStream_t s) { (void)s; return do_free(p); }
+API cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
+{
+    struct op *o;
+    if (p == NULL)
+        return cudaSuccess;
+    if ((o = new_op(OP_FREE)) == NULL)
+        return fail(cudaErrorMemoryAllocation);
+    o->u.free.p = p;
+    return submit(s, o, 1, 0);
+}
 API cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
 {
     T();
@@ -297,43 +669,100 @@ API cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
     *p = do_alloc(n, 1);
     return *p != NULL ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
-API cudaError_t cudaFreeHost(void *p) { T(); return do_free(p); }
-API cudaError_t cudaHostRegister(void *p, size_t n, unsigned int f) { (void)p; (void)n; (void)f; return cudaSuccess; }
-API cudaError_t cudaHostUnregister(void *p) { (void)p; return cudaSuccess; }
+API cudaError_t cudaFreeHost(void *p)
+{
+    T();
+    if (p != NULL)
+        drain(-1, 0, NULL);
+    return do_free(p);
+}
+/* A registered range is pinned: copies to and from it no longer wait (see the header comment). */
+API cudaError_t cudaHostRegister(void *p, size_t n, unsigned int f)
+{
+    struct alloc *a = malloc(sizeof(*a));
+    (void)f;
+    if (a == NULL)
+        return fail(cudaErrorMemoryAllocation);
+    *a = (struct alloc){ p, n ? n : 1, cur_dev, 1, 0, NULL };
+    pthread_mutex_lock(&alloc_mu);
+    a->next = allocs;
+    allocs = a;
+    pthread_mutex_unlock(&alloc_mu);
+    return cudaSuccess;
+}
+API cudaError_t cudaHostUnregister(void *p)
+{
+    struct alloc *a = find_alloc(p, 0);
+    if (a == NULL || a->owned || a->p != p)
+        return fail(cudaErrorHostMemoryNotRegistered);
+    free(find_alloc(p, 1));
+    return cudaSuccess;
+}
 API cudaError_t cudaMemGetInfo(size_t *fr, size_t *tot) { T(); *fr = 79ULL << 30; *tot = 80ULL << 30; return cudaSuccess; }
 
+/* Pageable: host memory the runtime neither allocated nor registered. */
+static int pageable(const void *p) { return find_alloc(p, 0) == NULL; }
+static int on_device(const void *p)
+{
+    struct alloc *a = find_alloc(p, 0);
+    return a != NULL && !a->host;
+}
+
+static cudaError_t copy_op(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h, cudaStream_t st,
+                           int host_wait)
+{
+    struct op *o = new_op(OP_COPY);
+    if (o == NULL)
+        return fail(cudaErrorMemoryAllocation);
+    o->u.copy.d = d;
+    o->u.copy.s = s;
+    o->u.copy.w = w;
+    o->u.copy.h = h;
+    o->u.copy.dp = dp;
+    o->u.copy.sp = sp;
+    return submit(st, o, 1, host_wait);
+}
+
+/* Synchronous cudaMemcpy: on the legacy stream, returning once done unless device to device. */
 API cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 {
     (void)k;
-    if (n)
-        memmove(d, s, n);
-    return cudaSuccess;
+    return copy_op(d, n, s, n, n, 1, NULL, !(on_device(d) && on_device(s)));
 }
 API cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
 {
-    (void)st;
-    return cudaMemcpy(d, s, n, k);
+    (void)k;
+    return copy_op(d, n, s, n, n, 1, st, n > 0 && (pageable(d) || pageable(s)));
 }
 API cudaError_t cudaMemcpyPeerAsync(void *d, int dd, const void *s, int sd, size_t n, cudaStream_t st)
 {
-    (void)dd; (void)sd; (void)st;
-    return cudaMemcpy(d, s, n, cudaMemcpyDefault);
+    (void)dd; (void)sd;
+    return copy_op(d, n, s, n, n, 1, st, 0);
 }
 API cudaError_t cudaMemcpy2DAsync(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h,
                                   enum cudaMemcpyKind k, cudaStream_t st)
 {
-    (void)k; (void)st;
-    for (size_t i = 0; i < h; i++)
-        memmove((char *)d + i * dp, (const char *)s + i * sp, w);
-    return cudaSuccess;
+    (void)k;
+    return copy_op(d, dp, s, sp, w, h, st, w > 0 && h > 0 && (pageable(d) || pageable(s)));
 }
-API cudaError_t cudaMemset(void *d, int v, size_t n) { if (n) memset(d, v, n); return cudaSuccess; }
-API cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t s) { (void)s; return cudaMemset(d, v, n); }
+static cudaError_t set_op(void *d, int v, size_t n, cudaStream_t st, int host_wait)
+{
+    struct op *o = new_op(OP_SET);
+    if (o == NULL)
+        return fail(cudaErrorMemoryAllocation);
+    o->u.set.d = d;
+    o->u.set.v = v;
+    o->u.set.n = n;
+    return submit(st, o, 1, host_wait);
+}
+/* cudaMemset waits only when its target is not device memory ("API synchronization behavior", Memset). */
+API cudaError_t cudaMemset(void *d, int v, size_t n) { return set_op(d, v, n, NULL, !on_device(d)); }
+API cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t s) { return set_op(d, v, n, s, 0); }
+/* A __device__ variable is its host shadow here; the copy is a synchronous one on the legacy stream. */
 API cudaError_t cudaMemcpyToSymbol(const void *sym, const void *src, size_t n, size_t off, enum cudaMemcpyKind k)
 {
     (void)k;
-    memcpy((char *)sym + off, src, n); /* a __device__ variable is its host shadow here */
-    return cudaSuccess;
+    return copy_op((char *)sym + off, n, src, n, n, 1, NULL, 1);
 }
 API cudaError_t cudaGetSymbolAddress(void **dp, const void *sym) { *dp = (void *)sym; return cudaSuccess; }
 
@@ -380,35 +809,30 @@ API cudaError_t cudaIpcCloseMemHandle(void *p) { (void)p; return fail(cudaErrorN
 API cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t e) { T(); (void)h; (void)e; return fail(cudaErrorNotSupported); }
 API cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t h) { T(); (void)e; (void)h; return fail(cudaErrorNotSupported); }
 
-/* ---- streams: handles with a device and priority; always idle ---- */
-#define STREAM_MAGIC 0x5354524d5457494eULL
-struct twin_stream { uint64_t magic; int dev; int prio; unsigned flags; };
-
-/* Legacy (0) and per-thread (2) default streams are small constants, not objects (driver_types.h). */
-static struct twin_stream *stream_of(cudaStream_t s)
-{
-    struct twin_stream *f = (struct twin_stream *)s;
-    return (uintptr_t)f > 16 && f->magic == STREAM_MAGIC ? f : NULL;
-}
+/* ---- stream API ---- */
 static cudaError_t new_stream(cudaStream_t *s, unsigned flags, int prio)
 {
-    struct twin_stream *f = calloc(1, sizeof(*f));
+    struct twin_stream *f;
+    pthread_mutex_lock(&q_mu);
+    f = stream_alloc_locked(cur_dev, flags, prio, 0);
+    pthread_mutex_unlock(&q_mu);
     if (f == NULL)
         return fail(cudaErrorMemoryAllocation);
-    *f = (struct twin_stream){ STREAM_MAGIC, cur_dev, prio, flags };
     *s = (cudaStream_t)f;
     return cudaSuccess;
 }
 API cudaError_t cudaStreamCreate(cudaStream_t *s) { T(); return new_stream(s, 0, 0); }
+API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int f) { T(); return new_stream(s, f, 0); }
 API cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned int f, int prio) { T(); return new_stream(s, f, prio); }
+/* The handle stops being a stream at once; work already placed on it still runs (CUDA Runtime API 13.0,
+ * cudaStreamDestroy: "resources ... released automatically once the device has completed all work"). */
 API cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
     struct twin_stream *f = stream_of(s);
     T();
-    if (f != NULL) {
-        f->magic = 0;
-        free(f);
-    }
+    if (f == NULL)
+        return fail(cudaErrorInvalidResourceHandle);
+    f->magic = 0;
     return cudaSuccess;
 }
 API cudaError_t cudaStreamGetPriority(cudaStream_t s, int *prio)
@@ -417,19 +841,72 @@ API cudaError_t cudaStreamGetPriority(cudaStream_t s, int *prio)
     *prio = f != NULL ? f->prio : 0;
     return cudaSuccess;
 }
-API cudaError_t cudaStreamQuery(cudaStream_t s) { (void)s; return cudaSuccess; }
-API cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
-API cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int f) { (void)s; (void)e; (void)f; return cudaSuccess; }
-/* Host callbacks run once prior work is done: at once here, on the caller's thread (a GPU runs them on a
- * runtime thread later). */
-API cudaError_t cudaStreamAddCallback(cudaStream_t s, cudaStreamCallback_t cb, void *ud, unsigned int f)
+API cudaError_t cudaStreamQuery(cudaStream_t s)
 {
-    T();
-    (void)f;
-    cb(s, cudaSuccess, ud);
+    struct twin_stream *f;
+    int idle;
+    pthread_mutex_lock(&q_mu);
+    f = resolve_locked(s);
+    idle = f == NULL || f->done == f->enq;
+    pthread_mutex_unlock(&q_mu);
+    return idle ? cudaSuccess : cudaErrorNotReady; /* not-ready is not an error: last error untouched */
+}
+API cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    struct twin_stream *f;
+    pthread_mutex_lock(&q_mu);
+    f = resolve_locked(s);
+    pthread_mutex_unlock(&q_mu);
+    if (f == NULL)
+        return fail(cudaErrorInvalidResourceHandle);
+    drain(-1, f->legacy, f);
     return cudaSuccess;
 }
-API cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *ud) { T(); (void)s; fn(ud); return cudaSuccess; }
+API cudaError_t cudaDeviceSynchronize(void)
+{
+    T();
+    drain(cur_dev, 0, NULL);
+    return cudaSuccess;
+}
+API cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
+{
+    struct twin_event *ev = (struct twin_event *)e;
+    struct twin_stream *f;
+    cudaError_t rc = cudaSuccess;
+    (void)flags;
+    if (ev == NULL || ev->magic != EVENT_MAGIC)
+        return fail(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&q_mu);
+    if ((f = resolve_locked(s)) == NULL)
+        rc = cudaErrorInvalidResourceHandle;
+    else if (ev->rec_on != NULL)
+        rc = push_wait_locked(f, ev->rec_on, ev->rec_pos);
+    pthread_mutex_unlock(&q_mu);
+    return rc == cudaSuccess ? cudaSuccess : fail(rc);
+}
+/* Host functions run on the stream's worker once prior work is done (a GPU runs them on a runtime thread). */
+API cudaError_t cudaStreamAddCallback(cudaStream_t s, cudaStreamCallback_t cb, void *ud, unsigned int f)
+{
+    struct op *o = new_op(OP_CALLBACK);
+    T();
+    (void)f;
+    if (o == NULL)
+        return fail(cudaErrorMemoryAllocation);
+    o->u.callback.cb = cb;
+    o->u.callback.handle = s;
+    o->u.callback.arg = ud;
+    return submit(s, o, 0, 0);
+}
+API cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *ud)
+{
+    struct op *o = new_op(OP_HOST);
+    T();
+    if (o == NULL)
+        return fail(cudaErrorMemoryAllocation);
+    o->u.host.fn = fn;
+    o->u.host.arg = ud;
+    return submit(s, o, 0, 0);
+}
 
 /* ---- capture and graphs: never capturing; instantiating a graph is refused ---- */
 API cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *st)
@@ -467,48 +944,86 @@ API cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *e, cudaGraph_t g,
 API cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) { (void)e; (void)s; return fail(cudaErrorNotSupported); }
 API cudaError_t cudaGraphDebugDotPrint(cudaGraph_t g, const char *p, unsigned int f) { (void)g; (void)p; (void)f; return fail(cudaErrorNotSupported); }
 
-/* ---- events: complete at once; their time is the host time of cudaEventRecord ---- */
-#define EVENT_MAGIC 0x45564e545457494eULL
-struct twin_event { uint64_t magic; double t_ms; unsigned flags; };
-
+/* ---- events: complete once their stream has reached their last record ---- */
 API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int f)
 {
     struct twin_event *ev = calloc(1, sizeof(*ev));
     if (ev == NULL)
         return fail(cudaErrorMemoryAllocation);
-    *ev = (struct twin_event){ EVENT_MAGIC, now_ms(), f };
+    *ev = (struct twin_event){ .magic = EVENT_MAGIC, .t_ms = now_ms(), .flags = f, .refs = 1 };
     *e = (cudaEvent_t)ev;
     return cudaSuccess;
 }
 API cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+/* Destroying an event whose record is pending is allowed; it is freed once the record has run. */
 API cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
     struct twin_event *ev = (struct twin_event *)e;
-    if (ev != NULL && ev->magic == EVENT_MAGIC) {
-        ev->magic = 0;
+    if (ev == NULL || ev->magic != EVENT_MAGIC)
+        return fail(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&q_mu);
+    ev->magic = 0;
+    if (--ev->refs == 0)
         free(ev);
-    }
+    pthread_mutex_unlock(&q_mu);
     return cudaSuccess;
 }
 API cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     struct twin_event *ev = (struct twin_event *)e;
-    (void)s;
-    if (ev != NULL)
-        ev->t_ms = now_ms();
-    return cudaSuccess;
+    struct op *o;
+    if (ev == NULL || ev->magic != EVENT_MAGIC)
+        return fail(cudaErrorInvalidResourceHandle);
+    if ((o = new_op(OP_RECORD)) == NULL)
+        return fail(cudaErrorMemoryAllocation);
+    o->u.rec.e = ev;
+    pthread_mutex_lock(&q_mu);
+    ev->refs++;
+    pthread_mutex_unlock(&q_mu);
+    return submit(s, o, 1, 0);
 }
 API cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int f) { (void)f; return cudaEventRecord(e, s); }
-API cudaError_t cudaEventQuery(cudaEvent_t e) { (void)e; return cudaSuccess; }
-API cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
+
+static int event_done_locked(const struct twin_event *ev)
+{
+    return ev->rec_on == NULL || ev->rec_on->done >= ev->rec_pos;
+}
+API cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    struct twin_event *ev = (struct twin_event *)e;
+    int done;
+    if (ev == NULL || ev->magic != EVENT_MAGIC)
+        return fail(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&q_mu);
+    done = event_done_locked(ev);
+    pthread_mutex_unlock(&q_mu);
+    return done ? cudaSuccess : cudaErrorNotReady; /* not-ready is not an error: last error untouched */
+}
+API cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    struct twin_event *ev = (struct twin_event *)e;
+    if (ev == NULL || ev->magic != EVENT_MAGIC)
+        return fail(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&q_mu);
+    while (!event_done_locked(ev))
+        pthread_cond_wait(&q_cv, &q_mu);
+    pthread_mutex_unlock(&q_mu);
+    return cudaSuccess;
+}
 API cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 {
     struct twin_event *x = (struct twin_event *)a, *y = (struct twin_event *)b;
-    if (x == NULL || y == NULL)
+    int done;
+    if (x == NULL || y == NULL || x->magic != EVENT_MAGIC || y->magic != EVENT_MAGIC)
         return fail(cudaErrorInvalidResourceHandle);
     /* cudaEventDisableTiming events cannot be timed (cuda_runtime_api.h 13.0, cudaEventElapsedTime) */
     if ((x->flags | y->flags) & cudaEventDisableTiming)
         return fail(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&q_mu);
+    done = event_done_locked(x) && event_done_locked(y);
+    pthread_mutex_unlock(&q_mu);
+    if (!done)
+        return fail(cudaErrorNotReady);
     *ms = (float)(y->t_ms - x->t_ms);
     return cudaSuccess;
 }

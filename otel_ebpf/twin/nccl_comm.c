@@ -22,7 +22,7 @@
  * - ncclCommShrink and ncclCommInitRankScalable complete inside the call even when non-blocking.
  * - ncclCommShrink with NCCL_SHRINK_ABORT is treated as the default mode (no in-flight work to abort here).
  * - ncclCommInitRankScalable ignores all ids but the first (NCCL spreads its bootstrap over nId roots).
- * - ncclCommAbort does not free the communicator (another thread may be waiting in one of its collectives).
+ * - ncclCommAbort does not free the communicator (a stream's worker may still be reading it).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -348,26 +348,45 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, i
                     blocking_of(config, comm->blocking));
 }
 
-NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm)
+/* Waits until every launched group holding an operation of the comm has run. */
+static void flush(struct ncclComm *c)
 {
-    return twin_comm_ok(comm) ? ncclSuccess : ncclInvalidArgument;
+    while (__atomic_load_n(&c->pending, __ATOMIC_ACQUIRE) > 0 && !__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+        usleep(100);
 }
 
-/* ncclCommDestroy(NULL) is ncclSuccess (src/init.cc ncclCommDestroy). */
+/* Finalize flushes the comm's uncompleted operations (nccl.h 2.28.9 ncclCommFinalize; src/init.cc
+ * commFinalize waits on the comm's streams for a blocking comm). */
+NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm)
+{
+    if (!twin_comm_ok(comm))
+        return ncclInvalidArgument;
+    flush(comm);
+    return ncclSuccess;
+}
+
+/* ncclCommDestroy(NULL) is ncclSuccess (src/init.cc ncclCommDestroy); it finalizes first, so it waits for the
+ * comm's launched work, and so hangs while a peer that work waits for is dead, as NCCL's does (torch aborts
+ * instead in that case). */
 NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm)
 {
     if (comm == NULL)
         return ncclSuccess;
     if (comm->magic != TWIN_COMM_MAGIC)
         return ncclInvalidArgument;
+    flush(comm);
+    if (__atomic_load_n(&comm->aborted, __ATOMIC_ACQUIRE))
+        return ncclSuccess; /* aborted meanwhile: the abort keeps the struct (see ncclCommAbort) */
     comm->magic = 0;
     twin_shm_close(comm);
     free(comm);
     return ncclSuccess;
 }
 
-/* torch's watchdog calls this from its own thread while a collective may be waiting on the comm: mark it
- * so the waiter returns ncclRemoteError, and keep the struct (the waiter still reads it). */
+/* torch's watchdog calls this from its own thread while the comm's work may be waiting on a stream: mark it,
+ * so work waiting for peers stops and launched work not yet started does nothing (nccl_group.c
+ * group_job_run), as NCCL's kernels exit on the abort flag.  The struct is kept: a stream's worker may still
+ * be reading it. */
 NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm)
 {
     if (comm == NULL)

@@ -21,9 +21,12 @@
  * src/enqueue.cc ncclLaunchPrepare), then every send and recv of the group progresses together, so a rank's
  * grouped sends and recvs to each other cannot deadlock, however large.
  *
+ * The outermost ncclGroupEnd launches the group onto its streams and returns (group_run); the work runs on
+ * the stream's worker thread (cudart.c), where the rank waits for its peers as NCCL's kernel does.
+ *
  * Known differences from NCCL 2.28.9, not fixed yet (docs/twin.md lists them):
- * - The group completes inside ncclGroupEnd, on the calling thread (NCCL launches kernels and returns).
- * - Non-blocking groups (config.blocking = 0) also complete inside the call and return ncclSuccess.
+ * - Non-blocking groups (config.blocking = 0) launch inside the call and return ncclSuccess (NCCL may
+ *   return ncclInProgress and launch from a thread; both are allowed outcomes for a caller).
  * - ncclGroupSimulateEnd's estimatedTime is 0 (no model of algorithms or link speeds).
  * - A collective's argument error inside a group is not remembered for ncclGroupEnd (nccl_coll.c returns it).
  */
@@ -123,6 +126,7 @@ static ncclResult_t run_p2p(struct twin_task *tasks, int ntasks)
     int left = 0;
     for (int i = 0; i < ntasks; i++)
         left += tasks[i].kind != TWIN_COLL;
+    long polls = 0;
     for (long idle = 0; left > 0;) {
         int moved = 0;
         for (int i = 0; i < ntasks; i++) {
@@ -144,8 +148,12 @@ static ncclResult_t run_p2p(struct twin_task *tasks, int ntasks)
             }
         }
         idle = moved ? 0 : idle + 1;
-        if (idle > 200)
+        if (idle > 200) {
+            for (int i = 0; i < ntasks; i++)
+                if (tasks[i].kind != TWIN_COLL && tasks[i].done != SIZE_MAX)
+                    twin_peer_check(tasks[i].comm, &polls);
             usleep(50);
+        }
         else if (idle > 0)
             sched_yield();
     }
@@ -165,21 +173,90 @@ static void group_reset(void)
     group_error = ncclSuccess;
 }
 
+/* One launched group: its operations, run later by the stream's worker (cudart.c __cudaTwinLaunch). */
+struct group_job {
+    int n;
+    struct twin_task tasks[];
+};
+
+/* Runs a launched group on the stream's worker: collectives first in call order, then every send and recv
+ * together.  A group with an operation on an aborted comm does nothing (NCCL's kernels exit on the abort
+ * flag: src/device/common.h checks ncclShmem.comm.abortFlag), and one aborted while it waits stops
+ * (ncclRemoteError inside).  A failure other than an abort becomes the comms' async error, as an error after
+ * the launch does in NCCL (ncclCommGetAsyncError). */
+static void group_job_run(void *arg)
+{
+    struct group_job *j = arg;
+    ncclResult_t rc = ncclSuccess;
+    for (int i = 0; i < j->n; i++)
+        if (__atomic_load_n(&j->tasks[i].comm->aborted, __ATOMIC_ACQUIRE))
+            rc = ncclRemoteError;
+    for (int i = 0; i < j->n && rc == ncclSuccess; i++)
+        if (j->tasks[i].kind == TWIN_COLL)
+            rc = j->tasks[i].run(&j->tasks[i]);
+    if (rc == ncclSuccess)
+        rc = run_p2p(j->tasks, j->n);
+    for (int i = 0; i < j->n; i++) {
+        struct ncclComm *c = j->tasks[i].comm;
+        ncclResult_t ok = ncclSuccess;
+        if (rc != ncclSuccess && rc != ncclRemoteError)
+            __atomic_compare_exchange_n(&c->async_result, &ok, rc, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        __atomic_sub_fetch(&c->pending, 1, __ATOMIC_ACQ_REL);
+    }
+    free(j);
+}
+
+/* The outermost ncclGroupEnd: the group's operations go onto their streams as one piece of work and the call
+ * returns, as NCCL 2.28.9 does once its kernel is enqueued (src/group.cc groupLaunch -> doLaunches ->
+ * ncclLaunchKernel).  Every user stream of the group waits for the others' prior work and for the group, and
+ * the group runs after the last work launched on each of its comms (cudart.c __cudaTwinLaunch).  Nothing waits here for peers: a rank that is late or dead shows as work
+ * that does not complete on the stream (cudaEventQuery: cudaErrorNotReady), as on a GPU. */
 static ncclResult_t group_run(void)
 {
-    ncclResult_t rc = ncclSuccess;
-    for (int i = 0; i < group_len && rc == ncclSuccess; i++)
-        if (group_tasks[i].kind == TWIN_COLL)
-            rc = group_tasks[i].run(&group_tasks[i]);
-    if (rc == ncclSuccess)
-        rc = run_p2p(group_tasks, group_len);
+    struct group_job *j;
+    cudaStream_t *streams;
+    struct twin_order **orders;
+    int nstreams = 0, norders = 0;
+    if (group_len == 0)
+        return ncclSuccess;
+    j = malloc(sizeof(*j) + sizeof(struct twin_task) * (size_t)group_len);
+    streams = malloc(sizeof(*streams) * (size_t)group_len);
+    orders = malloc(sizeof(*orders) * (size_t)group_len);
+    if (j == NULL || streams == NULL || orders == NULL) {
+        free(j);
+        free(streams);
+        free(orders);
+        group_reset();
+        return ncclSystemError;
+    }
+    j->n = group_len;
+    memcpy(j->tasks, group_tasks, sizeof(struct twin_task) * (size_t)group_len);
+    for (int i = 0; i < group_len; i++) {
+        int seen = 0;
+        for (int k = 0; k < nstreams; k++)
+            seen |= streams[k] == group_tasks[i].stream;
+        if (!seen)
+            streams[nstreams++] = group_tasks[i].stream;
+        seen = 0;
+        for (int k = 0; k < norders; k++)
+            seen |= orders[k] == &group_tasks[i].comm->order;
+        if (!seen)
+            orders[norders++] = &group_tasks[i].comm->order;
+        __atomic_add_fetch(&group_tasks[i].comm->pending, 1, __ATOMIC_ACQ_REL);
+    }
     group_reset();
-    /* Aborted while waiting for peers (ncclRemoteError from the barrier or the p2p rings): NCCL 2.28.9 had
-     * returned ncclSuccess from this call long before, once the kernel was enqueued (src/enqueue.cc
-     * ncclEnqueueCheck); a dead peer or an abort shows only through ncclCommGetAsyncError, which says
-     * ncclRemoteError once aborted (nccl_comm.c).  So the call succeeds here too: what the caller and a
-     * tracer observe of it is then as on a GPU (a call that returned, a communicator that failed later). */
-    return rc == ncclRemoteError ? ncclSuccess : rc;
+    if (__cudaTwinLaunch(streams, nstreams, orders, norders, group_job_run, j) != cudaSuccess) {
+        for (int i = 0; i < j->n; i++)
+            __atomic_sub_fetch(&j->tasks[i].comm->pending, 1, __ATOMIC_ACQ_REL);
+        free(j);
+        free(streams);
+        free(orders);
+        twin_set_last_error("otel-ebpf twin: the CUDA runtime refused the group's stream");
+        return ncclUnhandledCudaError;
+    }
+    free(streams);
+    free(orders);
+    return ncclSuccess;
 }
 
 ncclResult_t twin_submit(const struct twin_task *t)

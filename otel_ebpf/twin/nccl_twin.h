@@ -25,6 +25,10 @@ struct twin_shm {
     size_t slot;
 };
 
+/* Where the comm's last launched work sits (cudart.c owns and moves it): all work of a comm runs in launch
+ * order, as NCCL's per-comm device stream orders it (comm->sharedRes->deviceStream). */
+struct twin_order { void *stream; uint64_t pos; };
+
 struct ncclComm {
     uint64_t magic;
     uint64_t hash;     /* NCCL's commHash: root = hash(unique id), child = hash(parent, split count, color) */
@@ -36,6 +40,9 @@ struct ncclComm {
     int blocking;         /* config.blocking after NCCL_COMM_BLOCKING (src/init.cc envConfigOverride) */
     ncclResult_t async_result; /* NCCL's comm->asyncResult: ncclInProgress while an init or split runs */
     struct twin_shm shm;  /* mapped at creation: every rank of the comm joins it */
+    struct twin_order order;
+    int pending;          /* launched groups holding one of its operations, not yet run (nccl_group.c) */
+    uint32_t node;        /* OTEL_EBPF_TWIN_NODE of this rank, for dead-peer detection (twin_peer_lost) */
 };
 
 int twin_comm_ok(const struct ncclComm *c);
@@ -49,8 +56,16 @@ char *twin_slot(const struct ncclComm *c, int rank);
 size_t twin_slot_bytes(const struct ncclComm *c);
 /* Waits until every rank of the comm has arrived; ncclRemoteError when the comm was aborted meanwhile. */
 ncclResult_t twin_barrier(struct ncclComm *c);
-/* Every rank's `n` bytes at `mine`, gathered in rank order into `all` (n * nranks bytes, n <= slot). */
+/* Every rank's `n` bytes at `mine`, gathered in rank order into `all` (n * nranks bytes): the bootstrap's
+ * exchange, with its own barrier, apart from the comm's stream work. */
 ncclResult_t twin_allgather_bytes(struct ncclComm *c, const void *mine, void *all, size_t n);
+
+/* While waiting for peers: every ~100 ms, whether a rank of the comm on another node has exited; if so the
+ * comm's async result becomes ncclRemoteError (the waiter keeps waiting, as NCCL's kernel does, until the
+ * comm is aborted).  NCCL's network transports see a dead remote peer as a closed connection
+ * (src/transport/net_socket.cc: "Connection closed by remote peer" -> ncclRemoteError, set on the comm by the
+ * proxy thread, src/proxy.cc); its shared-memory and P2P transports within a node never notice. */
+void twin_peer_check(struct ncclComm *c, long *polls);
 
 void twin_set_last_error(const char *msg);
 size_t twin_type_size(ncclDataType_t t);
@@ -74,6 +89,12 @@ struct twin_task {
     uint64_t hdr; /* p2p: the payload size, sent ahead of it */
 };
 ncclResult_t twin_submit(const struct twin_task *t);
+
+/* The twin's libcudart.so.13 (cudart.c): runs fn(arg) on streams[0]'s worker after every stream's prior
+ * work and after each comm's last launched work (`orders`, updated), and makes the others wait for it.  Not
+ * a CUDA API. */
+cudaError_t __cudaTwinLaunch(const cudaStream_t *streams, int n, struct twin_order *const *orders, int norders,
+                             void (*fn)(void *), void *arg);
 /* Bytes of the point-to-point mailboxes after the collective slots of a comm's staging area. */
 size_t twin_mailbox_bytes(int nranks);
 
