@@ -23,8 +23,10 @@ Options for the demo:
 * ``--kill-rank K --kill-after-step S``: rank K SIGKILLs itself after step S (no clean-up, as a crash).
 * ``--timeout-s``: the process group's timeout. A step that takes longer (a peer is gone) aborts this rank's
   communicators and exits :data:`TIMEOUT_EXIT`; so does SIGTERM from torchrun, which stops the job when one of
-  its ranks failed. (Torch's own watchdog does this on a GPU; on the twin a collective waits inside the NCCL
-  call, where the watchdog cannot see it.)
+  its ranks failed. (Torch's own watchdog acts too, on the twin as on a GPU: a dead peer on another node is
+  ncclRemoteError from ncclCommGetAsyncError, and it tears the rank down. A dead peer on the same node, or a
+  hang, it sees only at the process group's timeout, and the main thread, blocked in a stream
+  synchronisation, runs no Python signal handler: hence this bound of the demo's own.)
 
 Output: one line per finished step on stdout, ``oe-demo step rank=<global rank> step=<k>`` (k = 1..N); with
 ``OTEL_EBPF_DEMO_DIR`` set, ``$OTEL_EBPF_DEMO_DIR/comms-rank<r>.json``: the groups this rank uses, a list of
@@ -116,7 +118,8 @@ class Watchdog(threading.Thread):
     error to the main thread; if the main thread has not exited ``timeout`` seconds later, exits the process.
 
     SIGTERM is seen through ``signal.set_wakeup_fd``: a Python signal handler runs only when the main thread
-    leaves the NCCL call it may be blocked in. Create it in the main thread."""
+    leaves the CUDA call (a stream synchronisation waiting for a collective) it may be blocked in. Create it in
+    the main thread."""
 
     def __init__(self, rank: int, timeout: float) -> None:
         super().__init__(name="oe-demo-watchdog", daemon=True)

@@ -19,8 +19,6 @@
  * (ncclCommEnsureReady: ncclInvalidArgument).
  *
  * Known differences from NCCL 2.28.9, not fixed yet (docs/twin.md lists them):
- * - ncclCommShrink and ncclCommInitRankScalable complete inside the call even when non-blocking.
- * - ncclCommShrink with NCCL_SHRINK_ABORT is treated as the default mode (no in-flight work to abort here).
  * - ncclCommInitRankScalable ignores all ids but the first (NCCL spreads its bootstrap over nId roots).
  * - ncclCommAbort does not free the communicator (a stream's worker may still be reading it).
  */
@@ -321,20 +319,53 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
     return ncclSuccess; /* ncclCommSplit returns `res`, not the nonblocking group end's ncclInProgress */
 }
 
+/* One shrink as NCCL's ncclCommInitRankAsyncJob holds it (the surviving ranks' new comm). */
+struct shrink_job {
+    struct ncclComm *parent;
+    uint64_t hash;
+    int nranks, rank, blocking;
+    ncclComm_t *newcomm;
+};
+
+static ncclResult_t shrink_run(const struct shrink_job *j)
+{
+    struct ncclComm *child = NULL;
+    ncclResult_t rc = new_comm(&child, j->hash, j->nranks, j->rank, j->parent->device, j->blocking);
+    if (rc == ncclSuccess)
+        __atomic_store_n(j->newcomm, child, __ATOMIC_RELEASE);
+    return rc;
+}
+
+static void *shrink_job_main(void *arg)
+{
+    struct shrink_job *j = arg;
+    ncclResult_t rc = shrink_run(j);
+    __atomic_store_n(&j->parent->async_result, rc, __ATOMIC_RELEASE);
+    free(j);
+    return NULL;
+}
+
+static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
+
 /*
- * As src/init.cc ncclCommShrink -> ncclCommInitChildComm(isShrink) -> getParentRanks: the excluded ranks
- * must not call (ncclInvalidArgument if they do), the others keep their order (color 0, key = parent rank).
- * It is a collective over the surviving ranks only, so no allgather is needed: everyone knows the list.
+ * As NCCL 2.28.9 src/init.cc ncclCommShrink -> ncclCommInitChildComm(isShrink) -> getParentRanks: the
+ * excluded list is sorted in place (qsort), the excluded ranks must not call (ncclInvalidArgument if they do),
+ * the others keep their order (color 0, key = parent rank).  It is a collective over the surviving ranks
+ * only, so no allgather is needed: everyone knows the list.  NCCL_SHRINK_ABORT first stops the parent's
+ * launched work and waits for it (setCommAbortFlags(comm, 1), ncclStrongStreamSynchronize on its device
+ * stream, setCommAbortFlags(comm, 0)).  A non-blocking parent's shrink runs on a thread as its split does:
+ * ncclSuccess with *newcomm NULL, the parent in progress until the child is published.
  */
 NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
          ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
 {
+    struct shrink_job job, *j;
     int below = 0;
     uint64_t hacc;
 
-    (void)shrinkFlags;
     if (!twin_comm_ok(comm) || newcomm == NULL || excludeRanksList == NULL || excludeRanksCount <= 0)
         return ncclInvalidArgument;
+    qsort(excludeRanksList, (size_t)excludeRanksCount, sizeof(int), cmp_int);
     *newcomm = NULL;
     for (int i = 0; i < excludeRanksCount; i++) {
         if (excludeRanksList[i] == comm->rank)
@@ -342,10 +373,28 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, i
         if (excludeRanksList[i] < comm->rank)
             below++;
     }
+    if (shrinkFlags & NCCL_SHRINK_ABORT) {
+        __atomic_store_n(&comm->aborted, 1, __ATOMIC_RELEASE);
+        while (__atomic_load_n(&comm->pending, __ATOMIC_ACQUIRE) > 0)
+            usleep(100);
+        __atomic_store_n(&comm->aborted, 0, __ATOMIC_RELEASE);
+    }
     hacc = twin_hash(comm->hash, excludeRanksList, sizeof(int) * (size_t)excludeRanksCount);
     hacc = twin_hash(hacc, "shrink", 6);
-    return new_comm(newcomm, hacc, comm->nranks - excludeRanksCount, comm->rank - below, comm->device,
-                    blocking_of(config, comm->blocking));
+    job = (struct shrink_job){ comm, hacc, comm->nranks - excludeRanksCount, comm->rank - below,
+                               blocking_of(config, comm->blocking), newcomm };
+    if (comm->blocking)
+        return shrink_run(&job);
+    if ((j = malloc(sizeof(*j))) == NULL)
+        return ncclSystemError;
+    *j = job;
+    __atomic_store_n(&comm->async_result, ncclInProgress, __ATOMIC_RELEASE);
+    if (start_job(shrink_job_main, j) != ncclSuccess) {
+        __atomic_store_n(&comm->async_result, ncclSuccess, __ATOMIC_RELEASE);
+        free(j);
+        return ncclSystemError;
+    }
+    return ncclSuccess;
 }
 
 /* Waits until every launched group holding an operation of the comm has run. */

@@ -36,7 +36,8 @@ def nb_split(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     libdir = build(env)
     out = tmp_path_factory.mktemp("nccl_nb_split") / "nccl_nb_split"
     subprocess.run(["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror", f"-I{env.nccl_include}", f"-I{env.cuda_include}",
-                    "-o", str(out), str(HERE / "nccl_nb_split.c"), f"-L{libdir}", "-l:libnccl.so.2"],
+                    "-o", str(out), str(HERE / "nccl_nb_split.c"), f"-L{libdir}", f"-Wl,-rpath-link,{libdir}",
+                    "-l:libnccl.so.2"],
                    check=True, capture_output=True, timeout=60)
     return out, libdir
 
