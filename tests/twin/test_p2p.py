@@ -10,8 +10,9 @@ from otel_ebpf.twin import TwinEnv, launch
 from tests.twin.conftest import PROGRAMS
 
 
-def _run(twin: TwinEnv, twin_cache: Path, out: Path, program: str, nproc: int) -> dict[int, dict[str, object]]:
-    run = launch(PROGRAMS / program, nproc, [str(out)], timeout=300, twin=twin, cache_dir=twin_cache)
+def _run(twin: TwinEnv, twin_cache: Path, out: Path, program: str, nproc: int,
+         env: dict[str, str] | None = None) -> dict[int, dict[str, object]]:
+    run = launch(PROGRAMS / program, nproc, [str(out)], env=env, timeout=300, twin=twin, cache_dir=twin_cache)
     assert run.returncode == 0 and not run.timed_out, run.output[-4000:]
     return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)}
 
@@ -39,3 +40,10 @@ def test_two_stage_pipeline_passes_each_microbatch(twin: TwinEnv, twin_cache: Pa
     found = _run(twin, twin_cache, tmp_path, "pipeline.py", 2)
     assert found[0]["seen"] == []
     assert found[1]["seen"] == [[float(4 * m + i) for i in range(4)] for m in range(4)]
+
+
+def test_shrink_group_on_non_blocking_communicators(twin: TwinEnv, twin_cache: Path, tmp_path: Path) -> None:
+    """torch's shrink_group with TORCH_NCCL_USE_COMM_NONBLOCKING=1: ncclCommShrink of a non-blocking parent
+    returns with the child NULL and finishes on a thread (nccl_comm.c), which torch waits for."""
+    found = _run(twin, twin_cache, tmp_path, "p2p_ops.py", 4, env={"TORCH_NCCL_USE_COMM_NONBLOCKING": "1"})
+    assert [found[r].get("shrunk") for r in range(4)] == [[0, 3], [1, 3], None, [2, 3]]  # rank 2 excluded
