@@ -3,7 +3,10 @@
 A library is found again by every process that maps it and by every rescan, and a receiver's
 ``attach_library`` may be called from its poll thread and from ``start``: the probes of one
 library (by real path, so symlinks and ``/proc/PID/root`` aliases count once) must be attached
-once per loaded program.
+once per loaded program. A path that is no regular file is never claimed: the dynamic loader tries each
+RPATH/RUNPATH/LD_LIBRARY_PATH candidate with openat, and the kernel reports the attempt before it fails
+(libtorch's ``$ORIGIN`` RPATH gives ``site-packages/torch/lib/libcudart.so.13``, which does not exist when
+the library comes from elsewhere).
 """
 from __future__ import annotations
 
@@ -14,12 +17,13 @@ __all__ = ["claim_library"]
 
 def claim_library(attached: set[str], path: str, loaded: bool) -> str | None:
     """The real path of ``path`` when its probes are to be attached now, having recorded it in
-    ``attached``; None when it already is there or ``loaded`` is False (no program to attach).
+    ``attached``; None when it already is there, is no regular file (a loader's failed candidate), or
+    ``loaded`` is False (no program to attach).
 
     Not thread-safe by itself: call it with the receiver's attach lock held (the one that guards
     ``attached``), and keep holding it while attaching when the attach itself is not thread-safe."""
     real = os.path.realpath(path)
-    if real in attached or not loaded:
+    if real in attached or not loaded or not os.path.isfile(real):
         return None
     attached.add(real)
     return real

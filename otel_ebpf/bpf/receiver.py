@@ -42,6 +42,14 @@ from otel_ebpf.core.pipeline import Consumer, Context
 __all__ = ["DROP_REASONS", "BpfReceiver", "Probe"]
 
 log = logging.getLogger(__name__)
+
+
+def _short_reason(exc: Exception) -> str:
+    """Why one probe did not attach, in a few words (BCC's message names the symbol and path again)."""
+    text = str(exc).strip() or type(exc).__name__
+    if "could not determine address of symbol" in text:
+        return "not in the library"
+    return text if len(text) <= 80 else text[:77] + "..."
 _CHUNK = 4096  # records handed to the pipeline at a time
 _FIRST_RECEIVER_TYPE = 16  # record types below are common.bpf.c's (1 exit, 2 library open, 3 exec)
 _BACKPRESSURE_S = 1.0  # longest a receiver waits for the pipeline before dropping a chunk
@@ -152,21 +160,32 @@ class BpfReceiver:
 
     # ---- attach ----------------------------------------------------------------------
     def attach_library(self, path: str) -> int:
-        """Attach every probe to ``path``; returns how many attached. Safe to call twice."""
+        """Attach every probe to ``path``; returns how many attached. Safe to call twice. One log line per
+        library: INFO when every probe the receiver needs attached, else a WARNING naming the symbols
+        that did not (each counted in ``otel_ebpf.probes.failed``)."""
         with self._attach_lock:
             real = claim_library(self._attached, path, self._bpf is not None)
             if real is None:
                 return 0
-            n = 0
+            n, failed = 0, []
             for p in self.probes:
-                n += self._attach_one(real, p)
+                attached, error = self._attach_one(real, p)
+                n += attached
+                if error is not None:
+                    failed.append(error)
         tel = self.ctx.telemetry
         tel.add("otel_ebpf.probes.attached", n, receiver=self.name, library=os.path.basename(real))
-        log.info("%s: attached %d probes to %s", self.name, n, real)
+        if not failed:
+            log.info("%s: attached %d probes to %s", self.name, n, real)
+        else:
+            shown = ", ".join(failed[:8]) + (f" and {len(failed) - 8} more" if len(failed) > 8 else "")
+            log.warning("%s: attached %d probes to %s; %d could not attach: %s", self.name, n, real,
+                        len(failed), shown)
         return n
 
-    def _attach_one(self, path: str, p: Probe) -> int:
-        n = 0
+    def _attach_one(self, path: str, p: Probe) -> tuple[int, str | None]:
+        """(probes attached, "symbol (reason)" when a needed one failed). Raises with ``strict``."""
+        n, error = 0, None
         for fn, attach in ((p.entry, self._bpf.attach_uprobe), (p.ret, self._bpf.attach_uretprobe)):
             if fn is None:
                 continue
@@ -181,8 +200,8 @@ class BpfReceiver:
                 err = AttachError(path, p.symbol, str(exc).strip() or type(exc).__name__)
                 if self.ctx.strict:
                     raise err from None
-                log.warning("%s: %s", self.name, err)
-        return n
+                error = f"{p.symbol} ({_short_reason(exc)})"
+        return n, error
 
     def initial_libraries(self) -> list[str]:
         from otel_ebpf.host.libraries import find_libraries
@@ -238,7 +257,9 @@ class BpfReceiver:
         comes on the lifecycle ring buffer, which epoll may report before the events ring
         that still holds the process's last calls."""
         if etype == 2:
-            self._batch.append(self._library_opened(raw))
+            loaded = self._library_opened(raw)
+            if loaded is not None:
+                self._batch.append(loaded)
             return
         _, pid, ts, comm = _EXIT.unpack_from(raw)
         if etype == 3:
@@ -259,22 +280,29 @@ class BpfReceiver:
                 cache.evict(pid)  # exec keeps pid and start time, but not the program
             cache.get(pid)
 
-    def _library_opened(self, raw: bytes) -> LibraryLoaded:
+    def _library_opened(self, raw: bytes) -> LibraryLoaded | None:
+        """A library open seen at openat's entry: attached when the path is a file, and the process resumed
+        if it was paused for it. None for a path that is no file: one of the dynamic loader's candidates
+        (RPATH, RUNPATH, LD_LIBRARY_PATH) that it tried and that failed, not a library the process loaded."""
         _, paused, pid, tid, ts, path_b = _LIBOPEN.unpack_from(raw)
         path = path_b.split(b"\0", 1)[0].decode(errors="replace")
         if paused:
             self._pauses.opened(pid)
         self._snapshot(pid)
+        found = False
         try:
             full = path if path.startswith("/") else os.path.join(os.readlink(f"/proc/{pid}/cwd"), path)
             root = f"/proc/{pid}/root{full}"
-            self.attach_library(root if os.path.exists(root) else full)
+            target = root if os.path.exists(root) else full
+            found = os.path.isfile(target)
+            if found:
+                self.attach_library(target)
         except OSError as exc:
             log.warning("%s: pid %d opened %s but it cannot be attached: %s", self.name, pid, path, exc)
         finally:
             if paused:
                 self._resume(pid, ts)
-        return LibraryLoaded(pid, tid, self.clock.to_epoch_ns(ts), path)
+        return LibraryLoaded(pid, tid, self.clock.to_epoch_ns(ts), path) if found else None
 
     def _resume(self, pid: int, ts: int | None = None) -> None:
         """SIGCONT ``pid`` stopped at ``ts`` (None: every stop of it): see PauseOnLoad.resume."""

@@ -386,3 +386,45 @@ def test_no_rate_limit_gives_every_call_a_record(bpf_ready: None, built: dict[st
         stats = _call_stats(t)
         assert {api: sum(s.calls for s in rows) for api, rows in stats.items()} == dict.fromkeys(LIMITED_APIS, loops)
         assert sum(s.limited for rows in stats.values() for s in rows) == 0
+
+
+def test_loader_candidates_that_do_not_exist_are_not_attached(bpf_ready: None, built: dict[str, Path],
+                                                             cudart: Path, tmp_path: Path) -> None:
+    # dlopen by name with a directory lacking the library first on LD_LIBRARY_PATH (as libtorch's $ORIGIN
+    # RPATH, torch/lib, lacks libcudart): the loader's openat of <dir>/libcudart.so.12 is seen (and fails)
+    # before the real one's; only the real one is a library.
+    missing = tmp_path / "lacks-cudart"
+    missing.mkdir()
+    argv = ["/usr/bin/env", f"LD_LIBRARY_PATH={missing}:{cudart.parent}", "/bin/sh", "-c",
+            'read _ && exec "$0" "$@"', str(built["cuda_driver"]), cudart.name, "--delay-before-dlopen-ms", "100"]
+    with traced(argv, Config(pause_on_load=True), wait_ready=False) as t:
+        t.release()
+        t.receiver.shutdown()
+        loaded = [e.path for e in t.events(LibraryLoaded)]
+        assert loaded and all(not p.startswith(str(missing)) for p in loaded), loaded
+        assert t.ctx.telemetry.get("otel_ebpf.probes.failed", library=cudart.name) == 0
+        assert t.ctx.telemetry.get("otel_ebpf.probes.attached", library=cudart.name) >= 32
+        _assert_script_calls_only(t)
+
+
+def test_symbols_a_library_lacks_are_one_warning_line(bpf_ready: None, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    # a libcudart.so.12 with two of the probed functions only: one line for the library, naming what is missing
+    src, lib = tmp_path / "partial.c", tmp_path / "libcudart.so.12"
+    src.write_text("int cudaMalloc(void **p, unsigned long n) { (void)p; (void)n; return 0; }\n"
+                   "int cudaFree(void *p) { (void)p; return 0; }\n")
+    subprocess.run(["gcc", "-O1", "-fPIC", "-shared", "-o", str(lib), str(src)], check=True, capture_output=True,
+                   timeout=60)
+    ctx = Context(target_pids=[1])
+    receiver = create(Config(libraries=[str(lib)]), ctx, ListConsumer())
+    with caplog.at_level("INFO", logger="otel_ebpf.bpf.receiver"):
+        try:
+            receiver.start()
+        finally:
+            receiver.shutdown()
+    lines = [r for r in caplog.records if str(lib) in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    message = lines[0].getMessage()
+    assert lines[0].levelname == "WARNING" and "could not attach" in message
+    assert "cudaMemcpy (not in the library)" in message and "cudaMalloc " not in message
+    assert ctx.telemetry.get("otel_ebpf.probes.failed", library=lib.name) >= 10
