@@ -2,7 +2,9 @@
 
 Sources, in order: paths from config; libraries already mapped by the target processes
 (``/proc/PID/maps``); the traced command's Python environment (PyTorch wheels ship
-``site-packages/nvidia/<pkg>/lib/libcudart.so.12`` etc. and load them lazily); and the
+``site-packages/nvidia/cuda_runtime/lib/libcudart.so.12`` for CUDA 12 and
+``site-packages/nvidia/cu13/lib/libcudart.so.13`` for CUDA 13 (nvidia-cuda-runtime 13.x), NCCL in
+``nvidia/nccl/lib``, and load them lazily); and the
 dynamic linker cache (``ldconfig -p``). Libraries opened later are caught in the kernel
 (``OE_LIB_PATTERN``) and attached then.
 """
@@ -18,7 +20,7 @@ __all__ = ["LIBRARY_PATTERNS", "find_libraries", "interpreter_of_command", "mapp
 
 # key -> basename prefix (also passed to the kernel as OE_LIB_PATTERN)
 LIBRARY_PATTERNS = {"cudart": "libcudart.so", "nccl": "libnccl.so"}
-_WHEEL_DIRS = {"cudart": "nvidia/cuda_runtime/lib", "nccl": "nvidia/nccl/lib"}
+_WHEEL_DIRS = {"cudart": ("nvidia/cuda_runtime/lib", "nvidia/cu13/lib"), "nccl": ("nvidia/nccl/lib",)}
 
 
 def _real(paths: Iterable[str]) -> list[str]:
@@ -87,7 +89,8 @@ def python_env_libraries(command: Sequence[str], key: str) -> list[str]:
     prefix = LIBRARY_PATTERNS[key]
     paths: list[str] = []
     for d in _python_site_dirs(python):
-        paths += glob.glob(os.path.join(d, _WHEEL_DIRS[key], prefix + "*"))
+        for wheel_dir in _WHEEL_DIRS[key]:
+            paths += glob.glob(os.path.join(d, wheel_dir, prefix + "*"))
         paths += glob.glob(os.path.join(d, "torch", "lib", prefix + "*"))
     return _real(sorted(paths))
 
