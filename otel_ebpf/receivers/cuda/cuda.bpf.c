@@ -20,7 +20,9 @@
  *   drops[OE_DROP_STATSMAP]). With CUDA_LAUNCH_SAMPLE_EVERY = N > 0, every Nth launch of a
  *   process also emits a cuda_launch_rec.
  * - The thread's device (cuda.device) comes from `thread_device`, written when cudaSetDevice
- *   returns 0 (CUDA's current device is per host thread).
+ *   returns 0 (CUDA's current device is per host thread). A thread that never set one is on
+ *   device 0, CUDA's default (CUDA Runtime API 13.0, cudaSetDevice): PyTorch skips cudaSetDevice
+ *   when the thread is already on the device it wants, so LOCAL_RANK 0 never calls it.
  * - Nesting (OE_THREAD_CTX, common.bpf.c): each call's entry reads the thread's innermost open
  *   Python function / PyTorch operator from oe_thread_ctx (written by the python and torch
  *   programs of the same agent) and its record carries it (ctx_kind, ctx_start, ctx_root).
@@ -145,12 +147,12 @@ BPF_HASH(launch_seq, u32, u64, OE_MAX_PIDS);
 static __always_inline s32 cuda_device(u32 tid)
 {
     s32 *dev = thread_device.lookup(&tid);
-    return dev ? *dev : -1;
+    return dev ? *dev : 0; /* never set: CUDA's default device */
 }
 
 /* The launch path's one lookup: a thread_device entry exists only for threads of traced
  * processes, so finding it answers both "traced?" and "which device?". A traced thread seen
- * for the first time gets an entry (device -1 until cudaSetDevice succeeds); a full map only
+ * for the first time gets an entry (device 0 until cudaSetDevice succeeds); a full map only
  * costs the two-lookup path next time. Entries go at thread exit. Returns 0: not traced. */
 static __always_inline int launch_thread(u64 id, s32 *device)
 {
@@ -162,9 +164,9 @@ static __always_inline int launch_thread(u64 id, s32 *device)
     }
     if (!oe_is_traced(id >> 32))
         return 0;
-    s32 none = -1;
-    thread_device.insert(&tid, &none);
-    *device = -1;
+    s32 dflt = 0;
+    thread_device.insert(&tid, &dflt);
+    *device = 0;
     return 1;
 }
 

@@ -52,7 +52,7 @@ struct cuda_call {
     u8 api;            /* CUDA_API_* */
     u8 ctx_kind;       /* CUDA_CTX_*: the innermost traced call open on the thread at entry */
     u8 _pad;
-    s32 device;        /* thread's device from cudaSetDevice; -1: none seen */
+    s32 device;        /* thread's device from cudaSetDevice; 0 (CUDA's default) when none seen */
     u32 pid;
     u32 tid;
     u64 start_ns;      /* uprobe */

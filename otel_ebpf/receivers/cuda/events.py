@@ -3,7 +3,8 @@
 Times are Unix epoch nanoseconds (already converted from kernel monotonic time). ``api`` is
 the exact symbol that was called (``cudaMemcpyAsync`` or its per-thread-default-stream twin
 ``cudaMemcpyAsync_ptsz``). ``device`` is the calling thread's device as bound by the last
-successful ``cudaSetDevice`` seen on that thread, or -1 when none was seen. ``rc`` is the
+successful ``cudaSetDevice`` seen on that thread, or 0 when none was seen (CUDA's default device
+for a host thread; a process whose runtime cannot start has no device, and its calls fail). ``rc`` is the
 ``cudaError_t`` the call returned. Pointers and handles are plain ints. ``enclosing`` is the
 traced Python function or PyTorch operator the thread was in when the call began (None: none,
 or the python/torch receivers are not running).
