@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from otel_ebpf.core.services import AppContext, GpuTable, HostTimeline, KernelTime, ProcessResources
+from otel_ebpf.core.services import AppContext, CudaThreads, GpuTable, HostTimeline, KernelTime, ProcessResources
 from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = [
@@ -81,6 +81,9 @@ class Context:
     # Current application span per thread (otel_ebpf/receivers/apptrace/store.py AppContextStore): set by the apptrace
     # receiver from SDK begin/end fires; cuda (and other) processors parent their spans on it.
     app_context: AppContext | None = None
+    # A thread's current CUDA device (the cuda receiver while it runs, otel_ebpf.receivers.cuda): the nccl processor
+    # gives a communicator the device of the thread that made it, as NCCL does (cudaGetDevice at init).
+    cuda_threads: CudaThreads | None = None
     # Receivers of this agent whose programs write the per-thread call map (oe_thread_ctx: python, torch),
     # added as they are made; the cuda program reads that map only when one exists.
     thread_ctx_writers: set[str] = field(default_factory=set)

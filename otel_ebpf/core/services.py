@@ -13,6 +13,7 @@ Context field      implemented by                                        used by
 ``gpus``           ``otel_ebpf.host.gpus.GpuResolver``                   cuda, nccl processors
 ``host_stats``     ``otel_ebpf.host.timeline.HostStats``                 host receivers, nccl proc.
 ``app_context``    ``otel_ebpf.receivers.apptrace.store.AppContextStore``  apptrace recv., cuda proc.
+``cuda_threads``   ``otel_ebpf.receivers.cuda.CudaReceiver`` (running)    nccl processor
 =================  ====================================================  ==========================
 
 Thread safety: every service is called from receiver threads and the pipeline worker at once,
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-__all__ = ["AppContext", "GpuTable", "HostTimeline", "KernelTime", "ProcessResources"]
+__all__ = ["AppContext", "CudaThreads", "GpuTable", "HostTimeline", "KernelTime", "ProcessResources"]
 
 
 class KernelTime(Protocol):
@@ -102,4 +103,13 @@ class AppContext(Protocol):
 
     def lookup(self, pid: int, tid: int, time_ns: int) -> tuple[int, int] | None:
         """(trace_id, span_id) of the innermost app span of ``tid`` containing ``time_ns``."""
+        ...
+
+
+class CudaThreads(Protocol):
+    """A host thread's current CUDA device, as the CUDA runtime of its process has it now."""
+
+    def device_of(self, pid: int, tid: int) -> int | None:
+        """The ordinal thread ``tid`` of ``pid`` is on (0, CUDA's default, when it never set one), or None
+        when it cannot be known (that process's CUDA runtime is not probed)."""
         ...

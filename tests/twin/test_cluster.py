@@ -46,6 +46,10 @@ def test_two_nodes_give_one_joined_trace_per_collective_with_all_four_ranks(
     for spans in traces.values():
         ranks = {a["nccl.rank"]: r["host.name"] for r, _s, a in spans if "nccl.rank" in a}
         assert ranks == {0: "node-0", 1: "node-0", 2: "node-1", 3: "node-1"}, spans
+        # each rank's communicator is on its LOCAL_RANK's device: local rank 0 never calls cudaSetDevice
+        # (torch skips it on the thread's current device, 0), so its device is CUDA's default
+        devices = {a["nccl.rank"]: a.get("nccl.device") for _r, _s, a in spans if "nccl.rank" in a}
+        assert devices == {0: 0, 1: 1, 2: 0, 3: 1}, devices
         assert len(spans) == 5  # 4 rank spans + the root
         all_reduces += any(s.name == "ncclAllReduce" for _r, s, _a in spans)
     assert all_reduces == 3

@@ -102,8 +102,15 @@ class NcclCommunicators(EventProcessor[Config]):
         if uuid:
             attrs["hw.id"] = uuid
 
+    def _creator_device(self, pid: int, tid: int) -> int | None:
+        """The CUDA device of the thread creating a communicator: NCCL takes the caller's current device
+        (NCCL 2.28.9 src/init.cc ncclCommInitRankDev: cudaGetDevice), from the cuda receiver while it runs;
+        None without one."""
+        threads = self.ctx.cuda_threads
+        return threads.device_of(pid, tid) if threads is not None else None
+
     def _comm_span(self, ev: _CommCall, name: str, attrs: dict[str, AttrValue], comm_id: str | None,
-                   rank: int | None, error: str | None, out: Out) -> None:
+                   rank: int | None, error: str | None, out: Out, device: int | None = None) -> None:
         trace = span = None
         if comm_id is not None:
             attrs["nccl.comm.id"] = comm_id
@@ -111,7 +118,7 @@ class NcclCommunicators(EventProcessor[Config]):
             if rank is not None:
                 span = derive_id(comm_id, "init", rank, bits=64)
         attrs["thread.id"] = ev.tid
-        self._add_hw_id(attrs, ev.pid, None)
+        self._add_hw_id(attrs, ev.pid, device)
         out.append(SpanRecord(ev.pid, name, ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
                               span_id=span, error=error))
 
@@ -123,11 +130,14 @@ class NcclCommunicators(EventProcessor[Config]):
     def _init(self, ev: NcclCommInit, out: Out) -> None:
         error = self._error(ev.pid, ev.function, ev.rc)
         comm_id = None
+        device = self._creator_device(ev.pid, ev.tid)
         if error is None and ev.comm:
             comm_id = self.comms.next_init_id(ev.pid, ev.unique_id)
-            self._created(ev.pid, ev.function, ev.comm, Comm(comm_id, ev.rank, ev.nranks))
+            self._created(ev.pid, ev.function, ev.comm, Comm(comm_id, ev.rank, ev.nranks, device))
         attrs: dict[str, AttrValue] = {"nccl.rank": ev.rank, "nccl.nranks": ev.nranks}
-        self._comm_span(ev, ev.function, attrs, comm_id, ev.rank, error, out)
+        if device is not None:
+            attrs["nccl.device"] = device
+        self._comm_span(ev, ev.function, attrs, comm_id, ev.rank, error, out, device)
 
     @handles(NcclCommInitAll)
     def _init_all(self, ev: NcclCommInitAll, out: Out) -> None:
@@ -163,7 +173,8 @@ class NcclCommunicators(EventProcessor[Config]):
                                               self.comms.holders(parent.comm_id))
         if parent is not None:
             attrs["nccl.parent.comm.id"] = parent.comm_id
-        self._comm_span(ev, "ncclCommSplit", attrs, child.comm_id if child else None, None, error, out)
+        self._comm_span(ev, "ncclCommSplit", attrs, child.comm_id if child else None, None, error, out,
+                        parent.device if parent is not None else None)
         for comm_id in dict.fromkeys(c.comm_id for c in resolved):
             self._emit_held(self.splits.release(comm_id), out, unresolved=False)
 
@@ -205,7 +216,7 @@ class NcclCommunicators(EventProcessor[Config]):
                 attrs["nccl.rank"], attrs["nccl.nranks"] = child.rank, child.nranks
             self._new_child(ev, child)
         self._comm_span(ev, "ncclCommShrink", attrs, child.comm_id if child else None,
-                        child.rank if child else None, error, out)
+                        child.rank if child else None, error, out, parent.device if parent is not None else None)
 
     @handles(NcclCommEnd)
     def _end(self, ev: NcclCommEnd, out: Out) -> None:

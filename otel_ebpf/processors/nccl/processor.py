@@ -5,7 +5,9 @@ Spans (ids: see :mod:`otel_ebpf.processors.nccl.comms`):
 * every collective call: ``nccl<Op>`` (``ncclAllReduce``) with ``nccl.op``, ``nccl.comm.id``,
   ``nccl.rank``, ``nccl.nranks``, ``nccl.seq``, ``nccl.count``, ``nccl.datatype``,
   ``nccl.bytes`` (count x datatype size), ``nccl.redop``, ``nccl.root`` where the op has them,
-  ``nccl.device`` when known, ``nccl.stream``, ``thread.id`` and ``nccl.timing =
+  ``nccl.device`` when known (the device of the thread that made the communicator, from the cuda receiver
+  when it runs, as NCCL takes the caller's current device at init; a split or shrink child's is its
+  parent's; ncclCommCuDevice's answer otherwise), ``nccl.stream``, ``thread.id`` and ``nccl.timing =
   "host_enqueue"``: timing is host-side enqueue time (the call into NCCL), NOT GPU execution
   time. Every rank's span of collective ``seq`` of one communicator is in trace
   ``derive_id(comm_id, seq)`` under the parent ``derive_id(comm_id, seq, "collective")``;

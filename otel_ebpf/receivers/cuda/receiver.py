@@ -12,6 +12,7 @@ Threading: ``decode`` and ``poll_maps`` run on the receiver's poll thread only (
 """
 from __future__ import annotations
 
+import ctypes as ct
 import logging
 import struct
 import time
@@ -25,6 +26,7 @@ from otel_ebpf.bpf.receiver import BpfReceiver, Probe
 from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.buckets import bounds_for_unit
 from otel_ebpf.core.pipeline import Consumer, Context
+from otel_ebpf.host.libraries import mapped_libraries
 
 from .config import Config
 from .events import (
@@ -222,6 +224,31 @@ class CudaReceiver(BpfReceiver):
                                   (threadctx.op_name(self.ctx, k[0], k[4]) or "") if k[4] else "")
                 for k, d in self._launches.moved(self.bpf["launch_stats"])]
 
+    # ---- a thread's current device, for the other components (core.services.CudaThreads) ----------
+    def start(self) -> None:
+        super().start()
+        if self.ctx.cuda_threads is None:
+            self.ctx.cuda_threads = self
+
+    def device_of(self, pid: int, tid: int) -> int | None:
+        """Thread ``tid``'s device now: its entry in the program's ``thread_device`` map (written when its
+        cudaSetDevice succeeds, 0 from its first launch), else 0 (CUDA's default) when ``pid`` maps a
+        libcudart this receiver probes, else None. One map lookup and at most one /proc read; thread-safe."""
+        bpf = self.bpf
+        if bpf is None:
+            return None
+        try:
+            value = bpf["thread_device"].get(ct.c_uint32(tid))
+        except Exception:  # a map read must not fail the caller (the nccl processor's hot path)
+            value = None
+        if value is not None:
+            return int(value.value)
+        with self._attach_lock:
+            attached = set(self._attached)
+        return 0 if any(path in attached for path in mapped_libraries(pid, self.lib_pattern or "")) else None
+
     def shutdown(self) -> None:
+        if self.ctx.cuda_threads is self:
+            self.ctx.cuda_threads = None
         self._final_read = True  # the base's last drain reads the counters one more time
         super().shutdown()

@@ -384,3 +384,30 @@ def test_ended_communicators_kept_for_blocked_calls_are_bounded() -> None:
     assert h.proc.comms.for_call(100, HANDLE, 2_500) is None  # the oldest end forgotten
     assert h.proc.comms.for_call(102, HANDLE, 2_500) is not None
     assert h.proc.comms.for_call(102, HANDLE, 4_001) is None  # entered after the end
+
+
+class _Threads:
+    """core.services.CudaThreads as the cuda receiver answers: set devices per (pid, tid), None elsewhere."""
+
+    def __init__(self, devices: dict[tuple[int, int], int]) -> None:
+        self.devices = devices
+
+    def device_of(self, pid: int, tid: int) -> int | None:
+        return self.devices.get((pid, tid))
+
+
+def test_a_communicator_takes_the_device_of_the_thread_that_made_it_and_children_inherit_it() -> None:
+    h = Harness(host="node-a")
+    # rank 0 never set a device (the receiver answers CUDA's default, 0); rank 1 is on 1; rank 2's CUDA runtime
+    # is not probed (None): its communicator's device stays unknown
+    h.ctx.cuda_threads = _Threads({(100, 100): 0, (101, 101): 1})
+    inits = h.spans(*(init(pid, rank) for rank, pid in enumerate(PIDS)))
+    assert [s.attributes.get("nccl.device") for s in inits] == [0, 1, None]
+    assert [h.proc.comms.get(pid, HANDLE).device for pid in PIDS] == [0, 1, None]
+    spans = h.spans(*(coll(pid, 0) for pid in PIDS))
+    assert sorted((s.pid, s.attributes.get("nccl.device")) for s in by_name(spans, "ncclAllReduce")) == [
+        (100, 0), (101, 1), (102, None)]
+    # NCCL's split runs on the parent's device (src/init.cc ncclCommInitChildComm: cudaSetDevice(comm->cudaDev))
+    h.ctx.cuda_threads = _Threads({(101, 101): 5})  # the thread moved since: the child keeps the parent's
+    h.feed(*(NcclCommSplit(pid, pid, 1, 2, HANDLE, 0x10, 0, rank, 0) for rank, pid in enumerate(PIDS)))
+    assert [h.proc.comms.get(pid, 0x10).device for pid in PIDS] == [0, 1, None]
