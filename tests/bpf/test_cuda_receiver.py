@@ -27,6 +27,7 @@ from otel_ebpf.receivers.cuda.events import (
     AllocCall,
     CallStats,
     FreeCall,
+    GraphLaunchCall,
     KernelLaunch,
     KernelLaunchStats,
     MemcpyCall,
@@ -428,3 +429,32 @@ def test_symbols_a_library_lacks_are_one_warning_line(bpf_ready: None, tmp_path:
     assert lines[0].levelname == "WARNING" and "could not attach" in message
     assert "cudaMemcpy (not in the library)" in message and "cudaMalloc " not in message
     assert ctx.telemetry.get("otel_ebpf.probes.failed", library=lib.name) >= 10
+
+
+@pytest.fixture(scope="module")
+def cuda_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cuda_graph") / "cuda_graph"
+    subprocess.run(["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(HERE / "cuda_graph.c"),
+                    "-ldl"], check=True, capture_output=True, timeout=60)
+    return out
+
+
+@pytest.mark.parametrize("which", ["real", "stand_in"])
+def test_graph_replays_are_calls_with_their_exec_and_stream_and_are_all_counted(
+        bpf_ready: None, cuda_graph: Path, cudart: Path, stand_in_cudart: Path, which: str) -> None:
+    lib, replays = cudart if which == "real" else stand_in_cudart, 5
+    with traced([str(cuda_graph), str(lib), str(replays)], Config(span_rate_limit=2, always_span_slower_than=0,
+                                                                    stats_interval=0.05)) as t:
+        t.release()
+        t.receiver.shutdown()  # final read of the counters
+        rcs = {rc for _, rc in t.results()}
+        assert len(t.results()) == replays and rcs == {35 if which == "real" else 0}
+        calls = t.events(GraphLaunchCall)
+        # spans within the budget (a full bucket of 2 per second), each with its own exec handle
+        assert 1 <= len(calls) <= replays
+        assert [c.exec for c in calls] == [0x6000 + i for i in range(len(calls))]
+        assert all(c.api == "cudaGraphLaunch" and c.stream == 0x77 and c.rc in rcs and c.device == 0 for c in calls)
+        # every replay counted in the kernel, over the span budget too
+        stats = [s for s in t.events(CallStats) if s.api == "cudaGraphLaunch"]
+        assert sum(s.calls for s in stats) == replays
+        assert sum(s.limited for s in stats) == replays - len(calls)

@@ -1,19 +1,18 @@
 """CUDA events (otel_ebpf/receivers/cuda) -> SpanRecord / MetricRecord; everything else passes unchanged.
 
 Spans (scope ``otel_ebpf.cuda``, name = the API symbol, e.g. ``cudaMemcpyAsync``), one per
-memcpy, malloc/free, synchronize and cudaSetDevice call; a call with rc != 0 gets status
+memcpy, malloc/free, synchronize, cudaSetDevice and cudaGraphLaunch call; a call with rc != 0 gets status
 ERROR described by the CUDA error name. Sampled kernel launches (receiver
 ``launch_sample_every``) are zero-length spans at the launch.
 
 Span attributes (``cuda.*``; a metric carries only the ones listed with it):
 
 * ``cuda.api``: the symbol called (``cudaMemcpyAsync_ptsz`` for the per-thread-stream twin).
-* ``cuda.device.index``: the thread's device from its last successful cudaSetDevice; absent
-  when none was seen (OBI's name; ``cuda.device`` alone would collide with the namespace).
+* ``cuda.device.index``: the thread's device from its last successful cudaSetDevice; 0, CUDA's
+  default, when it never set one (OBI's name; ``cuda.device`` alone would collide with the namespace).
 * ``hw.id``: that device's GPU UUID (``GPU-...``, as dcgm-exporter's ``UUID`` label), on spans
   and on every metric that carries ``cuda.device.index``, when :mod:`otel_ebpf.host.gpus` resolves
-  it (NVML present; the process's CUDA_VISIBLE_DEVICES or NVML's process list). Without a
-  cudaSetDevice it is set only when the process can be on one GPU alone.
+  it (NVML present; the process's CUDA_VISIBLE_DEVICES or NVML's process list).
 * ``cuda.return_code`` (int) and, when not 0, ``error.type`` (``cudaErrorInsufficientDriver``).
 * ``thread.id``: the calling thread (semconv).
 * ``cuda.bytes``: bytes copied, allocated, or freed (when the allocation was seen).
@@ -22,6 +21,7 @@ Span attributes (``cuda.*``; a metric carries only the ones listed with it):
 * ``cuda.ptr``: device pointer as hex (``0x7f00...``); ``cuda.stream``, ``cuda.event``: handles
   as hex; ``cuda.malloc.flags``: cudaMallocManaged flags; ``cuda.device.requested``: the
   argument of cudaSetDevice.
+* ``cuda.graph.exec``: the replayed cudaGraphExec_t (hex), on cudaGraphLaunch spans with ``cuda.stream``.
 * launch spans: ``cuda.kernel.func`` (hex), ``cuda.kernel.grid`` / ``cuda.kernel.block``
   ([x, y, z]), ``cuda.kernel.shared_mem`` (bytes), ``cuda.kernel.launch_seq``, ``cuda.stream``.
 
@@ -41,11 +41,14 @@ Metrics (scope ``otel_ebpf.cuda``; OBI's ``gpu.cuda.*`` names where OBI has one)
 * ``gpu.cuda.synchronize.duration`` histogram s, by cuda.api, cuda.device.index: host waiting.
 * ``gpu.cuda.stream.synchronize.calls``, ``gpu.cuda.device.synchronize.calls``,
   ``gpu.cuda.event.synchronize.calls`` counters {call} (OBI).
+* ``gpu.cuda.graph.launch.calls`` counter {call}, by cuda.api, cuda.device.index: CUDA graph replays
+  (``torch.compile(mode="reduce-overhead")``, vLLM, SGLang); the kernels inside a replay pass no
+  launch probe, so ``gpu.cuda.kernel.launch.calls`` does not count them.
 * ``gpu.cuda.api.errors`` counter {call}, by cuda.api, error.type, cuda.device.index.
 
-Every memcpy and synchronize call is counted in the kernel (receiver ``CallStats``), and the
-metrics of those calls (copies, copy and synchronize durations, synchronize calls, their
-api.errors) come from those counts, exact even when the receiver's span rate limit gives a call
+Every memcpy, synchronize and graph-launch call is counted in the kernel (receiver ``CallStats``), and
+the metrics of those calls (copies, copy and synchronize durations, synchronize and graph-launch calls,
+their api.errors) come from those counts, exact even when the receiver's span rate limit gives a call
 no span; the spans come from the records. Calls left without a span are counted in
 ``otel_ebpf.spans.rate_limited{receiver=cuda}``.
 
@@ -84,6 +87,7 @@ from ...receivers.cuda.events import (
     CallStats,
     EnclosingCall,
     FreeCall,
+    GraphLaunchCall,
     KernelLaunch,
     KernelLaunchStats,
     MemcpyCall,
@@ -116,6 +120,7 @@ METRICS: dict[str, MetricSpec] = {
     "gpu.cuda.stream.synchronize.calls": ("counter", "{call}", "cudaStreamSynchronize calls."),
     "gpu.cuda.device.synchronize.calls": ("counter", "{call}", "cudaDeviceSynchronize calls."),
     "gpu.cuda.event.synchronize.calls": ("counter", "{call}", "cudaEventSynchronize calls."),
+    "gpu.cuda.graph.launch.calls": ("counter", "{call}", "CUDA graph replays (cudaGraphLaunch)."),
     "gpu.cuda.api.errors": ("counter", "{call}", "CUDA runtime calls that returned an error."),
 }
 _SYNC_CALLS = {"cudaStreamSynchronize": "gpu.cuda.stream.synchronize.calls",
@@ -139,7 +144,7 @@ def _dev(device: int) -> dict[str, Any]:
 
 
 # the completed calls that get a span each (KernelLaunch: a zero-length span of its own)
-_Call = MemcpyCall | AllocCall | FreeCall | SyncCall | SetDeviceCall
+_Call = MemcpyCall | AllocCall | FreeCall | SyncCall | SetDeviceCall | GraphLaunchCall
 
 
 @dataclass(slots=True)
@@ -279,9 +284,14 @@ class CudaProcessor(EventProcessor[Config]):
             extra["cuda.event"] = hex(ev.handle)
         self._call_span(ev, extra, out, count_error=False)  # metrics: _call_stats
 
+    @handles(GraphLaunchCall)
+    def _graph(self, ev: GraphLaunchCall, out: list[object]) -> None:
+        self._call_span(ev, {"cuda.graph.exec": hex(ev.exec), "cuda.stream": hex(ev.stream)}, out,
+                        count_error=False)  # metrics: _call_stats
+
     @handles(CallStats)
     def _call_stats(self, ev: CallStats, out: list[object]) -> None:
-        """Metrics of memcpy/synchronize calls, from the kernel's exact counts."""
+        """Metrics of memcpy/synchronize/graph-launch calls, from the kernel's exact counts."""
         if ev.calls <= 0:
             return
         where = self._where(ev.pid, ev.device)
@@ -302,6 +312,9 @@ class CudaProcessor(EventProcessor[Config]):
                 attrs["error.type"] = error
             self.metric(out, ev.pid, "gpu.cuda.memory.copy.duration", ev.dur_ns / 1e9, attrs,
                          count=ev.calls, buckets=ev.dur_hist)
+            return
+        if base == "cudaGraphLaunch":
+            self.metric(out, ev.pid, "gpu.cuda.graph.launch.calls", ev.calls, {"cuda.api": ev.api, **where})
             return
         self.metric(out, ev.pid, "gpu.cuda.synchronize.duration", ev.dur_ns / 1e9, {"cuda.api": ev.api, **where},
                      count=ev.calls, buckets=ev.dur_hist)

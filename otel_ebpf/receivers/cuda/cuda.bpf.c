@@ -1,11 +1,11 @@
 /* CUDA runtime (libcudart.so.12) uprobes. Prepended with otel_ebpf/bpf/include/common.bpf.c.
  *
- * - Completed calls (memcpy, malloc/free, synchronize, cudaSetDevice): the uprobe saves the
+ * - Completed calls (memcpy, malloc/free, synchronize, cudaSetDevice, cudaGraphLaunch): the uprobe saves the
  *   arguments in `inflight`, keyed by (tid, api) so one API nested in another on the same
  *   thread keeps both; the uretprobe pairs it, emits ONE record with start/end/rc, and deletes
  *   the entry. A full `inflight` is counted in drops[OE_DROP_STATEMAP]. Entries of threads that
  *   die inside a call are removed at thread exit.
- * - Call accounting (memcpy, synchronize): at return every call is added to `call_stats`, keyed
+ * - Call accounting (memcpy, synchronize, graph launch): at return every call is added to `call_stats`, keyed
  *   by {pid, api, device, rc, memcpy kind}: calls, summed duration and bytes, and duration and
  *   byte histograms whose bucket bounds come from Python (-DCUDA_DUR_BOUNDS_NS, the emitter's
  *   latency bounds; -DCUDA_BYTES_BOUNDS, its powers of four). The metrics of these calls are
@@ -420,6 +420,34 @@ static __always_inline int sync_return(struct pt_regs *ctx, u32 api)
     return 0;
 }
 
+static __always_inline int graph_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    key.tid = (u32)bpf_get_current_pid_tgid();
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    if (!call_return(ctx, api, st, now, 0, 0, 0)) {
+        inflight.delete(&key);
+        return 0;
+    }
+    struct cuda_graph_rec *e = events.ringbuf_reserve(sizeof(struct cuda_graph_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        inflight.delete(&key);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    cuda_fill(&e->call, CUDA_EV_GRAPH, api, st, ctx, now);
+    e->exec = st->arg[0];
+    e->stream = st->arg[1];
+    events.ringbuf_submit(e, oe_wakeup_flags());
+    inflight.delete(&key);
+    return 0;
+}
+
 /* Commits the thread -> device binding before filling, so the record carries the new device. */
 static __always_inline int set_device_return(struct pt_regs *ctx, u32 api)
 {
@@ -656,6 +684,8 @@ CUDA_CALL(cudaStreamSynchronize_ptsz, sync_return)
 CUDA_CALL(cudaDeviceSynchronize, sync_return)
 CUDA_CALL(cudaEventSynchronize, sync_return)
 CUDA_CALL(cudaSetDevice, set_device_return)
+CUDA_CALL(cudaGraphLaunch, graph_return)
+CUDA_CALL(cudaGraphLaunch_ptsz, graph_return)
 
 int enter_cudaLaunchKernel(struct pt_regs *ctx) { return launch_kernel_enter(ctx, CUDA_API_cudaLaunchKernel); }
 int enter_cudaLaunchKernel_ptsz(struct pt_regs *ctx) { return launch_kernel_enter(ctx, CUDA_API_cudaLaunchKernel_ptsz); }

@@ -15,6 +15,7 @@
 #define CUDA_EV_SYNC 19
 #define CUDA_EV_SET_DEVICE 20
 #define CUDA_EV_LAUNCH 21
+#define CUDA_EV_GRAPH 22
 
 /* API ids: the index into otel_ebpf/receivers/cuda/receiver.py APIS (checked by the layout test).
  * _ptsz/_ptds are the per-thread-default-stream entry points (nvcc --default-stream
@@ -39,7 +40,9 @@
 #define CUDA_API_cudaDeviceSynchronize 17
 #define CUDA_API_cudaEventSynchronize 18
 #define CUDA_API_cudaSetDevice 19
-#define CUDA_API_COUNT 20
+#define CUDA_API_cudaGraphLaunch 20
+#define CUDA_API_cudaGraphLaunch_ptsz 21
+#define CUDA_API_COUNT 22
 
 /* The call's enclosing Python function / PyTorch operator (ctx_kind) */
 #define CUDA_CTX_NONE 0
@@ -95,6 +98,14 @@ struct cuda_free_rec {
 struct cuda_sync_rec {
     struct cuda_call call;
     u64 handle;        /* the stream or event; 0 for cudaDeviceSynchronize */
+};
+
+/* cudaGraphLaunch(graphExec, stream): one replay of an instantiated CUDA graph (every kernel, copy and
+ * NCCL operation captured in it runs on the GPU without passing any other probed call) */
+struct cuda_graph_rec {
+    struct cuda_call call;
+    u64 exec;          /* the cudaGraphExec_t */
+    u64 stream;
 };
 
 /* cudaSetDevice(device); the binding is committed (call.device) only when rc == 0 */

@@ -20,6 +20,7 @@ __all__ = [
     "CudaCall",
     "EnclosingCall",
     "FreeCall",
+    "GraphLaunchCall",
     "KernelLaunch",
     "KernelLaunchStats",
     "MemcpyCall",
@@ -114,6 +115,24 @@ class SyncCall:
 
 
 @dataclass(frozen=True, slots=True)
+class GraphLaunchCall:
+    """cudaGraphLaunch(exec, stream) (or its _ptsz twin): one replay of an instantiated CUDA graph. The work
+    captured in the graph (kernels, copies, NCCL operations) runs on the GPU without passing any other probed
+    call, so this call is all the host side shows of it."""
+
+    pid: int
+    tid: int
+    api: str
+    device: int
+    start_ns: int
+    end_ns: int
+    rc: int
+    exec: int
+    stream: int
+    enclosing: EnclosingCall | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SetDeviceCall:
     """cudaSetDevice(requested). ``device`` is the binding after the call (== requested when
     rc == 0)."""
@@ -164,7 +183,7 @@ class KernelLaunchStats:
     op: str = ""  # the PyTorch operator the launches were made in ("": none or unknown)
 
 
-CudaCall = MemcpyCall | AllocCall | FreeCall | SyncCall | SetDeviceCall
+CudaCall = MemcpyCall | AllocCall | FreeCall | SyncCall | SetDeviceCall | GraphLaunchCall
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """The CUDA runtime receiver: uprobes on libcudart (cuda.bpf.c) -> typed events (events.py).
 
-Calls are paired in the kernel and arrive as one ring-buffer record each (memcpy and
-synchronize calls over the span rate limit get none); kernel launches, and every memcpy and
-synchronize call, are counted in the kernel and read here, at most every ``stats_interval``, as
+Calls are paired in the kernel and arrive as one ring-buffer record each (memcpy, synchronize and
+graph-launch calls over the span rate limit get none); kernel launches, and every memcpy, synchronize
+and graph-launch call, are counted in the kernel and read here, at most every ``stats_interval``, as
 :class:`KernelLaunchStats` and :class:`CallStats` deltas. Counters of processes that are gone are read one last time
 and deleted, and everything is read once more at shutdown.
 
@@ -34,6 +34,7 @@ from .events import (
     CallStats,
     EnclosingCall,
     FreeCall,
+    GraphLaunchCall,
     KernelLaunch,
     KernelLaunchStats,
     MemcpyCall,
@@ -41,11 +42,11 @@ from .events import (
     SyncCall,
 )
 
-__all__ = ["ALLOC", "APIS", "FREE", "LAUNCH", "MEMCPY", "MIRRORS", "PROBES", "SET_DEVICE", "SYNC", "Api",
+__all__ = ["ALLOC", "APIS", "FREE", "GRAPH", "LAUNCH", "MEMCPY", "MIRRORS", "PROBES", "SET_DEVICE", "SYNC", "Api",
            "CudaReceiver"]
 
 log = logging.getLogger(__name__)
-ApiKind = Literal["launch", "launch_exc", "memcpy", "alloc", "free", "sync", "set_device"]
+ApiKind = Literal["launch", "launch_exc", "memcpy", "alloc", "free", "sync", "set_device", "graph"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ APIS: tuple[Api, ...] = (
     Api("cudaDeviceSynchronize", "sync"),
     Api("cudaEventSynchronize", "sync"),
     Api("cudaSetDevice", "set_device"),
+    Api("cudaGraphLaunch", "graph"),
+    Api("cudaGraphLaunch_ptsz", "graph", True),
 )
 _SYMBOLS = tuple(a.symbol for a in APIS)
 
@@ -103,14 +106,16 @@ SET_DEVICE = Mirror("cuda_set_device_rec", 20, struct.Struct("<" + _CALL_FMT + "
 LAUNCH = Mirror("cuda_launch_rec", 21, struct.Struct("<BBBxiIIQQ3I3IQQQQQ"),
                 ("type", "api", "ctx_kind", "device", "pid", "tid", "ts", "func", "grid[0]", "grid[1]", "grid[2]",
                  "block[0]", "block[1]", "block[2]", "shared_mem", "stream", "seq", "ctx_start", "ctx_root"))
+GRAPH = Mirror("cuda_graph_rec", 22, struct.Struct("<" + _CALL_FMT + "QQ"), (*_CALL_FIELDS, "exec", "stream"))
 CTX_KINDS = {1: "python", 2: "torch"}  # cuda.h CUDA_CTX_*
-MIRRORS: tuple[Mirror, ...] = (MEMCPY, ALLOC, FREE, SYNC, SET_DEVICE, LAUNCH)
+MIRRORS: tuple[Mirror, ...] = (MEMCPY, ALLOC, FREE, SYNC, SET_DEVICE, LAUNCH, GRAPH)
 _CALL_EVENTS: dict[int, tuple[struct.Struct, type]] = {
     MEMCPY.etype: (MEMCPY.fmt, MemcpyCall),
     ALLOC.etype: (ALLOC.fmt, AllocCall),
     FREE.etype: (FREE.fmt, FreeCall),
     SYNC.etype: (SYNC.fmt, SyncCall),
     SET_DEVICE.etype: (SET_DEVICE.fmt, SetDeviceCall),
+    GRAPH.etype: (GRAPH.fmt, GraphLaunchCall),
 }
 
 LaunchKey = tuple[int, int, int, int, int]  # pid, device, grid size, block size, operator address

@@ -24,6 +24,7 @@ from otel_ebpf.receivers.cuda.events import (
     AllocCall,
     CallStats,
     FreeCall,
+    GraphLaunchCall,
     KernelLaunch,
     KernelLaunchStats,
     MemcpyCall,
@@ -246,6 +247,21 @@ def test_sync_is_a_span_and_its_call_stats_a_wait_histogram_in_seconds() -> None
     assert calls.value == 4
     ev_sync = SyncCall(PID, TID, "cudaEventSynchronize", 0, T0, T0 + 1, 0, 0x88)
     assert spans(Rig().run(ev_sync))[0].attributes["cuda.event"] == "0x88"
+
+
+def test_graph_launch_is_a_span_and_its_call_stats_a_replay_counter() -> None:
+    ev = GraphLaunchCall(PID, TID, "cudaGraphLaunch", 1, T0, T0 + 7000, 0, 0x6000, 0x77)
+    (span,) = spans(Rig().run(ev))
+    assert span.name == "cudaGraphLaunch" and span.attributes["cuda.graph.exec"] == "0x6000"
+    assert span.attributes["cuda.stream"] == "0x77" and span.attributes["cuda.device.index"] == 1
+    out = Rig().run(call_stats("cudaGraphLaunch_ptsz", calls=5, durs_ns=(7000,), device=1),
+                    call_stats("cudaGraphLaunch", calls=2, rc=35, device=1))
+    replays = metrics(out, "gpu.cuda.graph.launch.calls")
+    assert sorted((m.value, m.attributes["cuda.api"]) for m in replays) == [(2, "cudaGraphLaunch"),
+                                                                           (5, "cudaGraphLaunch_ptsz")]
+    (errors,) = metrics(out, "gpu.cuda.api.errors")
+    assert errors.value == 2 and errors.attributes["error.type"] == "cudaErrorInsufficientDriver"
+    assert not metrics(out, "gpu.cuda.synchronize.duration")  # a replay is no host wait
 
 
 def test_set_device_span() -> None:

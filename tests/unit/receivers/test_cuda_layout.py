@@ -71,7 +71,7 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
     for a in APIS:
         lines.append(f'printf("api {a.symbol} %d\\n", CUDA_API_{a.symbol});')
     lines.append('printf("api_count %d\\n", CUDA_API_COUNT);')
-    for name in ("MEMCPY", "ALLOC", "FREE", "SYNC", "SET_DEVICE", "LAUNCH"):
+    for name in ("MEMCPY", "ALLOC", "FREE", "SYNC", "SET_DEVICE", "LAUNCH", "GRAPH"):
         lines.append(f'printf("etype {name} %d\\n", CUDA_EV_{name});')
     for kind in ("PYTHON", "TORCH"):
         lines.append(f'printf("ctx {kind} %d\\n", CUDA_CTX_{kind});')
@@ -109,7 +109,7 @@ def test_records_start_with_their_type_byte(mirror: Mirror, c_layout: dict[str, 
     assert mirror.fields[0].endswith("type") and _offsets(mirror.fmt)[0] == (0, 1)
     name = {"cuda_memcpy_rec": "MEMCPY", "cuda_alloc_rec": "ALLOC", "cuda_free_rec": "FREE",
             "cuda_sync_rec": "SYNC", "cuda_set_device_rec": "SET_DEVICE",
-            "cuda_launch_rec": "LAUNCH"}[mirror.c_struct]
+            "cuda_launch_rec": "LAUNCH", "cuda_graph_rec": "GRAPH"}[mirror.c_struct]
     assert mirror.etype == c_layout[f"etype {name}"] >= 16
     raw = bytes([mirror.etype]) + bytes(mirror.fmt.size - 1)
     assert mirror.fmt.unpack_from(raw)[0] == mirror.etype
@@ -132,8 +132,9 @@ def test_every_probe_function_is_defined_in_the_program() -> None:
         defined |= {f"enter_{sym}", f"return_{sym}"}
     wanted = {fn for p in PROBES for fn in (p.entry, p.ret) if fn}
     assert wanted <= defined, wanted - defined
-    # launches are entry-only: no uretprobe on the hot path
-    assert all(p.ret is None for p in PROBES if "Launch" in p.symbol)
+    # kernel launches are entry-only: no uretprobe on the hot path (a graph replay is a completed call)
+    assert all(p.ret is None for p in PROBES if p.symbol.startswith("cudaLaunch"))
+    assert all(p.ret is not None for p in PROBES if p.symbol.startswith("cudaGraphLaunch"))
 
 
 def _receiver() -> CudaReceiver:
