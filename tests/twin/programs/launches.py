@@ -1,0 +1,20 @@
+"""Run by tests/twin/test_cuda_traced.py under torchrun and the agent on the twin (1 rank): torch's own kernels,
+launched the way torch 2.11 (CUDA 13) launches them: nvcc 13's ``<<<>>>`` stubs call ``__cudaLaunchKernel``
+with a ``cudaKernel_t`` (libtorch_cuda.so imports that, not ``cudaLaunchKernel``). Elementwise ops, a
+reduction and a copy: no cuBLAS (a stub on the twin). Writes ``<out>/done`` when finished."""
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+out = Path(sys.argv[1])
+device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+x = torch.ones(4096, device=device)  # a fill kernel
+for _ in range(10):
+    x = x * 2 + 1  # mul, add
+y = x.sum()  # a reduction
+z = torch.zeros(4096, device=device)
+z.copy_(x)  # a device-to-device copy
+torch.cuda.synchronize()
+(out / "done").write_text(str(y.item()))

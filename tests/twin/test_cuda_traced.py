@@ -1,0 +1,30 @@
+"""The cuda receiver on real PyTorch (torch 2.11, CUDA 13) on the twin: every kernel launch torch makes is
+counted, whichever entry point it used (issue 15: torch's own kernels go through ``__cudaLaunchKernel``, which
+CUDA 13.0's libcudart turns into ``cudaLaunchKernel``; the twin's stand-in does the same). The stand-in counts
+the launches it received; the agent's ``gpu.cuda.kernel.launch.calls`` must say the same. Needs root and BCC."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from otel_ebpf.twin import TwinEnv
+from tests.faults.agentproc import counter_total
+from tests.support.otlp_sink import metrics_from_jsonl
+from tests.twin.conftest import PROGRAMS
+from tests.twin.support import traced_run
+
+pytestmark = [pytest.mark.bpf, pytest.mark.timeout(400)]
+
+
+def test_every_kernel_torch_launches_is_counted(bpf_ready: None, twin: TwinEnv, libdir: Path, tmp_path: Path) -> None:
+    stats, agent_out = tmp_path / "stats", tmp_path / "agent"
+    stats.mkdir()
+    run = traced_run(twin, libdir, PROGRAMS / "launches.py", 1, tmp_path, agent_out,
+                     {"OTEL_EBPF_TWIN_STATS": str(stats)})
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert (tmp_path / "done").exists()
+    launched = sum(int(f.read_text().split()[1]) for f in stats.glob("cudart-*.txt"))
+    assert launched >= 22  # fill, 10 x (mul, add), sum, zeros, copy: at least one kernel each
+    metrics = metrics_from_jsonl(agent_out / "metrics.jsonl")
+    assert counter_total(metrics, "gpu.cuda.kernel.launch.calls") == launched
