@@ -22,7 +22,10 @@ Span attributes (``cuda.*``; a metric carries only the ones listed with it):
   as hex; ``cuda.malloc.flags``: cudaMallocManaged flags; ``cuda.device.requested``: the
   argument of cudaSetDevice.
 * ``cuda.graph.exec``: the replayed cudaGraphExec_t (hex), on cudaGraphLaunch spans with ``cuda.stream``.
-* launch spans: ``cuda.kernel.func`` (hex), ``cuda.kernel.grid`` / ``cuda.kernel.block``
+* launch spans: ``cuda.kernel.func`` (hex): with CUDA 12 the host stub's address nvcc's ``<<<>>>`` passes;
+  with CUDA 13 ``<<<>>>`` calls ``__cudaLaunchKernel`` with a ``cudaKernel_t`` handle (from
+  ``__cudaGetKernel``), which libcudart 13 hands on to ``cudaLaunchKernel``, so the value is that handle: one
+  per kernel either way, but not an address to symbolize; ``cuda.kernel.grid`` / ``cuda.kernel.block``
   ([x, y, z]), ``cuda.kernel.shared_mem`` (bytes), ``cuda.kernel.launch_seq``, ``cuda.stream``.
 
 Metrics (scope ``otel_ebpf.cuda``; OBI's ``gpu.cuda.*`` names where OBI has one):
