@@ -44,6 +44,11 @@ __all__ = ["DROP_REASONS", "BpfReceiver", "Probe"]
 log = logging.getLogger(__name__)
 
 
+def _listed(items: list[str], shown: int = 8) -> str:
+    """The first ``shown`` items, and how many more."""
+    return ", ".join(dict.fromkeys(items[:shown])) + (f" and {len(items) - shown} more" if len(items) > shown else "")
+
+
 def _short_reason(exc: Exception) -> str:
     """Why one probe did not attach, in a few words (BCC's message names the symbol and path again)."""
     text = str(exc).strip() or type(exc).__name__
@@ -161,30 +166,34 @@ class BpfReceiver:
     # ---- attach ----------------------------------------------------------------------
     def attach_library(self, path: str) -> int:
         """Attach every probe to ``path``; returns how many attached. Safe to call twice. One log line per
-        library: INFO when every probe the receiver needs attached, else a WARNING naming the symbols
-        that did not (each counted in ``otel_ebpf.probes.failed``)."""
+        library, "attached N of M probes to X": INFO, naming the optional symbols the library lacks, when every
+        probe the receiver needs attached; else a WARNING naming the needed ones that did not (each counted in
+        ``otel_ebpf.probes.failed``)."""
         with self._attach_lock:
             real = claim_library(self._attached, path, self._bpf is not None)
             if real is None:
                 return 0
-            n, failed = 0, []
+            n, wanted = 0, 0
+            failed: list[str] = []
+            absent: list[str] = []
             for p in self.probes:
+                wanted += (p.entry is not None) + (p.ret is not None)
                 attached, error = self._attach_one(real, p)
                 n += attached
                 if error is not None:
-                    failed.append(error)
+                    (absent if p.optional else failed).append(error)
         tel = self.ctx.telemetry
         tel.add("otel_ebpf.probes.attached", n, receiver=self.name, library=os.path.basename(real))
+        line = f"{self.name}: attached {n} of {wanted} probes to {real}"
         if not failed:
-            log.info("%s: attached %d probes to %s", self.name, n, real)
+            log.info("%s%s", line, f"; optional, absent: {_listed(absent)}" if absent else "")
         else:
-            shown = ", ".join(failed[:8]) + (f" and {len(failed) - 8} more" if len(failed) > 8 else "")
-            log.warning("%s: attached %d probes to %s; %d could not attach: %s", self.name, n, real,
-                        len(failed), shown)
+            log.warning("%s; %d needed could not attach: %s", line, len(failed), _listed(failed))
         return n
 
     def _attach_one(self, path: str, p: Probe) -> tuple[int, str | None]:
-        """(probes attached, "symbol (reason)" when a needed one failed). Raises with ``strict``."""
+        """(probes attached, "symbol (reason)" when one of its probes failed). A needed probe's failure is
+        counted, and raises with ``strict``."""
         n, error = 0, None
         for fn, attach in ((p.entry, self._bpf.attach_uprobe), (p.ret, self._bpf.attach_uretprobe)):
             if fn is None:
@@ -193,14 +202,13 @@ class BpfReceiver:
                 retry_interrupted_load(functools.partial(attach, name=path, sym=p.symbol, fn_name=fn), self.name)
                 n += 1
             except Exception as exc:
+                error = f"{p.symbol} ({_short_reason(exc)})"
                 if p.optional:
                     continue
                 self.ctx.telemetry.add("otel_ebpf.probes.failed", 1, receiver=self.name,
                                        library=os.path.basename(path))
-                err = AttachError(path, p.symbol, str(exc).strip() or type(exc).__name__)
                 if self.ctx.strict:
-                    raise err from None
-                error = f"{p.symbol} ({_short_reason(exc)})"
+                    raise AttachError(path, p.symbol, str(exc).strip() or type(exc).__name__) from None
         return n, error
 
     def initial_libraries(self) -> list[str]:

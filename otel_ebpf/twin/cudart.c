@@ -5,7 +5,8 @@
  * Prototypes: compiled against the real CUDA 13.0 `cuda_runtime_api.h` (the nvidia-cuda-runtime 13.0.96
  * wheel torch 2.11.0's cuda-toolkit 13.0.2 pins; scripts/setup.sh extracts its headers), so every exported
  * function has the real signature, and exported under the `libcudart.so.13` version node as the real
- * library does (torch imports `cudaMalloc@libcudart.so.13`).  Exports are exactly what torch 2.11.0 imports.
+ * library does (torch imports `cudaMalloc@libcudart.so.13`).  Exports are what torch 2.11.0 imports, plus the
+ * functions a tracer of the real runtime probes (cudaMallocManaged, cudaStreamCreateWithFlags).
  *
  * Model (what is the same as on a GPU):
  * - N devices (OTEL_EBPF_TWIN_GPUS, default 2), per-thread current device (cudaSetDevice is per host thread:
@@ -653,6 +654,15 @@ API cudaError_t cudaFree(void *p)
     return do_free(p);
 }
 API cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) { (void)s; return cudaMalloc(p, n); }
+/* Managed memory is addressable from host and device: here all device memory is. torch does not import it; it is
+ * exported because the real runtime does and tracers probe it (the cuda receiver does). */
+API cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int flags)
+{
+    T();
+    (void)flags;
+    *p = do_alloc(n, 0);
+    return *p != NULL ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
 API cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
 {
     struct op *o;

@@ -23,6 +23,7 @@ from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.cuda import Config as ProcessorConfig
 from otel_ebpf.processors.cuda import CudaProcessor
 from otel_ebpf.receivers.cuda import Config, CudaReceiver, create
+from otel_ebpf.receivers.cuda.receiver import PROBES
 from otel_ebpf.receivers.cuda.events import (
     AllocCall,
     CallStats,
@@ -408,27 +409,32 @@ def test_loader_candidates_that_do_not_exist_are_not_attached(bpf_ready: None, b
         assert t.ctx.telemetry.get("otel_ebpf.probes.attached", library=cudart.name) >= 32
 
 
-def test_symbols_a_library_lacks_are_one_warning_line(bpf_ready: None, tmp_path: Path,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
-    # a libcudart.so.12 with two of the probed functions only: one line for the library, naming what is missing
-    src, lib = tmp_path / "partial.c", tmp_path / "libcudart.so.12"
+def test_attach_is_one_line_per_library_a_warning_only_when_a_needed_symbol_is_missing(
+        bpf_ready: None, stand_in_cudart: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # a libcudart with two of the probed functions only: one WARNING for the library, naming what is missing;
+    # the stand-in lacks only the optional per-thread-stream variants: one INFO line that names them
+    src, lib = tmp_path / "partial.c", tmp_path / "libcudart.so.13"
     src.write_text("int cudaMalloc(void **p, unsigned long n) { (void)p; (void)n; return 0; }\n"
                    "int cudaFree(void *p) { (void)p; return 0; }\n")
     subprocess.run(["gcc", "-O1", "-fPIC", "-shared", "-o", str(lib), str(src)], check=True, capture_output=True,
                    timeout=60)
     ctx = Context(target_pids=[1])
-    receiver = create(Config(libraries=[str(lib)]), ctx, ListConsumer())
+    receiver = create(Config(libraries=[str(lib), str(stand_in_cudart)]), ctx, ListConsumer())
     with caplog.at_level("INFO", logger="otel_ebpf.bpf.receiver"):
         try:
             receiver.start()
         finally:
             receiver.shutdown()
-    lines = [r for r in caplog.records if str(lib) in r.getMessage()]
-    assert len(lines) == 1, [r.getMessage() for r in lines]
-    message = lines[0].getMessage()
-    assert lines[0].levelname == "WARNING" and "could not attach" in message
-    assert "cudaMemcpy (not in the library)" in message and "cudaMalloc " not in message
+    (partial,) = [r for r in caplog.records if str(lib) in r.getMessage()]
+    message = partial.getMessage()
+    assert partial.levelname == "WARNING" and message.startswith(f"cuda: attached 4 of {2 * len(PROBES) - 4} probes")
+    assert "needed could not attach: " in message and "cudaMemcpy (not in the library)" in message
+    assert "cudaMalloc " not in message
     assert ctx.telemetry.get("otel_ebpf.probes.failed", library=lib.name) >= 10
+    (full,) = [r for r in caplog.records if str(stand_in_cudart) in r.getMessage()]
+    assert full.levelname == "INFO" and "optional, absent: cudaLaunchKernel_ptsz (not in the library)" in \
+        full.getMessage()
+    assert ctx.telemetry.get("otel_ebpf.probes.failed", library=stand_in_cudart.name) == 0
 
 
 @pytest.fixture(scope="module")
