@@ -1,6 +1,6 @@
 """The twin: the real PyTorch CUDA wheel (torch 2.11.0) running distributed programs with no GPU.
 
-Stand-in ``libcudart.so.13`` (cudart.c) and ``libnccl.so.2`` (nccl_comm.c, nccl_coll.c), compiled against the
+Stand-in ``libcudart.so.13`` (cudart*.c) and ``libnccl.so.2`` (nccl_comm.c, nccl_coll.c), compiled against the
 real CUDA 13 and NCCL 2.28.9 headers, plus stubs generated from the wheel for the other CUDA libraries torch
 links (stubs.py), let torch's own code paths run: ``init_process_group("nccl")``, ``new_group`` through
 ``ncclCommSplit``, DDP. Collectives move the ranks' real data through shared memory; kernels do nothing,

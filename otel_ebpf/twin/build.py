@@ -27,6 +27,7 @@ __all__ = ["CFLAGS", "build", "default_cache_dir"]
 
 HERE = Path(__file__).resolve().parent
 CFLAGS = ["-O2", "-fno-omit-frame-pointer", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"]
+CUDART_SOURCES = ["cudart.c", "cudart_streams.c", "cudart_kernels.c"]
 NCCL_SOURCES = ["nccl_comm.c", "nccl_coll.c", "nccl_group.c", "nccl_mem.c"]
 COMPLETE = ".complete"
 
@@ -86,8 +87,9 @@ def _imported_from_stand_ins(env: TwinEnv) -> dict[str, set[str]]:
 def _build_into(out: Path, env: TwinEnv, gcc: str) -> None:
     cuda = f"-I{env.cuda_include}"
     (out / "cudart.map").write_text("libcudart.so.13 { global: cuda*; __cuda*; local: *; };\n")
-    _cc(gcc, [cuda, "-o", str(out / "libcudart.so.13"), str(HERE / "cudart.c"), "-Wl,-soname,libcudart.so.13",
-              f"-Wl,--version-script={out / 'cudart.map'}", "-lpthread"], "libcudart.so.13 (cudart.c)")
+    _cc(gcc, [cuda, "-o", str(out / "libcudart.so.13"), *(str(HERE / s) for s in CUDART_SOURCES),
+              "-Wl,-soname,libcudart.so.13", f"-Wl,--version-script={out / 'cudart.map'}", "-lpthread"],
+        "libcudart.so.13 (cudart*.c)")
     # Real NCCL links cudart statically; here it shares torch's stand-in, so the current device is one state.
     _cc(gcc, ["-fvisibility=hidden", f"-I{env.nccl_include}", cuda, "-o", str(out / "libnccl.so.2"),
               *(str(HERE / s) for s in NCCL_SOURCES), "-Wl,-soname,libnccl.so.2", f"-L{out}", "-l:libcudart.so.13",

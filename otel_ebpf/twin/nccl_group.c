@@ -22,7 +22,7 @@
  * grouped sends and recvs to each other cannot deadlock, however large.
  *
  * The outermost ncclGroupEnd launches the group onto its streams and returns (group_run); the work runs on
- * the stream's worker thread (cudart.c), where the rank waits for its peers as NCCL's kernel does.
+ * the stream's worker thread (cudart_streams.c), where the rank waits for its peers as NCCL's kernel does.
  *
  * Known differences from NCCL 2.28.9, not fixed yet (docs/twin.md lists them):
  * - Non-blocking groups (config.blocking = 0) launch inside the call and return ncclSuccess (NCCL may
@@ -173,7 +173,7 @@ static void group_reset(void)
     group_error = ncclSuccess;
 }
 
-/* One launched group: its operations, run later by the stream's worker (cudart.c __cudaTwinLaunch). */
+/* One launched group: its operations, run later by the stream's worker (cudart_streams.c __cudaTwinLaunch). */
 struct group_job {
     int n;
     struct twin_task tasks[];
@@ -209,7 +209,7 @@ static void group_job_run(void *arg)
 /* The outermost ncclGroupEnd: the group's operations go onto their streams as one piece of work and the call
  * returns, as NCCL 2.28.9 does once its kernel is enqueued (src/group.cc groupLaunch -> doLaunches ->
  * ncclLaunchKernel).  Every user stream of the group waits for the others' prior work and for the group, and
- * the group runs after the last work launched on each of its comms (cudart.c __cudaTwinLaunch).  Nothing waits here for peers: a rank that is late or dead shows as work
+ * the group runs after the last work launched on each of its comms (cudart_streams.c __cudaTwinLaunch).  Nothing waits here for peers: a rank that is late or dead shows as work
  * that does not complete on the stream (cudaEventQuery: cudaErrorNotReady), as on a GPU. */
 static ncclResult_t group_run(void)
 {

@@ -25,7 +25,7 @@ struct twin_shm {
     size_t slot;
 };
 
-/* Where the comm's last launched work sits (cudart.c owns and moves it): all work of a comm runs in launch
+/* Where the comm's last launched work sits (cudart_streams.c owns and moves it): all work of a comm runs in launch
  * order, as NCCL's per-comm device stream orders it (comm->sharedRes->deviceStream). */
 struct twin_order { void *stream; uint64_t pos; };
 
@@ -90,7 +90,7 @@ struct twin_task {
 };
 ncclResult_t twin_submit(const struct twin_task *t);
 
-/* The twin's libcudart.so.13 (cudart.c): runs fn(arg) on streams[0]'s worker after every stream's prior
+/* The twin's libcudart.so.13 (cudart_streams.c): runs fn(arg) on streams[0]'s worker after every stream's prior
  * work and after each comm's last launched work (`orders`, updated), and makes the others wait for it.  Not
  * a CUDA API. */
 cudaError_t __cudaTwinLaunch(const cudaStream_t *streams, int n, struct twin_order *const *orders, int norders,

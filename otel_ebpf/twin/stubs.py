@@ -28,7 +28,7 @@ from otel_ebpf.twin.errors import TwinBuildError
 
 __all__ = ["STAND_INS", "StubLibrary", "plan_stubs", "torch_libraries", "undefined_symbols", "write_stub_sources"]
 
-STAND_INS = frozenset({"libcudart.so.13", "libnccl.so.2"})  # written by hand: cudart.c, nccl_*.c
+STAND_INS = frozenset({"libcudart.so.13", "libnccl.so.2"})  # written by hand: cudart*.c, nccl_*.c
 # The C and C++ runtime: the only needed libraries taken from the system. Anything else is stubbed even when
 # the host has it (a CUDA toolkit in ldconfig's cache), so a twin run is the same on every machine.
 RUNTIME = ("libc.so.", "libm.so.", "libdl.so.", "librt.so.", "libpthread.so.", "ld-linux", "libstdc++.so.",

@@ -1,5 +1,5 @@
 """NCCL work on the twin is asynchronous as on a GPU: the call returns once the work is on its stream, and
-torch's events, stream waits and copies observe its completion (otel_ebpf/twin/cudart.c, nccl_group.c); a
+torch's events, stream waits and copies observe its completion (otel_ebpf/twin/cudart_streams.c, nccl_group.c); a
 dead peer on another node becomes the communicator's async error, as NCCL's network transport makes it."""
 from __future__ import annotations
 
