@@ -112,13 +112,17 @@ def test_well_formed_records_decode_to_typed_events(name):
     print(f"{name}: {examples[0]} examples")
 
 
-def test_lifecycle_records_decode_without_touching_processes():
+def test_lifecycle_records_decode_without_touching_processes(tmp_path):
     rx, ctx, _ = _receiver("cuda")
+    lib = tmp_path / "libcudart.so.12"
+    lib.write_bytes(b"\x7fELF")
     exit_rec = struct.pack("<B3xIQ16s", 1, 4242, 123, b"tr\x01ain\xff\xfe")
-    lib_rec = struct.pack("<BB2xII4xQ256s", 2, 1, 4242, 4243, 5, b"relative/libcudart.so.12\xff")
-    assert _feed(rx, exit_rec) == 0 and _feed(rx, lib_rec) == 0
+    lib_rec = struct.pack("<BB2xII4xQ256s", 2, 1, 4242, 4243, 5, str(lib).encode() + b"\0\xff")
+    # an open the loader only tried (a relative candidate of a pid that is gone): no library, no event
+    tried_rec = struct.pack("<BB2xII4xQ256s", 2, 1, 4242, 4243, 6, b"relative/libcudart.so.12\xff")
+    assert _feed(rx, exit_rec) == 0 and _feed(rx, lib_rec) == 0 and _feed(rx, tried_rec) == 0
     assert [type(e) for e in rx._exits] == [ProcessExit] and rx._exits[0].comm.startswith("tr")
-    assert isinstance(rx._batch[0], LibraryLoaded) and rx._batch[0].pid == 4242
+    assert [(type(e), e.pid, e.path) for e in rx._batch] == [(LibraryLoaded, 4242, str(lib))]
     assert ctx.telemetry.get(DROPPED) == 0
 
 
