@@ -14,7 +14,11 @@ guard"):
   counted (``otel_ebpf.pauses.skipped{receiver, reason=agent_late|guard_late}``). A stopped,
   hung, starved, debugged or dying agent (or supervisor) therefore stops making stops within
   one lease (``pause_timeout / 2``).
-* **The supervisor**, a separate small process (``python -m otel_ebpf.bpf.pauseguard``, standard
+* **No stop while throttled.** The supervisor holds slot 0 at ``THROTTLED`` while its cgroup
+  (the agent's, i.e. the pod's CPU limit) has been CPU-throttled within the last lease
+  (otel_ebpf/bpf/cputhrottle.py): a throttled group was measured standing still 2.6 s, longer
+  than any resume it could promise (``reason=cpu_throttled``).
+* **The supervisor** (otel_ebpf/bpf/guardsupervisor.py), a separate small process (``python -m otel_ebpf.bpf.pauseguard``, standard
   library and otel_ebpf.bpf.paused only, no BCC) in its own session, so a SIGSTOP/SIGINT to the
   agent's process group or terminal does not reach it. Every tick it SIGCONTs each process
   recorded in the agent's ``oe_paused`` maps (pinned on bpffs) that has been stopped longer
@@ -24,7 +28,8 @@ guard"):
   attached while the kernel releases them, make no stop after that), resumes every recorded
   stop, removes the agent's pins and exits.
 
-What is left: the agent and its supervisor frozen together (the cgroup freezer, ``docker
+What is left: a stop made just before the agent's cgroup starts to stall is held until the
+supervisor runs again; the agent and its supervisor frozen together (the cgroup freezer, ``docker
 pause``) holds the processes stopped in the last lease before the freeze until the thaw; both
 SIGKILLed together (an OOM kill of their cgroup) leaves them to the next agent's
 :func:`otel_ebpf.bpf.paused.recover_stale`.
@@ -37,38 +42,27 @@ stopped, and says so once.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
-import select
-import signal
-import struct
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 from otel_ebpf.bpf import syscalls as bpfsys
-from otel_ebpf.bpf.paused import PAUSED_DIR, entries, forget_entry, owner_alive, parse_pin, process_stat, resume
-from otel_ebpf.bpf.threadctx import BPFFS, ensure_bpffs
+from otel_ebpf.bpf.guardsupervisor import LEASE_KEY, LEASE_VALUE, GUARD_DIR, SLOTS, THROTTLED, now_ns, main
+from otel_ebpf.bpf.paused import owner_alive, process_stat
+from otel_ebpf.bpf.threadctx import ensure_bpffs
 
-__all__ = ["GUARD_DIR", "SLOTS", "PauseGuard", "acquire", "health", "main", "release", "unpin"]
+__all__ = ["GUARD_DIR", "SLOTS", "THROTTLED", "PauseGuard", "acquire", "health", "main", "release", "unpin"]
 
 log = logging.getLogger(__name__)
-GUARD_DIR = BPFFS / "otel_ebpf" / "guard"
-SLOTS = 64  # OE_GUARD_SLOTS in common.bpf.c; slot 0 is the supervisor's
-_KEY, _VAL = struct.Struct("<I"), struct.Struct("<Q")
 _READY_S = 5.0  # longest acquire() waits for the supervisor's first lease
 _RESPAWN_EVERY_S = 10.0
 _lock = threading.Lock()
 _guards: dict[int, PauseGuard] = {}
 _refs: dict[int, int] = {}
-
-
-def _now_ns() -> int:
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # = bpf_ktime_get_ns()
 
 
 class PauseGuard:
@@ -91,7 +85,7 @@ class PauseGuard:
         ensure_bpffs()
         GUARD_DIR.mkdir(parents=True, exist_ok=True)
         _remove_stale_pins()
-        self.fd = bpfsys.map_create(bpfsys.ARRAY, _KEY.size, _VAL.size, SLOTS)
+        self.fd = bpfsys.map_create(bpfsys.ARRAY, LEASE_KEY.size, LEASE_VALUE.size, SLOTS)
         pin = GUARD_DIR / f"{self._agent}-{id(self):x}"
         bpfsys.obj_pin(self.fd, str(pin))
         self.pin = str(pin)
@@ -128,7 +122,7 @@ class PauseGuard:
     def renew(self, slot: int) -> None:
         """The poll loop of ``slot`` is alive: its program may stop processes for one lease more.
         Restarts a dead supervisor (at most every 10 s). Never raises."""
-        self._write(slot, _now_ns() + self.lease_ns)
+        self._write(slot, now_ns() + self.lease_ns)
         if self.supervisor is not None and self.supervisor.poll() is not None:
             now = time.monotonic()
             if now - self._respawned_at >= _RESPAWN_EVERY_S:
@@ -147,16 +141,20 @@ class PauseGuard:
     def _write(self, slot: int, value: int) -> None:
         if self.fd is not None:
             with contextlib.suppress(OSError):
-                bpfsys.update(self.fd, _KEY.pack(slot), _VAL.pack(value))
+                bpfsys.update(self.fd, LEASE_KEY.pack(slot), LEASE_VALUE.pack(value))
 
     def _read(self, slot: int) -> int:
         if self.fd is None:
             return 0
         try:
-            raw = bpfsys.lookup(self.fd, _KEY.pack(slot), _VAL.size)
+            raw = bpfsys.lookup(self.fd, LEASE_KEY.pack(slot), LEASE_VALUE.size)
         except OSError:
             return 0
-        return _VAL.unpack(raw)[0] if raw else 0
+        return LEASE_VALUE.unpack(raw)[0] if raw else 0
+
+    def read_lease(self) -> int:
+        """Slot 0 as the supervisor last wrote it (a deadline, THROTTLED, or 0)."""
+        return self._read(0)
 
     def unpin(self) -> None:
         if self.pin is not None:
@@ -180,13 +178,6 @@ class PauseGuard:
         self.unpin()
         bpfsys.close(self.fd)
         self.fd = None
-
-
-def _guard_pins_of(pid: int, start: int) -> list[Path]:
-    try:
-        return [GUARD_DIR / n for n in os.listdir(GUARD_DIR) if n.startswith(f"{pid}-{start}-")]
-    except OSError:
-        return []
 
 
 def _remove_stale_pins() -> None:
@@ -229,7 +220,10 @@ def health(ctx: object) -> tuple[bool, str] | None:
         return None
     sup = guard.supervisor
     if sup is not None and sup.poll() is None:
-        return True, f"supervisor pid {sup.pid} running; pause_timeout {guard.timeout:g}s"
+        detail = f"supervisor pid {sup.pid} running; pause_timeout {guard.timeout:g}s"
+        if guard.read_lease() == THROTTLED:
+            detail += "; no process is stopped now: the agent's cgroup is CPU-throttled"
+        return True, detail
     return False, ("supervisor not running: no process is stopped by pause_on_load (first library calls may be "
                    "missed); the agent restarts it at most every 10 s")
 
@@ -255,145 +249,5 @@ def release(ctx: object) -> None:
         guard.close()
 
 
-# ---- the supervisor process ---------------------------------------------------------------
-class _Supervisor:
-    def __init__(self, agent_pid: int, agent_start: int, guard_fd: int, timeout_ns: int, lease_ns: int) -> None:
-        self.agent_pid, self.agent_start = agent_pid, agent_start
-        self.guard_fd, self.timeout_ns, self.lease_ns = guard_fd, timeout_ns, lease_ns
-        self.tick = min(0.1, timeout_ns / 1e9 / 10)
-        self.maps: dict[str, int] = {}
-        self.stop = False
-        self.resumed = 0
-
-    def renew(self) -> None:
-        with contextlib.suppress(OSError):
-            bpfsys.update(self.guard_fd, _KEY.pack(0), _VAL.pack(_now_ns() + self.lease_ns))
-
-    def _pins(self) -> list[str]:
-        try:
-            names = os.listdir(PAUSED_DIR)
-        except OSError:
-            names = []
-        mine = []
-        for name in names:
-            owner = parse_pin(name)
-            if owner is not None and owner[1:] == (self.agent_pid, self.agent_start):
-                mine.append(name)
-        for gone in set(self.maps) - set(mine):
-            bpfsys.close(self.maps.pop(gone))
-        return mine
-
-    def sweep(self, older_than_ns: int) -> None:
-        """Resume every recorded stop older than ``older_than_ns`` and forget it."""
-        for name in self._pins():
-            fd = self.maps.get(name)
-            if fd is None:
-                try:
-                    fd = self.maps[name] = bpfsys.obj_get(str(PAUSED_DIR / name))
-                except OSError:
-                    continue
-            now = _now_ns()
-            try:
-                stops = entries(fd)
-            except OSError:
-                continue
-            for pid, boot_ns, ts in stops:
-                held_ns = now - ts
-                if held_ns < older_than_ns:
-                    continue
-                try:
-                    done = resume(pid, boot_ns)
-                except OSError as exc:
-                    log.warning("cannot resume pid %d: %s", pid, exc)
-                    done = False
-                with contextlib.suppress(OSError):
-                    forget_entry(fd, pid, ts)
-                if done:
-                    self.resumed += 1
-                    log.warning("resumed pid %d (%s), stopped %.1fs by pause_on_load (%s): agent pid %d %s; "
-                                "its first library calls are not traced", pid, _comm(pid), held_ns / 1e9,
-                                name.rsplit("-", 3)[0], self.agent_pid,
-                                "did not attach in time" if older_than_ns else "is gone")
-
-    def run(self) -> int:
-        try:
-            pidfd = os.pidfd_open(self.agent_pid)
-        except OSError as exc:
-            log.warning("agent pid %d: %s; exiting", self.agent_pid, exc)
-            return 1
-        st = process_stat(self.agent_pid)
-        if st is None or st[1] != self.agent_start:
-            log.warning("agent pid %d is gone (or another process); exiting", self.agent_pid)
-            return 1
-        agent_gone = False
-        while not self.stop:
-            self.renew()
-            self.sweep(self.timeout_ns)
-            try:
-                agent_gone = bool(select.select([pidfd], [], [], self.tick)[0]) or self._agent_dying()
-            except InterruptedError:
-                continue
-            if agent_gone:
-                break
-        if agent_gone:
-            self._after_agent()
-        with contextlib.suppress(OSError):
-            bpfsys.update(self.guard_fd, _KEY.pack(0), _VAL.pack(0))
-        return 0
-
-    def _agent_dying(self) -> bool:
-        """Killed, not yet gone: a SIGKILLed agent is a zombie (state Z) while the kernel releases
-        its uprobes, tens of seconds with many probes; its pidfd is readable only after that."""
-        st = process_stat(self.agent_pid)
-        return st is None or st[1] != self.agent_start or st[0] in ("Z", "X")
-
-    def _after_agent(self) -> None:
-        """The agent exited. Its programs may stay attached a while (the kernel releases its
-        uprobes ~0.1 s each), so first every lease is revoked: from then on they make no stop.
-        One tick later (a program that passed its lease check records and stops within
-        microseconds) every recorded stop is resumed and the agent's pins removed."""
-        for slot in range(SLOTS):
-            with contextlib.suppress(OSError):
-                bpfsys.update(self.guard_fd, _KEY.pack(slot), _VAL.pack(0))
-        time.sleep(self.tick)
-        self.sweep(0)
-        for name in self._pins():
-            with contextlib.suppress(OSError):
-                os.unlink(PAUSED_DIR / name)
-        for pin in _guard_pins_of(self.agent_pid, self.agent_start):
-            with contextlib.suppress(OSError):
-                os.unlink(pin)
-        log.info("agent pid %d exited; %d stopped processes resumed in all, its pins removed",
-                 self.agent_pid, self.resumed)
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return "?"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m otel_ebpf.bpf.pauseguard``: started by the agent, never by hand."""
-    ap = argparse.ArgumentParser(prog="otel_ebpf.bpf.pauseguard", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--agent-pid", type=int, required=True)
-    ap.add_argument("--agent-start", type=int, required=True)
-    ap.add_argument("--guard-fd", type=int, required=True)
-    ap.add_argument("--timeout", type=float, required=True)
-    ap.add_argument("--lease-ns", type=int, required=True)
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s otel-ebpf pause guard[{os.getpid()}] "
-                                                   "%(levelname)s %(message)s")
-    sup = _Supervisor(args.agent_pid, args.agent_start, args.guard_fd, int(args.timeout * 1e9), args.lease_ns)
-
-    def _stop(_sig: int, _frame: object) -> None:
-        sup.stop = True
-
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(s, _stop)
-    return sup.run()
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # the supervisor: python -m otel_ebpf.bpf.pauseguard (guardsupervisor.main)
     sys.exit(main())

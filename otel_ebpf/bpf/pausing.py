@@ -31,7 +31,7 @@ __all__ = ["MAX_UNCONFIRMED", "PAUSES_SKIPPED", "PAUSES_TIMED_OUT", "SKIP_REASON
 log = logging.getLogger(__name__)
 PAUSES_TIMED_OUT = "otel_ebpf.pauses.timed_out"
 PAUSES_SKIPPED = "otel_ebpf.pauses.skipped"
-SKIP_REASONS = ("agent_late", "guard_late")  # oe_pause_skips[] indexes in common.bpf.c
+SKIP_REASONS = ("agent_late", "guard_late", "cpu_throttled")  # oe_pause_skips[] indexes in common.bpf.c
 MAX_UNCONFIRMED = 4096
 
 

@@ -1,4 +1,4 @@
-"""The pause guard's supervisor (otel_ebpf/bpf/pauseguard.py) against real BPF maps made with
+"""The pause guard's supervisor (otel_ebpf/bpf/guardsupervisor.py) against real BPF maps made with
 bpf(2) (otel_ebpf/bpf/syscalls.py) and laid out as the programs make them: ``oe_paused`` hash maps
 pinned under /sys/fs/bpf/otel_ebpf/paused/ and the ``oe_pause_guard`` lease array. A stand-in
 "agent" is a plain child process, so its death can be chosen. Needs root and bpffs (no BCC)."""
@@ -14,9 +14,10 @@ import pytest
 
 from otel_ebpf.bpf import syscalls as bpfsys
 from otel_ebpf.bpf.paused import KEY, PAUSED_DIR, VALUE, entries, process_stat
-from otel_ebpf.bpf.pauseguard import SLOTS, _Supervisor
+from otel_ebpf.bpf.guardsupervisor import SLOTS, THROTTLED, _Supervisor
 from otel_ebpf.bpf.threadctx import ensure_bpffs
 from tests.faults.agentproc import process_state, wait_until
+from tests.support.cgroup import CpuCgroup
 
 pytestmark = pytest.mark.bpf
 
@@ -153,3 +154,36 @@ def test_supervisor_exits_without_touching_stops_when_terminated(fake_agent):
             sup.kill()
         target.kill()
         target.wait(timeout=30)
+
+
+def test_supervisor_allows_no_stop_while_its_cgroup_is_cpu_throttled(fake_agent):
+    """The supervisor and a busy process in a cgroup at 2 % of a CPU: within a few ticks slot 0
+    reads THROTTLED (the programs make no stop, counted as cpu_throttled); with the limit lifted
+    and the busy process gone, it is a deadline again after one lease."""
+    cg = CpuCgroup(f"oe-guard-throttle-{os.getpid()}")
+    lease_ns = 500_000_000
+    sup = subprocess.Popen([sys.executable, "-m", "otel_ebpf.bpf.pauseguard", "--agent-pid", str(fake_agent.proc.pid),
+                            "--agent-start", str(fake_agent.start), "--guard-fd", str(fake_agent.guard),
+                            "--timeout", "1", "--lease-ns", str(lease_ns)],
+                           pass_fds=(fake_agent.guard,), stderr=subprocess.PIPE, start_new_session=True)
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.monotonic() + 60\n"
+                             "while time.monotonic() < end: pass"])
+    try:
+        assert wait_until(lambda: fake_agent.lease(0) > _now(), 10, 0.02), "no supervisor lease"
+        cg.add(sup.pid)
+        cg.add(busy.pid)
+        cg.limit(2.0)
+        assert wait_until(lambda: fake_agent.lease(0) == THROTTLED, 20, 0.05), fake_agent.lease(0)
+        busy.kill()
+        busy.wait(timeout=30)
+        cg.limit(None)
+        assert wait_until(lambda: fake_agent.lease(0) > _now(), 10, 0.05), fake_agent.lease(0)
+        sup.terminate()
+        assert sup.wait(timeout=10) == 0
+        err = sup.stderr.read().decode() if sup.stderr else ""
+        assert "its cgroup is CPU-throttled" in err and "stops processes again" in err, err
+    finally:
+        for p in (sup, busy):
+            if p.poll() is None:
+                p.kill()
+        cg.remove()

@@ -281,8 +281,11 @@ BPF_TABLE_PINNED("array", u32, u64, oe_pause_guard, OE_GUARD_SLOTS, OE_PAUSE_GUA
 #else
 BPF_ARRAY(oe_pause_guard, u64, OE_GUARD_SLOTS);
 #endif
-/* stops not made because a lease had run out: [0] the agent's poll loop, [1] the supervisor */
-BPF_ARRAY(oe_pause_skips, u64, 2);
+/* stops not made because a lease had run out: [0] the agent's poll loop, [1] the supervisor,
+ * [2] the supervisor holds its lease at OE_LEASE_THROTTLED: the agent's cgroup is being
+ * CPU-throttled, so nothing can promise a resume within pause_timeout */
+BPF_ARRAY(oe_pause_skips, u64, 3);
+#define OE_LEASE_THROTTLED 1
 
 static __always_inline int oe_lease_current(u32 slot, u64 now)
 {
@@ -296,7 +299,11 @@ static __always_inline int oe_may_pause(u32 tgid)
         return 0;
     u64 now = bpf_ktime_get_ns();
     int skip = -1;
-    if (!oe_lease_current(0, now))
+    u32 guard = 0;
+    u64 *lease = oe_pause_guard.lookup(&guard);
+    if (lease && *lease == OE_LEASE_THROTTLED)
+        skip = 2;
+    else if (!lease || now >= *lease)
         skip = 1;
     else if (!oe_lease_current(OE_GUARD_SLOT, now))
         skip = 0;

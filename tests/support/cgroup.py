@@ -1,0 +1,49 @@
+"""A CPU-limited cgroup for fault tests: a pod's CPU limit set far too low."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+__all__ = ["CpuCgroup"]
+
+
+class CpuCgroup:
+    """A CPU-limited cgroup (v2 cpu.max or v1 cpu.cfs_quota_us), removed on exit."""
+
+    def __init__(self, name: str) -> None:
+        root = Path("/sys/fs/cgroup")
+        self.v2 = (root / "cgroup.controllers").exists() and "cpu" in (root / "cgroup.controllers").read_text().split()
+        if self.v2:
+            if "cpu" not in (root / "cgroup.subtree_control").read_text().split():
+                (root / "cgroup.subtree_control").write_text("+cpu")
+            self.path = root / name
+        elif (root / "cpu" / "cpu.cfs_quota_us").exists():
+            self.path = root / "cpu" / name
+        else:
+            pytest.fail("no cgroup cpu controller (neither v2 nor v1) on this host")
+        self.path.mkdir(exist_ok=True)
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def limit(self, percent: float | None) -> None:
+        period = 100_000
+        if self.v2:
+            (self.path / "cpu.max").write_text("max" if percent is None else f"{int(period * percent / 100)} {period}")
+        else:
+            (self.path / "cpu.cfs_period_us").write_text(str(period))
+            (self.path / "cpu.cfs_quota_us").write_text("-1" if percent is None else str(int(period * percent / 100)))
+
+    def remove(self) -> None:
+        self.limit(None)
+        parent = self.path.parent
+        for pid in (self.path / "cgroup.procs").read_text().split():
+            try:
+                (parent / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
