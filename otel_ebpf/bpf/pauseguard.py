@@ -18,9 +18,10 @@ guard"):
   (the agent's, i.e. the pod's CPU limit) has been CPU-throttled within the last lease
   (otel_ebpf/bpf/cputhrottle.py): a throttled group was measured standing still 2.6 s, longer
   than any resume it could promise (``reason=cpu_throttled``).
-* **The supervisor** (otel_ebpf/bpf/guardsupervisor.py), a separate small process (``python -m otel_ebpf.bpf.pauseguard``, standard
-  library and otel_ebpf.bpf.paused only, no BCC) in its own session, so a SIGSTOP/SIGINT to the
-  agent's process group or terminal does not reach it. Every tick it SIGCONTs each process
+* **The supervisor** (otel_ebpf/bpf/guardsupervisor.py), a separate small process
+  (``python -m otel_ebpf.bpf.pauseguard``, standard library and otel_ebpf.bpf.paused only, no
+  BCC) in its own session, so a SIGSTOP/SIGINT to the agent's process group or terminal does not
+  reach it. Every tick it SIGCONTs each process
   recorded in the agent's ``oe_paused`` maps (pinned on bpffs) that has been stopped longer
   than ``pause_timeout`` (same process, still stopped: otel_ebpf.bpf.paused.resume) and removes
   its entry; the agent later finds the entry gone and counts ``otel_ebpf.pauses.timed_out``.
