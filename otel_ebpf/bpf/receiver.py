@@ -85,6 +85,7 @@ class BpfReceiver:
     name = "bpf"
     src_file: Path
     library_key: str | None = None
+    library_keys: tuple[str, ...] = ()  # several libraries (otel_ebpf.host.libraries keys); default (library_key,)
     lib_pattern: str | None = None
     probes: Sequence[Probe] = ()
     thread_context = False  # uses oe_thread_ctx (common.bpf.c, otel_ebpf.bpf.threadctx): cuda, python, torch
@@ -120,6 +121,11 @@ class BpfReceiver:
     def poll_maps(self) -> list[object]:
         """Called every poll round-trip at most once per ``maps_interval``: read in-kernel maps."""
         return []
+
+    def probes_for(self, path: str) -> Sequence[Probe]:
+        """The probes for the library at ``path`` (a receiver probing several libraries chooses by name);
+        none: it is not attached."""
+        return self.probes
 
     # ---- program ---------------------------------------------------------------------
     def program_cflags(self) -> list[str]:
@@ -169,6 +175,9 @@ class BpfReceiver:
         library, "attached N of M probes to X": INFO, naming the optional symbols the library lacks, when every
         probe the receiver needs attached; else a WARNING naming the needed ones that did not (each counted in
         ``otel_ebpf.probes.failed``)."""
+        probes = self.probes_for(path)
+        if not probes:
+            return 0
         with self._attach_lock:
             real = claim_library(self._attached, path, self._bpf is not None)
             if real is None:
@@ -176,7 +185,7 @@ class BpfReceiver:
             n, wanted = 0, 0
             failed: list[str] = []
             absent: list[str] = []
-            for p in self.probes:
+            for p in probes:
                 wanted += (p.entry is not None) + (p.ret is not None)
                 attached, error = self._attach_one(real, p)
                 n += attached
@@ -214,14 +223,20 @@ class BpfReceiver:
     def initial_libraries(self) -> list[str]:
         from otel_ebpf.host.libraries import find_libraries
 
-        if self.library_key is None:
+        keys = self.library_keys or ((self.library_key,) if self.library_key else ())
+        if not keys:
             return []
         # ldconfig's system-wide copies matter only when tracing every process; a traced command
         # that loads one is caught at openat anyway, and each needless attach costs ~0.1 s to undo.
-        return find_libraries(self.library_key, configured=self._extra_libs,
-                              pids=self.ctx.target_pids or all_pids(),
-                              command=self.ctx.libraries.get("command", []),
-                              use_ldconfig=not self.ctx.target_pids)
+        pids = self.ctx.target_pids or all_pids()
+        found: list[str] = []
+        for i, key in enumerate(keys):
+            for path in find_libraries(key, configured=self._extra_libs if i == 0 else (), pids=pids,
+                                       command=self.ctx.libraries.get("command", []),
+                                       use_ldconfig=not self.ctx.target_pids):
+                if path not in found:
+                    found.append(path)
+        return found
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> None:

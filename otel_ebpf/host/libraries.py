@@ -19,8 +19,10 @@ from collections.abc import Iterable, Sequence
 __all__ = ["LIBRARY_PATTERNS", "find_libraries", "interpreter_of_command", "mapped_libraries", "python_env_libraries"]
 
 # key -> basename prefix (also passed to the kernel as OE_LIB_PATTERN)
-LIBRARY_PATTERNS = {"cudart": "libcudart.so", "nccl": "libnccl.so"}
-_WHEEL_DIRS = {"cudart": ("nvidia/cuda_runtime/lib", "nvidia/cu13/lib"), "nccl": ("nvidia/nccl/lib",)}
+LIBRARY_PATTERNS = {"cudart": "libcudart.so", "nccl": "libnccl.so", "cuda_driver": "libcuda.so"}
+# the driver comes with the NVIDIA driver (ldconfig, or mounted into a container), never in a wheel
+_WHEEL_DIRS = {"cudart": ("nvidia/cuda_runtime/lib", "nvidia/cu13/lib"), "nccl": ("nvidia/nccl/lib",),
+               "cuda_driver": ()}
 
 
 def _real(paths: Iterable[str]) -> list[str]:
@@ -107,7 +109,7 @@ def _ldconfig(prefix: str) -> list[str]:
 
 def find_libraries(key: str, *, configured: Sequence[str] = (), pids: Sequence[int] = (),
                    command: Sequence[str] = (), use_ldconfig: bool = True) -> list[str]:
-    """Every distinct (real path) library for ``key`` ('cudart', 'nccl') from all sources."""
+    """Every distinct (real path) library for ``key`` ('cudart', 'nccl', 'cuda_driver') from all sources."""
     prefix = LIBRARY_PATTERNS[key]
     paths = list(configured)
     for pid in pids:

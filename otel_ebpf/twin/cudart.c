@@ -444,8 +444,8 @@ static cudaError_t set_op(void *d, int v, size_t n, cudaStream_t st, int host_wa
     return submit(st, o, 1, host_wait);
 }
 /* cudaMemset waits only when its target is not device memory ("API synchronization behavior", Memset). */
-API cudaError_t cudaMemset(void *d, int v, size_t n) { return set_op(d, v, n, NULL, !on_device(d)); }
-API cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t s) { return set_op(d, v, n, s, 0); }
+API cudaError_t cudaMemset(void *d, int v, size_t n) { TWIN_COUNT(TWIN_MEMSETS); return set_op(d, v, n, NULL, !on_device(d)); }
+API cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t s) { TWIN_COUNT(TWIN_MEMSETS); return set_op(d, v, n, s, 0); }
 /* A __device__ variable is its host shadow here; the copy is a synchronous one on the legacy stream. */
 API cudaError_t cudaMemcpyToSymbol(const void *sym, const void *src, size_t n, size_t off, enum cudaMemcpyKind k)
 {

@@ -51,6 +51,7 @@ struct launch_cfg { dim3 g, b; size_t shm; void *st; };
 static __thread struct launch_cfg cfg_stack[16];
 static __thread int cfg_top;
 static long n_launch;
+long twin_counts[TWIN_COUNTERS];
 
 API unsigned __cudaPushCallConfiguration(dim3 g, dim3 b, size_t shm, struct CUstream_st *st)
 {
@@ -160,7 +161,7 @@ API cudaError_t cudaProfilerStart(void) { return cudaSuccess; }
 API cudaError_t cudaProfilerStop(void) { return cudaSuccess; }
 
 /* At exit: the launch count on stderr (OTEL_EBPF_TWIN_TRACE=1), and in $OTEL_EBPF_TWIN_STATS/cudart-<pid>.txt as
- * "kernel_launches N" when that directory is given (tests compare it with what a tracer counted). */
+ * "kernel_launches N", "memsets N", "event_records N", "stream_waits N" lines when that directory is given (tests compare it with what a tracer counted). */
 __attribute__((destructor)) static void report_launches(void)
 {
     const char *dir = getenv("OTEL_EBPF_TWIN_STATS");
@@ -171,7 +172,8 @@ __attribute__((destructor)) static void report_launches(void)
         FILE *f;
         snprintf(path, sizeof(path), "%s/cudart-%d.txt", dir, (int)getpid());
         if ((f = fopen(path, "w")) != NULL) {
-            fprintf(f, "kernel_launches %ld\n", n_launch);
+            fprintf(f, "kernel_launches %ld\nmemsets %ld\nevent_records %ld\nstream_waits %ld\n", n_launch,
+                    twin_counts[TWIN_MEMSETS], twin_counts[TWIN_EVENT_RECORDS], twin_counts[TWIN_STREAM_WAITS]);
             fclose(f);
         }
     }

@@ -385,6 +385,7 @@ API cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int 
     struct twin_stream *f;
     cudaError_t rc = cudaSuccess;
     (void)flags;
+    TWIN_COUNT(TWIN_STREAM_WAITS);
     if (ev == NULL || ev->magic != EVENT_MAGIC)
         return fail(cudaErrorInvalidResourceHandle);
     pthread_mutex_lock(&q_mu);
@@ -443,7 +444,7 @@ API cudaError_t cudaEventDestroy(cudaEvent_t e)
     pthread_mutex_unlock(&q_mu);
     return cudaSuccess;
 }
-API cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+static cudaError_t event_record(cudaEvent_t e, cudaStream_t s)
 {
     struct twin_event *ev = (struct twin_event *)e;
     struct op *o;
@@ -457,7 +458,8 @@ API cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
     pthread_mutex_unlock(&q_mu);
     return submit(s, o, 1, 0);
 }
-API cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int f) { (void)f; return cudaEventRecord(e, s); }
+API cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { TWIN_COUNT(TWIN_EVENT_RECORDS); return event_record(e, s); }
+API cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int f) { (void)f; TWIN_COUNT(TWIN_EVENT_RECORDS); return event_record(e, s); }
 
 static int event_done_locked(const struct twin_event *ev)
 {

@@ -14,6 +14,11 @@
 #define T() twin_trace(__func__)
 
 /* cudart.c */
+/* Calls counted per exported entry, reported at exit with the launch count (OTEL_EBPF_TWIN_STATS): a test
+ * compares them with what a tracer counted. Each exported entry counts itself once and calls no other one. */
+enum twin_counter { TWIN_MEMSETS, TWIN_EVENT_RECORDS, TWIN_STREAM_WAITS, TWIN_COUNTERS };
+extern long twin_counts[TWIN_COUNTERS];
+#define TWIN_COUNT(k) __atomic_add_fetch(&twin_counts[(k)], 1, __ATOMIC_RELAXED)
 int twin_tracing(void);            /* OTEL_EBPF_TWIN_TRACE=1: log calls to stderr */
 void twin_trace(const char *fn);
 extern __thread int cur_dev;       /* the calling thread's current device (cudaSetDevice is per host thread) */

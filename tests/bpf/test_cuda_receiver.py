@@ -8,6 +8,7 @@ tests/bpf/cuda_ptsz.c for the per-thread-default-stream entry points. Every wait
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import subprocess
 import time
@@ -60,6 +61,14 @@ def stand_in_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cuda_ptsz(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cuda_ptsz") / "cuda_ptsz"
     subprocess.run(["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(HERE / "cuda_ptsz.c"),
+                    "-ldl"], check=True, capture_output=True, timeout=60)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cuda_counted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cuda_counted") / "cuda_counted"
+    subprocess.run(["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(HERE / "cuda_counted.c"),
                     "-ldl"], check=True, capture_output=True, timeout=60)
     return out
 
@@ -125,8 +134,9 @@ def _ready(proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
 
 @contextlib.contextmanager
 def traced(argv: list[str], config: Config, *, wait_ready: bool = True,
-           extra_pids: tuple[int, ...] = ()) -> Iterator[Traced]:
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+           extra_pids: tuple[int, ...] = (), env: dict[str, str] | None = None) -> Iterator[Traced]:
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=None if env is None else {**os.environ, **env})
     receiver = None
     try:
         if wait_ready:
@@ -464,3 +474,28 @@ def test_graph_replays_are_calls_with_their_exec_and_stream_and_are_all_counted(
         stats = [s for s in t.events(CallStats) if s.api == "cudaGraphLaunch"]
         assert sum(s.calls for s in stats) == replays
         assert sum(s.limited for s in stats) == replays - len(calls)
+
+
+@pytest.mark.parametrize("which", ["stand_in", "real"])
+def test_counted_calls_are_counted_exactly_with_their_bytes(bpf_ready: None, cuda_counted: Path,
+                                                             stand_in_cudart: Path, cudart: Path, which: str) -> None:
+    """cuda_counted's script (tests/bpf/cuda_counted.c): every memset, event, stream and host-register call
+    counted once in the kernel; memset and host-register bytes only when the call succeeded (the stand-in);
+    the real libcudart returns 35 from each: the same counts, no bytes. No record, so no span."""
+    lib = stand_in_cudart if which == "stand_in" else cudart
+    with traced([str(cuda_counted), str(lib)], Config()) as t:
+        t.release()
+        t.receiver.shutdown()
+        rc = 0 if which == "stand_in" else 35
+        assert {r for _, r in t.results()} == {rc} and len(t.results()) == 13
+        stats = {(c.api, c.rc): c for c in t.events(CallStats)}
+        calls = {api: c.calls for (api, _), c in stats.items()}
+        assert calls == {"cudaStreamCreateWithPriority": 1, "cudaEventCreateWithFlags": 1, "cudaMemsetAsync": 3,
+                         "cudaMemset": 1, "cudaEventRecord": 2, "cudaStreamWaitEvent": 1, "cudaHostRegister": 1,
+                         "cudaHostUnregister": 1, "cudaEventDestroy": 1, "cudaStreamDestroy": 1}, calls
+        assert {r for _, r in stats} == {rc}
+        expect_bytes = {"cudaMemsetAsync": 3 * 4096, "cudaMemset": 65536, "cudaHostRegister": 1 << 20}
+        got = {api: c.bytes for (api, _), c in stats.items() if c.bytes}
+        assert got == (expect_bytes if rc == 0 else {}), got
+        assert all(sum(c.dur_hist) == c.calls for c in stats.values())
+        assert not t.events(*CALL_TYPES)  # counted only: no record

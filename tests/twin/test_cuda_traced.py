@@ -1,7 +1,8 @@
 """The cuda receiver on real PyTorch (torch 2.11, CUDA 13) on the twin: every kernel launch torch makes is
 counted, whichever entry point it used (issue 15: torch's own kernels go through ``__cudaLaunchKernel``, which
 CUDA 13.0's libcudart turns into ``cudaLaunchKernel``; the twin's stand-in does the same). The stand-in counts
-the launches it received; the agent's ``gpu.cuda.kernel.launch.calls`` must say the same. Needs root and BCC."""
+the launches, memsets, event records and stream waits it received; the agent's ``gpu.cuda.kernel.launch.calls``
+and ``gpu.cuda.api.calls`` must say the same. Needs root and BCC."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,7 +25,23 @@ def test_every_kernel_torch_launches_is_counted(bpf_ready: None, twin: TwinEnv, 
                      {"OTEL_EBPF_TWIN_STATS": str(stats)})
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     assert (tmp_path / "done").exists()
-    launched = sum(int(f.read_text().split()[1]) for f in stats.glob("cudart-*.txt"))
-    assert launched >= 22  # fill, 10 x (mul, add), sum, zeros, copy: at least one kernel each
+    counted: dict[str, int] = {}
+    for f in stats.glob("cudart-*.txt"):
+        for line in f.read_text().splitlines():
+            key, value = line.split()
+            counted[key] = counted.get(key, 0) + int(value)
+    launched = counted["kernel_launches"]
+    assert launched >= 25  # fill, 10 x (mul, add), sum, zeros, copy, 3 x mul: at least one kernel each
     metrics = metrics_from_jsonl(agent_out / "metrics.jsonl")
     assert counter_total(metrics, "gpu.cuda.kernel.launch.calls") == launched
+
+    def calls(*apis: str) -> int:
+        return sum(counter_total(metrics, "gpu.cuda.api.calls", **{"cuda.api": a})
+                   for base in apis for a in (base, base + "_ptsz", base + "_ptds"))
+
+    # 3 x (record, wait) and 3 x wait_stream (a record and a wait each), plus what torch does on its own
+    assert counted["event_records"] >= 6 and counted["stream_waits"] >= 6, counted
+    assert calls("cudaEventRecord", "cudaEventRecordWithFlags") == counted["event_records"], counted
+    assert calls("cudaStreamWaitEvent") == counted["stream_waits"], counted
+    assert calls("cudaMemset", "cudaMemsetAsync") == counted["memsets"], counted
+    print(f"torch 2.11 on the twin: the stand-in received {counted}; the agent counted the same")

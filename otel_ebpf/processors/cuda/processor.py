@@ -108,7 +108,8 @@ TELEMETRY_NAME = "cuda"
 MEMCPY_KINDS = {0: "HostToHost", 1: "HostToDevice", 2: "DeviceToHost", 3: "DeviceToDevice", 4: "Default"}
 # name -> (kind, unit, description)
 METRICS: dict[str, MetricSpec] = {
-    "gpu.cuda.kernel.launch.calls": ("counter", "{call}", "Kernel launches (cudaLaunchKernel*)."),
+    "gpu.cuda.kernel.launch.calls": ("counter", "{call}", "Kernel launches, by the entry point that made them "
+                                     "(cuda.api: cudaLaunchKernel* of the runtime, cuLaunchKernel* of the driver)."),
     "gpu.cuda.kernel.grid.size": ("histogram", "1", "Blocks per launched grid."),
     "gpu.cuda.kernel.block.size": ("histogram", "1", "Threads per block of launched kernels."),
     "gpu.cuda.memory.copies": ("histogram", "By", "Bytes per successful cudaMemcpy* call."),
@@ -123,9 +124,19 @@ METRICS: dict[str, MetricSpec] = {
     "gpu.cuda.stream.synchronize.calls": ("counter", "{call}", "cudaStreamSynchronize calls."),
     "gpu.cuda.device.synchronize.calls": ("counter", "{call}", "cudaDeviceSynchronize calls."),
     "gpu.cuda.event.synchronize.calls": ("counter", "{call}", "cudaEventSynchronize calls."),
-    "gpu.cuda.graph.launch.calls": ("counter", "{call}", "CUDA graph replays (cudaGraphLaunch)."),
+    "gpu.cuda.graph.launch.calls": ("counter", "{call}", "CUDA graph replays (cudaGraphLaunch, cuGraphLaunch)."),
     "gpu.cuda.api.errors": ("counter", "{call}", "CUDA runtime calls that returned an error."),
+    "gpu.cuda.api.calls": ("counter", "{call}", "Memset, event record, stream wait-event, stream/event create and "
+                           "destroy, and host-register calls of the CUDA runtime, by cuda.api."),
+    "gpu.cuda.api.duration": ("histogram", "s", "Time the host spent in those calls (gpu.cuda.api.calls)."),
+    "gpu.cuda.memory.sets": ("histogram", "By", "Bytes per successful cudaMemset/cudaMemsetAsync call."),
+    "gpu.cuda.memory.host.registered": ("counter", "By", "Host bytes page-locked by successful cudaHostRegister."),
 }
+# counted-only runtime calls (receivers/cuda: kind "count"), by base name
+_COUNTED = frozenset(("cudaMemset", "cudaMemsetAsync", "cudaEventRecord", "cudaEventRecordWithFlags",
+                      "cudaStreamWaitEvent", "cudaStreamCreate", "cudaStreamCreateWithFlags",
+                      "cudaStreamCreateWithPriority", "cudaStreamDestroy", "cudaEventCreate",
+                      "cudaEventCreateWithFlags", "cudaEventDestroy", "cudaHostRegister", "cudaHostUnregister"))
 _SYNC_CALLS = {"cudaStreamSynchronize": "gpu.cuda.stream.synchronize.calls",
                "cudaDeviceSynchronize": "gpu.cuda.device.synchronize.calls",
                "cudaEventSynchronize": "gpu.cuda.event.synchronize.calls"}
@@ -316,7 +327,10 @@ class CudaProcessor(EventProcessor[Config]):
             self.metric(out, ev.pid, "gpu.cuda.memory.copy.duration", ev.dur_ns / 1e9, attrs,
                          count=ev.calls, buckets=ev.dur_hist)
             return
-        if base == "cudaGraphLaunch":
+        if base in _COUNTED:
+            self._counted(ev, base, error, where, out)
+            return
+        if base in ("cudaGraphLaunch", "cuGraphLaunch"):
             self.metric(out, ev.pid, "gpu.cuda.graph.launch.calls", ev.calls, {"cuda.api": ev.api, **where})
             return
         self.metric(out, ev.pid, "gpu.cuda.synchronize.duration", ev.dur_ns / 1e9, {"cuda.api": ev.api, **where},
@@ -324,6 +338,18 @@ class CudaProcessor(EventProcessor[Config]):
         counter = _SYNC_CALLS.get(base)
         if counter is not None:
             self.metric(out, ev.pid, counter, ev.calls, where)
+
+    def _counted(self, ev: CallStats, base: str, error: str | None, where: dict[str, Any], out: list[object]) -> None:
+        attrs = {"cuda.api": ev.api, **where}
+        self.metric(out, ev.pid, "gpu.cuda.api.calls", ev.calls, attrs)
+        self.metric(out, ev.pid, "gpu.cuda.api.duration", ev.dur_ns / 1e9,
+                    attrs if error is None else {**attrs, "error.type": error}, count=ev.calls, buckets=ev.dur_hist)
+        if error is not None:
+            return
+        if base in ("cudaMemset", "cudaMemsetAsync"):
+            self.metric(out, ev.pid, "gpu.cuda.memory.sets", ev.bytes, where, count=ev.calls, buckets=ev.bytes_hist)
+        elif base == "cudaHostRegister":
+            self.metric(out, ev.pid, "gpu.cuda.memory.host.registered", ev.bytes, where)
 
     @handles(SetDeviceCall)
     def _set_device(self, ev: SetDeviceCall, out: list[object]) -> None:
@@ -347,7 +373,9 @@ class CudaProcessor(EventProcessor[Config]):
         if ev.count <= 0:
             return
         dev = self._where(ev.pid, ev.device)
-        calls = {**dev, "pytorch.op.name": ev.op} if ev.op else dev
+        calls = {**dev, "pytorch.op.name": ev.op} if ev.op else dict(dev)
+        if ev.api:  # who launched: cudaLaunchKernel* (the runtime) or cuLaunchKernel* (the driver), _ptsz folded
+            calls["cuda.api"] = _base_api(ev.api)
         self.metric(out, ev.pid, "gpu.cuda.kernel.launch.calls", ev.count, calls)
         self.metric(out, ev.pid, "gpu.cuda.kernel.grid.size", ev.grid_size, dev, count=ev.count)
         self.metric(out, ev.pid, "gpu.cuda.kernel.block.size", ev.block_size, dev, count=ev.count)

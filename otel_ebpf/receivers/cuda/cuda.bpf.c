@@ -87,6 +87,8 @@ struct cuda_launch_key {
     u64 grid_size;   /* blocks: grid.x * grid.y * grid.z */
     u64 block_size;  /* threads per block: block.x * block.y * block.z */
     u64 op;          /* entry address of the enclosing PyTorch operator; 0: none (or not read) */
+    u32 api;         /* CUDA_API_* of the entry point that counted it (runtime or driver) */
+    u32 _pad;
 };
 
 /* What a launch entry probe decoded. */
@@ -138,7 +140,17 @@ BPF_PERCPU_ARRAY(call_stats_zero, struct cuda_call_stats, 1); /* never written: 
 #if CUDA_SPAN_RATE > 0
 BPF_HASH(span_budget, u32, struct cuda_span_budget, OE_MAX_PIDS);
 #endif
-BPF_HASH(thread_device, u32, s32, CUDA_MAX_THREADS);
+/* Per traced thread: its device, and when it last entered a runtime launch (cudaLaunchKernel*). A driver
+ * launch (cuLaunchKernel*) on the same thread within CUDA_RT_DRIVER_WINDOW_NS of it is the runtime's own call
+ * into the driver, already counted: it consumes the mark and is not counted again. Kept in the launch path's
+ * one lookup, so the runtime launch pays one store. */
+struct cuda_thread {
+    s32 device;
+    u32 _pad;
+    u64 rt_launch_ns;
+};
+BPF_HASH(thread_device, u32, struct cuda_thread, CUDA_MAX_THREADS);
+BPF_PERCPU_ARRAY(thread_scratch, struct cuda_thread, 1);
 BPF_PERCPU_HASH(launch_stats, struct cuda_launch_key, u64, CUDA_MAX_LAUNCH_KEYS);
 #if CUDA_LAUNCH_SAMPLE_EVERY > 0
 BPF_HASH(launch_seq, u32, u64, OE_MAX_PIDS);
@@ -146,28 +158,32 @@ BPF_HASH(launch_seq, u32, u64, OE_MAX_PIDS);
 
 static __always_inline s32 cuda_device(u32 tid)
 {
-    s32 *dev = thread_device.lookup(&tid);
-    return dev ? *dev : 0; /* never set: CUDA's default device */
+    struct cuda_thread *t = thread_device.lookup(&tid);
+    return t ? t->device : 0; /* never set: CUDA's default device */
 }
 
 /* The launch path's one lookup: a thread_device entry exists only for threads of traced
  * processes, so finding it answers both "traced?" and "which device?". A traced thread seen
  * for the first time gets an entry (device 0 until cudaSetDevice succeeds); a full map only
  * costs the two-lookup path next time. Entries go at thread exit. Returns 0: not traced. */
-static __always_inline int launch_thread(u64 id, s32 *device)
+static __always_inline struct cuda_thread *launch_thread(u64 id, s32 *device)
 {
     u32 tid = (u32)id;
-    s32 *dev = thread_device.lookup(&tid);
-    if (dev) {
-        *device = *dev;
-        return 1;
+    struct cuda_thread *t = thread_device.lookup(&tid);
+    if (t) {
+        *device = t->device;
+        return t;
     }
     if (!oe_is_traced(id >> 32))
-        return 0;
-    s32 dflt = 0;
+        return NULL;
+    struct cuda_thread dflt = {};
     thread_device.insert(&tid, &dflt);
     *device = 0;
-    return 1;
+    t = thread_device.lookup(&tid);
+    if (t)
+        return t;
+    int zero = 0;
+    return thread_scratch.lookup(&zero); /* a full map: traced, but the mark is kept in per-CPU scratch */
 }
 
 /* ---- completed calls -------------------------------------------------------------- */
@@ -448,6 +464,40 @@ static __always_inline int graph_return(struct pt_regs *ctx, u32 api)
     return 0;
 }
 
+/* Counted only (cudaMemset*, cudaEventRecord*, cudaStreamWaitEvent, stream/event create and destroy,
+ * cudaHostRegister/Unregister): calls, duration and, for memset and host register, bytes go to call_stats;
+ * no record and no span budget is spent (none of these blocks the host for long). */
+static __always_inline int count_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    u64 id = bpf_get_current_pid_tgid();
+    key.tid = (u32)id;
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    u64 dur = now > st->start_ns ? now - st->start_ns : 0;
+    int ok = PT_REGS_RC(ctx) == 0;
+    u64 bytes = 0;
+    int has_bytes = 0;
+    if (api == CUDA_API_cudaHostRegister) {  /* (ptr, size, flags) */
+        bytes = st->arg[1];
+        has_bytes = ok;
+    } else if (api >= CUDA_API_cudaMemset && api <= CUDA_API_cudaMemsetAsync_ptsz) {  /* (ptr, value, count, ...) */
+        bytes = st->arg[2];
+        has_bytes = ok;
+    }
+    struct cuda_call_stats_key sk = {};
+    sk.pid = id >> 32;
+    sk.device = cuda_device((u32)id);
+    sk.rc = (s32)PT_REGS_RC(ctx);
+    sk.api = (u8)api;
+    call_account(&sk, dur, bytes, has_bytes, 0);
+    inflight.delete(&key);
+    return 0;
+}
+
 /* Commits the thread -> device binding before filling, so the record carries the new device. */
 static __always_inline int set_device_return(struct pt_regs *ctx, u32 api)
 {
@@ -459,8 +509,17 @@ static __always_inline int set_device_return(struct pt_regs *ctx, u32 api)
     if (!st)
         return 0;
     s32 requested = (s32)st->arg[0];
-    if ((s32)PT_REGS_RC(ctx) == 0 && thread_device.update(&tid, &requested) != 0)
-        oe_drop(OE_DROP_STATEMAP);
+    if ((s32)PT_REGS_RC(ctx) == 0) {
+        struct cuda_thread *t = thread_device.lookup(&tid);
+        if (t) {
+            t->device = requested;
+        } else {
+            struct cuda_thread fresh = {};
+            fresh.device = requested;
+            if (thread_device.update(&tid, &fresh) != 0)
+                oe_drop(OE_DROP_STATEMAP);
+        }
+    }
     struct cuda_set_device_rec *e = events.ringbuf_reserve(sizeof(struct cuda_set_device_rec));
     if (!e) {
         oe_drop(OE_DROP_RINGBUF);
@@ -495,12 +554,13 @@ static __always_inline void launch_context(u32 tid, struct cuda_launch_ctx *lc)
 #endif
 }
 
-static __always_inline void launch_count(u32 pid, s32 device, struct cuda_launch_args *a, u64 op)
+static __always_inline void launch_count(u32 pid, s32 device, struct cuda_launch_args *a, u64 op, u32 api)
 {
     struct cuda_launch_key key = {};
     key.pid = pid;
     key.device = device;
     key.op = op;
+    key.api = api;
     key.grid_size = (u64)a->grid[0] * a->grid[1] * a->grid[2];
     key.block_size = (u64)a->block[0] * a->block[1] * a->block[2];
     u64 *n = launch_stats.lookup(&key);
@@ -538,14 +598,16 @@ static __always_inline u64 launch_next_seq(u32 pid)
 }
 #endif
 
-/* sp: the caller's stack pointer at entry when shared_mem/stream are stack arguments (cudaLaunchKernel),
- * 0 when `a` already holds them (cudaLaunchKernelExC). */
-static __always_inline int launch_entry(u32 api, u64 id, s32 device, struct cuda_launch_args *a, u64 sp)
+/* sp: the caller's stack pointer at entry when shared_mem/stream are stack arguments, 0 when `a` already
+ * holds them (cudaLaunchKernelExC, cuLaunchKernelEx); smem_at: shared_mem's offset from sp (stream follows):
+ * 8 for cudaLaunchKernel, 16 for cuLaunchKernel (blockDimZ comes first). */
+static __always_inline int launch_entry(u32 api, u64 id, s32 device, struct cuda_launch_args *a, u64 sp,
+                                        u32 smem_at)
 {
     u32 pid = id >> 32;
     struct cuda_launch_ctx lc = {};
     launch_context((u32)id, &lc);
-    launch_count(pid, device, a, lc.op);
+    launch_count(pid, device, a, lc.op, api);
 #if CUDA_LAUNCH_SAMPLE_EVERY > 0
     u64 seq = launch_next_seq(pid);
     if (seq == 0 || seq % CUDA_LAUNCH_SAMPLE_EVERY != 0)
@@ -572,9 +634,11 @@ static __always_inline int launch_entry(u32 api, u64 id, s32 device, struct cuda
     e->shared_mem = a->shared_mem;
     e->stream = a->stream;
     if (sp) {
-        /* 0(%rsp) is the return address; the 7th and 8th arguments follow */
-        bpf_probe_read_user(&e->shared_mem, sizeof(e->shared_mem), (void *)(sp + 8));
-        bpf_probe_read_user(&e->stream, sizeof(e->stream), (void *)(sp + 16));
+        /* 0(%rsp) is the return address; the stack arguments follow, 8 bytes each */
+        bpf_probe_read_user(&e->shared_mem, sizeof(e->shared_mem), (void *)(sp + smem_at));
+        bpf_probe_read_user(&e->stream, sizeof(e->stream), (void *)(sp + smem_at + 8));
+        if (smem_at == 16)
+            e->shared_mem = (u32)e->shared_mem; /* cuLaunchKernel's sharedMemBytes is an unsigned int */
     }
     e->seq = seq;
     e->ctx_kind = (u8)lc.kind;
@@ -593,8 +657,10 @@ static __always_inline int launch_kernel_enter(struct pt_regs *ctx, u32 api)
 {
     u64 id = bpf_get_current_pid_tgid();
     s32 device;
-    if (!launch_thread(id, &device))
+    struct cuda_thread *t = launch_thread(id, &device);
+    if (!t)
         return 0;
+    t->rt_launch_ns = bpf_ktime_get_ns(); /* its call into the driver is this launch (driver_launch_enter) */
     struct cuda_launch_args a = {};
     u64 grid_xy = PT_REGS_PARM2(ctx), block_xy = PT_REGS_PARM4(ctx);
     a.func = PT_REGS_PARM1(ctx);
@@ -604,7 +670,7 @@ static __always_inline int launch_kernel_enter(struct pt_regs *ctx, u32 api)
     a.block[0] = (u32)block_xy;
     a.block[1] = (u32)(block_xy >> 32);
     a.block[2] = (u32)PT_REGS_PARM5(ctx);
-    return launch_entry(api, id, device, &a, PT_REGS_SP(ctx));
+    return launch_entry(api, id, device, &a, PT_REGS_SP(ctx), 8);
 }
 
 /* cudaLaunchKernelExC(const cudaLaunchConfig_t *config, func, args) */
@@ -612,8 +678,10 @@ static __always_inline int launch_exc_enter(struct pt_regs *ctx, u32 api)
 {
     u64 id = bpf_get_current_pid_tgid();
     s32 device;
-    if (!launch_thread(id, &device))
+    struct cuda_thread *t = launch_thread(id, &device);
+    if (!t)
         return 0;
+    t->rt_launch_ns = bpf_ktime_get_ns(); /* its call into the driver is this launch (driver_launch_enter) */
     struct cuda_launch_config cfg = {};
     struct cuda_launch_args a = {};
     /* an unreadable config still counts the launch, with zero dimensions */
@@ -628,7 +696,87 @@ static __always_inline int launch_exc_enter(struct pt_regs *ctx, u32 api)
         a.stream = cfg.stream;
     }
     a.func = PT_REGS_PARM2(ctx);
-    return launch_entry(api, id, device, &a, 0);
+    return launch_entry(api, id, device, &a, 0, 0);
+}
+
+/* ---- driver API launches (libcuda.so.1): Triton, cuBLAS/cuBLASLt's static runtime, NCCL ----------------- */
+
+#ifndef CUDA_RT_DRIVER_WINDOW_NS
+#define CUDA_RT_DRIVER_WINDOW_NS 10000000000ULL /* 10 s: a first launch may load (or JIT) its module first */
+#endif
+
+/* 1 when this driver launch is the runtime's own call into the driver (a runtime launch entered on this thread
+ * and has not reached the driver yet): it was counted by the runtime probe; the mark is consumed either way. */
+static __always_inline int from_runtime(struct cuda_thread *t)
+{
+    u64 mark = t->rt_launch_ns;
+    if (!mark)
+        return 0;
+    t->rt_launch_ns = 0;
+    return bpf_ktime_get_ns() - mark < CUDA_RT_DRIVER_WINDOW_NS;
+}
+
+/* cuLaunchKernel(CUfunction f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+ * hStream, kernelParams, extra) (cuda.h, CUDA 12/13): rdi=f, rsi/rdx/rcx=grid, r8/r9=block x/y, then on the
+ * stack blockDimZ@8, sharedMemBytes@16, hStream@24. */
+static __always_inline int driver_launch_enter(struct pt_regs *ctx, u32 api)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    s32 device;
+    struct cuda_thread *t = launch_thread(id, &device);
+    if (!t || from_runtime(t))
+        return 0;
+    struct cuda_launch_args a = {};
+    u64 sp = PT_REGS_SP(ctx);
+    u32 bz = 0;
+    bpf_probe_read_user(&bz, sizeof(bz), (void *)(sp + 8));
+    a.func = PT_REGS_PARM1(ctx);
+    a.grid[0] = (u32)PT_REGS_PARM2(ctx);
+    a.grid[1] = (u32)PT_REGS_PARM3(ctx);
+    a.grid[2] = (u32)PT_REGS_PARM4(ctx);
+    a.block[0] = (u32)PT_REGS_PARM5(ctx);
+    a.block[1] = (u32)PT_REGS_PARM6(ctx);
+    a.block[2] = bz;
+    return launch_entry(api, id, device, &a, sp, 16);
+}
+
+/* cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, kernelParams, extra): CUlaunchConfig is
+ * grid@0 block@12 sharedMemBytes@24 (unsigned int) hStream@32 (cuda.h, CUDA 12/13). */
+static __always_inline int driver_launch_ex_enter(struct pt_regs *ctx, u32 api)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    s32 device;
+    struct cuda_thread *t = launch_thread(id, &device);
+    if (!t || from_runtime(t))
+        return 0;
+    struct cuda_launch_config cfg = {};
+    struct cuda_launch_args a = {};
+    bpf_probe_read_user(&cfg, sizeof(cfg), (void *)PT_REGS_PARM1(ctx));
+    a.func = PT_REGS_PARM2(ctx);
+    a.grid[0] = cfg.grid[0];
+    a.grid[1] = cfg.grid[1];
+    a.grid[2] = cfg.grid[2];
+    a.block[0] = cfg.block[0];
+    a.block[1] = cfg.block[1];
+    a.block[2] = cfg.block[2];
+    a.shared_mem = (u32)cfg.shared_mem;
+    a.stream = cfg.stream;
+    return launch_entry(api, id, device, &a, 0, 0);
+}
+
+/* cuGraphLaunch(hGraphExec, hStream): paired like cudaGraphLaunch, unless it is cudaGraphLaunch's own call
+ * into the driver (a cudaGraphLaunch* of this thread is in flight), which is counted there. */
+static __always_inline int driver_graph_enter(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    key.tid = (u32)bpf_get_current_pid_tgid();
+    key.api = CUDA_API_cudaGraphLaunch;
+    if (inflight.lookup(&key))
+        return 0;
+    key.api = CUDA_API_cudaGraphLaunch_ptsz;
+    if (inflight.lookup(&key))
+        return 0;
+    return cuda_enter(ctx, api);
 }
 
 /* ---- thread exit: forget per-thread state --------------------------------------- */
@@ -686,8 +834,36 @@ CUDA_CALL(cudaEventSynchronize, sync_return)
 CUDA_CALL(cudaSetDevice, set_device_return)
 CUDA_CALL(cudaGraphLaunch, graph_return)
 CUDA_CALL(cudaGraphLaunch_ptsz, graph_return)
+CUDA_CALL(cudaMemset, count_return)
+CUDA_CALL(cudaMemset_ptds, count_return)
+CUDA_CALL(cudaMemsetAsync, count_return)
+CUDA_CALL(cudaMemsetAsync_ptsz, count_return)
+CUDA_CALL(cudaEventRecord, count_return)
+CUDA_CALL(cudaEventRecord_ptsz, count_return)
+CUDA_CALL(cudaEventRecordWithFlags, count_return)
+CUDA_CALL(cudaEventRecordWithFlags_ptsz, count_return)
+CUDA_CALL(cudaStreamWaitEvent, count_return)
+CUDA_CALL(cudaStreamWaitEvent_ptsz, count_return)
+CUDA_CALL(cudaStreamCreate, count_return)
+CUDA_CALL(cudaStreamCreateWithFlags, count_return)
+CUDA_CALL(cudaStreamCreateWithPriority, count_return)
+CUDA_CALL(cudaStreamDestroy, count_return)
+CUDA_CALL(cudaEventCreate, count_return)
+CUDA_CALL(cudaEventCreateWithFlags, count_return)
+CUDA_CALL(cudaEventDestroy, count_return)
+CUDA_CALL(cudaHostRegister, count_return)
+CUDA_CALL(cudaHostUnregister, count_return)
 
 int enter_cudaLaunchKernel(struct pt_regs *ctx) { return launch_kernel_enter(ctx, CUDA_API_cudaLaunchKernel); }
 int enter_cudaLaunchKernel_ptsz(struct pt_regs *ctx) { return launch_kernel_enter(ctx, CUDA_API_cudaLaunchKernel_ptsz); }
 int enter_cudaLaunchKernelExC(struct pt_regs *ctx) { return launch_exc_enter(ctx, CUDA_API_cudaLaunchKernelExC); }
 int enter_cudaLaunchKernelExC_ptsz(struct pt_regs *ctx) { return launch_exc_enter(ctx, CUDA_API_cudaLaunchKernelExC_ptsz); }
+
+int enter_cuLaunchKernel(struct pt_regs *ctx) { return driver_launch_enter(ctx, CUDA_API_cuLaunchKernel); }
+int enter_cuLaunchKernel_ptsz(struct pt_regs *ctx) { return driver_launch_enter(ctx, CUDA_API_cuLaunchKernel_ptsz); }
+int enter_cuLaunchKernelEx(struct pt_regs *ctx) { return driver_launch_ex_enter(ctx, CUDA_API_cuLaunchKernelEx); }
+int enter_cuLaunchKernelEx_ptsz(struct pt_regs *ctx) { return driver_launch_ex_enter(ctx, CUDA_API_cuLaunchKernelEx_ptsz); }
+int enter_cuGraphLaunch(struct pt_regs *ctx) { return driver_graph_enter(ctx, CUDA_API_cuGraphLaunch); }
+int return_cuGraphLaunch(struct pt_regs *ctx) { return graph_return(ctx, CUDA_API_cuGraphLaunch); }
+int enter_cuGraphLaunch_ptsz(struct pt_regs *ctx) { return driver_graph_enter(ctx, CUDA_API_cuGraphLaunch_ptsz); }
+int return_cuGraphLaunch_ptsz(struct pt_regs *ctx) { return graph_return(ctx, CUDA_API_cuGraphLaunch_ptsz); }

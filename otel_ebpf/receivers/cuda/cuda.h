@@ -42,7 +42,34 @@
 #define CUDA_API_cudaSetDevice 19
 #define CUDA_API_cudaGraphLaunch 20
 #define CUDA_API_cudaGraphLaunch_ptsz 21
-#define CUDA_API_COUNT 22
+/* counted only (calls, duration, bytes for memset and host register): no record */
+#define CUDA_API_cudaMemset 22
+#define CUDA_API_cudaMemset_ptds 23
+#define CUDA_API_cudaMemsetAsync 24
+#define CUDA_API_cudaMemsetAsync_ptsz 25
+#define CUDA_API_cudaEventRecord 26
+#define CUDA_API_cudaEventRecord_ptsz 27
+#define CUDA_API_cudaEventRecordWithFlags 28
+#define CUDA_API_cudaEventRecordWithFlags_ptsz 29
+#define CUDA_API_cudaStreamWaitEvent 30
+#define CUDA_API_cudaStreamWaitEvent_ptsz 31
+#define CUDA_API_cudaStreamCreate 32
+#define CUDA_API_cudaStreamCreateWithFlags 33
+#define CUDA_API_cudaStreamCreateWithPriority 34
+#define CUDA_API_cudaStreamDestroy 35
+#define CUDA_API_cudaEventCreate 36
+#define CUDA_API_cudaEventCreateWithFlags 37
+#define CUDA_API_cudaEventDestroy 38
+#define CUDA_API_cudaHostRegister 39
+#define CUDA_API_cudaHostUnregister 40
+/* the driver API (libcuda.so.1) */
+#define CUDA_API_cuLaunchKernel 41
+#define CUDA_API_cuLaunchKernel_ptsz 42
+#define CUDA_API_cuLaunchKernelEx 43
+#define CUDA_API_cuLaunchKernelEx_ptsz 44
+#define CUDA_API_cuGraphLaunch 45
+#define CUDA_API_cuGraphLaunch_ptsz 46
+#define CUDA_API_COUNT 47
 
 /* The call's enclosing Python function / PyTorch operator (ctx_kind) */
 #define CUDA_CTX_NONE 0

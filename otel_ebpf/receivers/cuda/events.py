@@ -181,6 +181,7 @@ class KernelLaunchStats:
     count: int
     time_ns: int
     op: str = ""  # the PyTorch operator the launches were made in ("": none or unknown)
+    api: str = ""  # the entry point that counted them: cudaLaunchKernel*, or cuLaunchKernel* (the driver)
 
 
 CudaCall = MemcpyCall | AllocCall | FreeCall | SyncCall | SetDeviceCall | GraphLaunchCall

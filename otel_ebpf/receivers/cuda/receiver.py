@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import ctypes as ct
 import logging
+import os
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -42,11 +44,11 @@ from .events import (
     SyncCall,
 )
 
-__all__ = ["ALLOC", "APIS", "FREE", "GRAPH", "LAUNCH", "MEMCPY", "MIRRORS", "PROBES", "SET_DEVICE", "SYNC", "Api",
-           "CudaReceiver"]
+__all__ = ["ALLOC", "APIS", "DRIVER_PROBES", "FREE", "GRAPH", "LAUNCH", "MEMCPY", "MIRRORS", "PROBES", "SET_DEVICE",
+           "SYNC", "Api", "CudaReceiver"]
 
 log = logging.getLogger(__name__)
-ApiKind = Literal["launch", "launch_exc", "memcpy", "alloc", "free", "sync", "set_device", "graph"]
+ApiKind = Literal["launch", "launch_exc", "memcpy", "alloc", "free", "sync", "set_device", "graph", "count"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Api:
     symbol: str
     kind: ApiKind
     optional: bool = False  # per-thread-default-stream variants: absent from some builds
+    library: Literal["runtime", "driver"] = "runtime"  # libcudart.so.* or libcuda.so.1
 
 
 APIS: tuple[Api, ...] = (
@@ -81,14 +84,48 @@ APIS: tuple[Api, ...] = (
     Api("cudaSetDevice", "set_device"),
     Api("cudaGraphLaunch", "graph"),
     Api("cudaGraphLaunch_ptsz", "graph", True),
+    # counted only (count_return in cuda.bpf.c): OBI's set of memset, event, stream and host-register calls
+    Api("cudaMemset", "count"),
+    Api("cudaMemset_ptds", "count", True),
+    Api("cudaMemsetAsync", "count"),
+    Api("cudaMemsetAsync_ptsz", "count", True),
+    Api("cudaEventRecord", "count"),
+    Api("cudaEventRecord_ptsz", "count", True),
+    Api("cudaEventRecordWithFlags", "count"),
+    Api("cudaEventRecordWithFlags_ptsz", "count", True),
+    Api("cudaStreamWaitEvent", "count"),
+    Api("cudaStreamWaitEvent_ptsz", "count", True),
+    Api("cudaStreamCreate", "count"),
+    Api("cudaStreamCreateWithFlags", "count"),
+    Api("cudaStreamCreateWithPriority", "count"),
+    Api("cudaStreamDestroy", "count"),
+    Api("cudaEventCreate", "count"),
+    Api("cudaEventCreateWithFlags", "count"),
+    Api("cudaEventDestroy", "count"),
+    Api("cudaHostRegister", "count"),
+    Api("cudaHostUnregister", "count"),
+    # the driver API, on libcuda.so.1 (DRIVER_PROBES): launches not made through a probed libcudart
+    Api("cuLaunchKernel", "launch", library="driver"),
+    Api("cuLaunchKernel_ptsz", "launch", True, library="driver"),
+    Api("cuLaunchKernelEx", "launch_exc", library="driver"),
+    Api("cuLaunchKernelEx_ptsz", "launch_exc", True, library="driver"),
+    Api("cuGraphLaunch", "graph", library="driver"),
+    Api("cuGraphLaunch_ptsz", "graph", True, library="driver"),
 )
 _SYMBOLS = tuple(a.symbol for a in APIS)
 
-# Launches are entry-only: the cost lands on the caller, no uretprobe trampoline.
-PROBES: tuple[Probe, ...] = tuple(
-    Probe(a.symbol, entry=f"enter_{a.symbol}",
-          ret=None if a.kind.startswith("launch") else f"return_{a.symbol}", optional=a.optional)
-    for a in APIS)
+
+
+def _probes(library: str) -> tuple[Probe, ...]:
+    # Launches are entry-only: the cost lands on the caller, no uretprobe trampoline.
+    return tuple(Probe(a.symbol, entry=f"enter_{a.symbol}",
+                       ret=None if a.kind.startswith("launch") else f"return_{a.symbol}", optional=a.optional)
+                 for a in APIS if a.library == library)
+
+
+PROBES = _probes("runtime")  # on each libcudart.so.*
+DRIVER_PROBES = _probes("driver")  # on each libcuda.so.* (the driver)
+_RUNTIME_PREFIX, _DRIVER_PREFIX = "libcudart.so", "libcuda.so"
 
 
 _CALL_FMT = "BBBxiIIQQi4xQQ"
@@ -118,7 +155,7 @@ _CALL_EVENTS: dict[int, tuple[struct.Struct, type]] = {
     GRAPH.etype: (GRAPH.fmt, GraphLaunchCall),
 }
 
-LaunchKey = tuple[int, int, int, int, int]  # pid, device, grid size, block size, operator address
+LaunchKey = tuple[int, int, int, int, int, int]  # pid, device, grid size, block size, operator address, api id
 CallKey = tuple[int, int, int, int, int]  # pid, device, rc, api id, kind
 # The in-kernel call histograms use the emitter's own bounds, so their buckets merge as they are.
 DUR_BOUNDS_NS = tuple(round(b * 1e9) for b in bounds_for_unit("s"))
@@ -132,8 +169,19 @@ class CudaReceiver(BpfReceiver):
     name = "cuda"
     src_file = Path(__file__).with_name("cuda.bpf.c")
     library_key = "cudart"
-    lib_pattern = "libcudart.so"
+    library_keys = ("cudart", "cuda_driver")
+    lib_pattern = "libcuda"  # the kernel's openat match: libcudart.so.* and libcuda.so.* alike
     probes = PROBES
+
+    def probes_for(self, path: str) -> Sequence[Probe]:
+        """The runtime's probes on a libcudart, the driver's on a libcuda; none on another ``libcuda*``
+        (``libcudadebugger.so``)."""
+        base = os.path.basename(path)
+        if base.startswith(_RUNTIME_PREFIX):
+            return PROBES
+        if base.startswith(_DRIVER_PREFIX):
+            return DRIVER_PROBES
+        return ()
 
     def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
         super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages,
@@ -141,7 +189,8 @@ class CudaReceiver(BpfReceiver):
                          poll_interval=config.poll_interval)
         self.config = config
         self._launches: MapDeltas[LaunchKey] = MapDeltas(
-            lambda key: (key.pid, key.device, key.grid_size, key.block_size, key.op), lambda per_cpu: (sum(per_cpu),))
+            lambda key: (key.pid, key.device, key.grid_size, key.block_size, key.op, key.api),
+            lambda per_cpu: (sum(per_cpu),))
         nd, nb = len(DUR_BOUNDS_NS) + 1, len(BYTES_BOUNDS) + 1
         self._calls: MapDeltas[CallKey] = MapDeltas(
             lambda key: (key.pid, key.device, key.rc, key.api, key.kind),
@@ -226,7 +275,8 @@ class CudaReceiver(BpfReceiver):
             return []
         now_ns = time.time_ns()
         return [KernelLaunchStats(k[0], k[1], k[2], k[3], d[0], now_ns,
-                                  (threadctx.op_name(self.ctx, k[0], k[4]) or "") if k[4] else "")
+                                  (threadctx.op_name(self.ctx, k[0], k[4]) or "") if k[4] else "",
+                                  _SYMBOLS[k[5]] if k[5] < len(_SYMBOLS) else "")
                 for k, d in self._launches.moved(self.bpf["launch_stats"])]
 
     # ---- a thread's current device, for the other components (core.services.CudaThreads) ----------
@@ -238,7 +288,7 @@ class CudaReceiver(BpfReceiver):
     def device_of(self, pid: int, tid: int) -> int | None:
         """Thread ``tid``'s device now: its entry in the program's ``thread_device`` map (written when its
         cudaSetDevice succeeds, 0 from its first launch), else 0 (CUDA's default) when ``pid`` maps a
-        libcudart this receiver probes, else None. One map lookup and at most one /proc read; thread-safe."""
+        libcudart or libcuda this receiver probes, else None. One map lookup and at most one /proc read; thread-safe."""
         bpf = self.bpf
         if bpf is None:
             return None
@@ -247,7 +297,7 @@ class CudaReceiver(BpfReceiver):
         except Exception:  # a map read must not fail the caller (the nccl processor's hot path)
             value = None
         if value is not None:
-            return int(value.value)
+            return int(value.device)
         with self._attach_lock:
             attached = set(self._attached)
         return 0 if any(path in attached for path in mapped_libraries(pid, self.lib_pattern or "")) else None

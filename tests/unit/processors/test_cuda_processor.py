@@ -65,11 +65,12 @@ def call_stats(api: str = "cudaMemcpyAsync", *, calls: int = 1, durs_ns: tuple[i
     dh, bh = [0] * (len(dur_b) + 1), [0] * (len(size_b) + 1)
     dsum = bsum = 0
     memcpy_api = "Memcpy" in api
+    has_bytes = memcpy_api or "Memset" in api or api == "cudaHostRegister"
     for i in range(calls):
         d, b = durs_ns[i % len(durs_ns)], sizes[i % len(sizes)]
         dh[bisect.bisect_left(dur_b, d / 1e9)] += 1
         dsum += d
-        if memcpy_api:
+        if has_bytes:
             bh[bisect.bisect_left(size_b, b)] += 1
             bsum += b
     return CallStats(PID, api, device, rc, kind if memcpy_api else 0, calls, limited, dsum, bsum,
@@ -262,6 +263,29 @@ def test_graph_launch_is_a_span_and_its_call_stats_a_replay_counter() -> None:
     (errors,) = metrics(out, "gpu.cuda.api.errors")
     assert errors.value == 2 and errors.attributes["error.type"] == "cudaErrorInsufficientDriver"
     assert not metrics(out, "gpu.cuda.synchronize.duration")  # a replay is no host wait
+
+
+def test_counted_calls_become_call_counters_durations_and_bytes() -> None:
+    """OBI's set (memset, event record, stream wait-event, create/destroy, host register): counts,
+    host time and, for memset and host register, bytes; never a span, never a sync metric."""
+    out = Rig().run(call_stats("cudaMemsetAsync_ptsz", calls=3, durs_ns=(4000,), sizes=(1024,), device=0),
+                    call_stats("cudaEventRecord", calls=7, durs_ns=(2000,), device=0),
+                    call_stats("cudaStreamWaitEvent", calls=2, rc=400, device=0),
+                    call_stats("cudaHostRegister", calls=1, sizes=(1 << 20,), device=0))
+    assert not spans(out)
+    calls = {m.attributes["cuda.api"]: m.value for m in metrics(out, "gpu.cuda.api.calls")}
+    assert calls == {"cudaMemsetAsync_ptsz": 3, "cudaEventRecord": 7, "cudaStreamWaitEvent": 2, "cudaHostRegister": 1}
+    durations = {m.attributes["cuda.api"]: (m.kind, m.count, m.attributes.get("error.type"))
+                 for m in metrics(out, "gpu.cuda.api.duration")}
+    assert durations["cudaEventRecord"] == ("histogram", 7, None)
+    assert durations["cudaStreamWaitEvent"] == ("histogram", 2, "cudaErrorInvalidResourceHandle")
+    (sets,) = metrics(out, "gpu.cuda.memory.sets")
+    assert (sets.kind, sets.unit, sets.value, sets.count) == ("histogram", "By", 3072, 3)
+    (pinned,) = metrics(out, "gpu.cuda.memory.host.registered")
+    assert (pinned.kind, pinned.value) == ("counter", 1 << 20)
+    (errors,) = metrics(out, "gpu.cuda.api.errors")
+    assert errors.value == 2 and errors.attributes["cuda.api"] == "cudaStreamWaitEvent"
+    assert not metrics(out, "gpu.cuda.synchronize.duration")
 
 
 def test_set_device_span() -> None:

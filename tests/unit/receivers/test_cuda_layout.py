@@ -198,7 +198,7 @@ def test_receiver_config_defaults_reach_the_program_as_macros() -> None:
     flags = r.program_cflags()
     for flag in ("-DCUDA_LAUNCH_SAMPLE_EVERY=7", "-DCUDA_MAX_INFLIGHT=99", "-DCUDA_MAX_THREADS=65536",
                  "-DCUDA_MAX_LAUNCH_KEYS=4096", "-DOE_PAUSE_ON_LOAD=1", "-DOE_FILTER_PIDS=1",
-                 '-DOE_LIB_PATTERN="libcudart.so"', "-DOE_THREAD_CTX=1", "-DCUDA_LAUNCH_CONTEXT=1"):
+                 '-DOE_LIB_PATTERN="libcuda"', "-DOE_THREAD_CTX=1", "-DCUDA_LAUNCH_CONTEXT=1"):
         assert flag in flags
     off = CudaReceiver(build(Config, {"nesting": False}), Context(thread_ctx_writers={"torch"}),
                        ListConsumer()).program_cflags()
