@@ -25,7 +25,8 @@ Span attributes (``cuda.*``; a metric carries only the ones listed with it):
 * launch spans: ``cuda.kernel.func`` (hex): with CUDA 12 the host stub's address nvcc's ``<<<>>>`` passes;
   with CUDA 13 ``<<<>>>`` calls ``__cudaLaunchKernel`` with a ``cudaKernel_t`` handle (from
   ``__cudaGetKernel``), which libcudart 13 hands on to ``cudaLaunchKernel``, so the value is that handle: one
-  per kernel either way, but not an address to symbolize; ``cuda.kernel.grid`` / ``cuda.kernel.block``
+  per kernel either way, but not an address to symbolize; on a driver launch (``cuLaunchKernel*``) it is the
+  ``CUfunction`` handle; ``cuda.kernel.grid`` / ``cuda.kernel.block``
   ([x, y, z]), ``cuda.kernel.shared_mem`` (bytes), ``cuda.kernel.launch_seq``, ``cuda.stream``.
 
 Metrics (scope ``otel_ebpf.cuda``; OBI's ``gpu.cuda.*`` names where OBI has one):

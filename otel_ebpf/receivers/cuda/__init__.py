@@ -1,10 +1,14 @@
-"""CUDA runtime receiver: uprobes on libcudart.so -> typed events (:mod:`.events`).
+"""CUDA receiver: uprobes on libcudart.so (the runtime) and libcuda.so (the driver) -> typed events
+(:mod:`.events`).
 
-Probed (per-thread-default-stream ``_ptsz``/``_ptds`` twins too, where the library has them):
-cudaLaunchKernel, cudaLaunchKernelExC (entry only, counted in the kernel), cudaMemcpy,
+Probed (per-thread-default-stream ``_ptsz``/``_ptds`` twins too, where the library has them), on the
+runtime: cudaLaunchKernel, cudaLaunchKernelExC (entry only, counted in the kernel), cudaMemcpy,
 cudaMemcpyAsync, cudaMalloc, cudaMallocAsync, cudaMallocManaged, cudaFree, cudaFreeAsync,
-cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, cudaSetDevice.
-The ``cuda`` processor turns the events into spans and metrics.
+cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, cudaSetDevice, cudaGraphLaunch;
+counted only: cudaMemset*, cudaEventRecord*, cudaStreamWaitEvent, cudaStreamCreate*/Destroy,
+cudaEventCreate*/Destroy, cudaHostRegister/Unregister. On the driver: cuLaunchKernel, cuLaunchKernelEx
+(counted once when the runtime made them), cuGraphLaunch. The ``cuda`` processor turns the events into
+spans and metrics.
 """
 from __future__ import annotations
 
@@ -21,5 +25,6 @@ def create(config: Config, ctx: Context, next_: Consumer) -> CudaReceiver:
 
 
 factory = Factory(type="cuda", config_class=Config, create=create,
-                  description="CUDA runtime API calls (libcudart uprobes): memcpy, malloc/free, "
-                              "synchronize, device binding, kernel launch counts")
+                  description="CUDA runtime and driver API calls (libcudart, libcuda uprobes): memcpy, "
+                              "malloc/free, synchronize, device binding, events and streams, kernel launch "
+                              "and graph replay counts")
