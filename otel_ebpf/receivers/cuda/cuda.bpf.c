@@ -83,12 +83,11 @@ struct cuda_call_state {
 
 struct cuda_launch_key {
     u32 pid;
-    s32 device;
+    s16 device;      /* a device index (cudaSetDevice's int; 16 bits keep the key at 32 bytes: hashed per launch) */
+    u16 api;         /* CUDA_API_* of the entry point that counted it (runtime or driver) */
     u64 grid_size;   /* blocks: grid.x * grid.y * grid.z */
     u64 block_size;  /* threads per block: block.x * block.y * block.z */
     u64 op;          /* entry address of the enclosing PyTorch operator; 0: none (or not read) */
-    u32 api;         /* CUDA_API_* of the entry point that counted it (runtime or driver) */
-    u32 _pad;
 };
 
 /* What a launch entry probe decoded. */
@@ -140,14 +139,15 @@ BPF_PERCPU_ARRAY(call_stats_zero, struct cuda_call_stats, 1); /* never written: 
 #if CUDA_SPAN_RATE > 0
 BPF_HASH(span_budget, u32, struct cuda_span_budget, OE_MAX_PIDS);
 #endif
-/* Per traced thread: its device, and when it last entered a runtime launch (cudaLaunchKernel*). A driver
- * launch (cuLaunchKernel*) on the same thread within CUDA_RT_DRIVER_WINDOW_NS of it is the runtime's own call
- * into the driver, already counted: it consumes the mark and is not counted again. Kept in the launch path's
- * one lookup, so the runtime launch pays one store. */
+/* Per traced thread: its device, and the address of the runtime launch function (cudaLaunchKernel*) it
+ * last entered that has not reached the driver yet. The next driver launch (cuLaunchKernel*) of the thread
+ * consumes the mark and, when it was called from within CUDA_RT_SPAN bytes of that address (from inside that
+ * libcudart), is the runtime's own call into the driver, already counted (driver_launch_enter). Kept in the
+ * launch path's one lookup, so the runtime launch pays one store (a clock read measured +90 ns a launch). */
 struct cuda_thread {
     s32 device;
     u32 _pad;
-    u64 rt_launch_ns;
+    u64 rt_launch_ip;
 };
 BPF_HASH(thread_device, u32, struct cuda_thread, CUDA_MAX_THREADS);
 BPF_PERCPU_ARRAY(thread_scratch, struct cuda_thread, 1);
@@ -558,9 +558,9 @@ static __always_inline void launch_count(u32 pid, s32 device, struct cuda_launch
 {
     struct cuda_launch_key key = {};
     key.pid = pid;
-    key.device = device;
+    key.device = (s16)device;
     key.op = op;
-    key.api = api;
+    key.api = (u16)api;
     key.grid_size = (u64)a->grid[0] * a->grid[1] * a->grid[2];
     key.block_size = (u64)a->block[0] * a->block[1] * a->block[2];
     u64 *n = launch_stats.lookup(&key);
@@ -660,7 +660,7 @@ static __always_inline int launch_kernel_enter(struct pt_regs *ctx, u32 api)
     struct cuda_thread *t = launch_thread(id, &device);
     if (!t)
         return 0;
-    t->rt_launch_ns = bpf_ktime_get_ns(); /* its call into the driver is this launch (driver_launch_enter) */
+    t->rt_launch_ip = PT_REGS_IP(ctx); /* its call into the driver is this launch (driver_launch_enter) */
     struct cuda_launch_args a = {};
     u64 grid_xy = PT_REGS_PARM2(ctx), block_xy = PT_REGS_PARM4(ctx);
     a.func = PT_REGS_PARM1(ctx);
@@ -681,7 +681,7 @@ static __always_inline int launch_exc_enter(struct pt_regs *ctx, u32 api)
     struct cuda_thread *t = launch_thread(id, &device);
     if (!t)
         return 0;
-    t->rt_launch_ns = bpf_ktime_get_ns(); /* its call into the driver is this launch (driver_launch_enter) */
+    t->rt_launch_ip = PT_REGS_IP(ctx); /* its call into the driver is this launch (driver_launch_enter) */
     struct cuda_launch_config cfg = {};
     struct cuda_launch_args a = {};
     /* an unreadable config still counts the launch, with zero dimensions */
@@ -701,19 +701,26 @@ static __always_inline int launch_exc_enter(struct pt_regs *ctx, u32 api)
 
 /* ---- driver API launches (libcuda.so.1): Triton, cuBLAS/cuBLASLt's static runtime, NCCL ----------------- */
 
-#ifndef CUDA_RT_DRIVER_WINDOW_NS
-#define CUDA_RT_DRIVER_WINDOW_NS 10000000000ULL /* 10 s: a first launch may load (or JIT) its module first */
+#ifndef CUDA_RT_SPAN
+#define CUDA_RT_SPAN (16ULL << 20) /* > any libcudart's code (12.x, 13.x: under 1 MiB) */
 #endif
 
-/* 1 when this driver launch is the runtime's own call into the driver (a runtime launch entered on this thread
- * and has not reached the driver yet): it was counted by the runtime probe; the mark is consumed either way. */
-static __always_inline int from_runtime(struct cuda_thread *t)
+/* 1 when this driver launch is the runtime's own call into the driver: a runtime launch of this thread has
+ * not reached the driver yet, and the caller (the return address at entry) is code near that runtime launch
+ * function, i.e. inside the same libcudart. The mark is consumed either way. A runtime launch that failed
+ * before the driver leaves a mark that the next driver launch consumes; it is counted all the same unless
+ * its caller lies within CUDA_RT_SPAN of that libcudart. */
+static __always_inline int from_runtime(struct cuda_thread *t, struct pt_regs *ctx)
 {
-    u64 mark = t->rt_launch_ns;
-    if (!mark)
+    u64 ip = t->rt_launch_ip;
+    if (!ip)
         return 0;
-    t->rt_launch_ns = 0;
-    return bpf_ktime_get_ns() - mark < CUDA_RT_DRIVER_WINDOW_NS;
+    t->rt_launch_ip = 0;
+    u64 ret = 0;
+    if (bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx)) != 0)
+        return 0;
+    u64 d = ret > ip ? ret - ip : ip - ret;
+    return d < CUDA_RT_SPAN;
 }
 
 /* cuLaunchKernel(CUfunction f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
@@ -724,7 +731,7 @@ static __always_inline int driver_launch_enter(struct pt_regs *ctx, u32 api)
     u64 id = bpf_get_current_pid_tgid();
     s32 device;
     struct cuda_thread *t = launch_thread(id, &device);
-    if (!t || from_runtime(t))
+    if (!t || from_runtime(t, ctx))
         return 0;
     struct cuda_launch_args a = {};
     u64 sp = PT_REGS_SP(ctx);
@@ -747,7 +754,7 @@ static __always_inline int driver_launch_ex_enter(struct pt_regs *ctx, u32 api)
     u64 id = bpf_get_current_pid_tgid();
     s32 device;
     struct cuda_thread *t = launch_thread(id, &device);
-    if (!t || from_runtime(t))
+    if (!t || from_runtime(t, ctx))
         return 0;
     struct cuda_launch_config cfg = {};
     struct cuda_launch_args a = {};
