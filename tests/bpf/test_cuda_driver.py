@@ -4,7 +4,6 @@ counted once. Drives tests/bpf/cuda_mixed.c against the stand-in runtime (tests/
 calls the stand-in driver (tests/bpf/stand_in_cuda.c, NOT NVIDIA's) as libcudart 12 does. Needs root and BCC."""
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,10 +15,9 @@ from otel_ebpf.processors.cuda import CudaProcessor
 from otel_ebpf.receivers.cuda import Config
 from otel_ebpf.receivers.cuda.events import CallStats, GraphLaunchCall, KernelLaunch, KernelLaunchStats
 from otel_ebpf.receivers.cuda.receiver import DRIVER_PROBES
-from tests.bpf.test_cuda_receiver import stand_in_cudart, traced  # noqa: F401  (a fixture)
+from tests.bpf.test_cuda_receiver import build_c, stand_in_cudart, traced  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.bpf
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
@@ -27,19 +25,13 @@ def stand_in_cuda(tmp_path_factory: pytest.TempPathFactory, cudart: Path) -> Pat
     """libcuda.so.1 built against the cuda.h of the nvidia-cuda-runtime wheel the tests install."""
     include = cudart.parent.parent / "include"
     assert (include / "cuda.h").is_file(), include
-    out = tmp_path_factory.mktemp("stand_in_cuda") / "libcuda.so.1"
-    subprocess.run(["gcc", "-O1", "-g", "-fPIC", "-shared", "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-Werror",
-                    f"-I{include}", "-Wl,-soname,libcuda.so.1", "-o", str(out), str(HERE / "stand_in_cuda.c")],
-                   check=True, capture_output=True, timeout=60)
-    return out
+    return build_c(tmp_path_factory, "stand_in_cuda.c", "libcuda.so.1", "-fno-omit-frame-pointer", f"-I{include}",
+                   soname="libcuda.so.1")
 
 
 @pytest.fixture(scope="module")
 def cuda_mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("cuda_mixed") / "cuda_mixed"
-    subprocess.run(["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(HERE / "cuda_mixed.c"),
-                    "-ldl"], check=True, capture_output=True, timeout=60)
-    return out
+    return build_c(tmp_path_factory, "cuda_mixed.c", "cuda_mixed")
 
 
 def test_driver_launches_are_counted_and_runtime_launches_once(bpf_ready: None, cuda_mixed: Path,

@@ -48,29 +48,30 @@ SCRIPT_CALLS = ["cudaSetDevice", "cudaMalloc", "cudaMallocManaged", "cudaMallocA
 STAND_IN_PTR_BASE, STAND_IN_PTR_STEP = 0x7F5A00000000, 0x100000
 
 
+def build_c(tmp_path_factory: pytest.TempPathFactory, source: str, out_name: str, *flags: str,
+            soname: str | None = None) -> Path:
+    """tests/bpf/SOURCE built with gcc -O1 -g -Wall -Wextra -Werror: a program, or with ``soname`` a shared
+    library (-fPIC -shared)."""
+    out = tmp_path_factory.mktemp(Path(source).stem) / out_name
+    lib = ["-fPIC", "-shared", f"-Wl,-soname,{soname}"] if soname else []
+    subprocess.run(["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror", *lib, *flags, "-o", str(out),
+                    str(HERE / source), *([] if soname else ["-ldl"])], check=True, capture_output=True, timeout=60)
+    return out
+
+
 @pytest.fixture(scope="module")
 def stand_in_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("stand_in_cudart") / "libcudart.so.12"
-    subprocess.run(["gcc", "-O1", "-g", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
-                    "-Wl,-soname,libcudart.so.12", "-o", str(out), str(HERE / "stand_in_cudart.c")],
-                   check=True, capture_output=True, timeout=60)
-    return out
+    return build_c(tmp_path_factory, "stand_in_cudart.c", "libcudart.so.12", soname="libcudart.so.12")
 
 
 @pytest.fixture(scope="module")
 def cuda_ptsz(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("cuda_ptsz") / "cuda_ptsz"
-    subprocess.run(["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(HERE / "cuda_ptsz.c"),
-                    "-ldl"], check=True, capture_output=True, timeout=60)
-    return out
+    return build_c(tmp_path_factory, "cuda_ptsz.c", "cuda_ptsz")
 
 
 @pytest.fixture(scope="module")
 def cuda_counted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("cuda_counted") / "cuda_counted"
-    subprocess.run(["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(HERE / "cuda_counted.c"),
-                    "-ldl"], check=True, capture_output=True, timeout=60)
-    return out
+    return build_c(tmp_path_factory, "cuda_counted.c", "cuda_counted")
 
 
 def _wait_for(what: str, cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.02) -> None:

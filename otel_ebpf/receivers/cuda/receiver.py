@@ -104,12 +104,14 @@ APIS: tuple[Api, ...] = (
     Api("cudaEventDestroy", "count"),
     Api("cudaHostRegister", "count"),
     Api("cudaHostUnregister", "count"),
-    # the driver API, on libcuda.so.1 (DRIVER_PROBES): launches not made through a probed libcudart
+    # the driver API, on libcuda.so.1 (DRIVER_PROBES): launches not made through a probed libcudart. Only
+    # cuLaunchKernel is needed: cuLaunchKernelEx came with CUDA 11.8 drivers, and a libcuda that is not NVIDIA's
+    # (the twin's stub: what torch imports) may lack the rest
     Api("cuLaunchKernel", "launch", library="driver"),
     Api("cuLaunchKernel_ptsz", "launch", True, library="driver"),
-    Api("cuLaunchKernelEx", "launch_exc", library="driver"),
+    Api("cuLaunchKernelEx", "launch_exc", True, library="driver"),
     Api("cuLaunchKernelEx_ptsz", "launch_exc", True, library="driver"),
-    Api("cuGraphLaunch", "graph", library="driver"),
+    Api("cuGraphLaunch", "graph", True, library="driver"),
     Api("cuGraphLaunch_ptsz", "graph", True, library="driver"),
 )
 _SYMBOLS = tuple(a.symbol for a in APIS)
