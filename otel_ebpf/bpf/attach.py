@@ -3,10 +3,9 @@
 A library is found again by every process that maps it and by every rescan, and a receiver's
 ``attach_library`` may be called from its poll thread and from ``start``: the probes of one
 library (by real path, so symlinks and ``/proc/PID/root`` aliases count once) must be attached
-once per loaded program. A path that is no regular file is never claimed: the dynamic loader tries each
-RPATH/RUNPATH/LD_LIBRARY_PATH candidate with openat, and the kernel reports the attempt before it fails
-(libtorch's ``$ORIGIN`` RPATH gives ``site-packages/torch/lib/libcudart.so.13``, which does not exist when
-the library comes from elsewhere).
+once per loaded program. A path that is no regular file is never claimed: the kernel reports only
+successful opens (common.bpf.c), but a path from a map or a config may name a directory or a file
+gone since.
 """
 from __future__ import annotations
 

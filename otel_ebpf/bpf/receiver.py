@@ -304,9 +304,9 @@ class BpfReceiver:
             cache.get(pid)
 
     def _library_opened(self, raw: bytes) -> LibraryLoaded | None:
-        """A library open seen at openat's entry: attached when the path is a file, and the process resumed
-        if it was paused for it. None for a path that is no file: one of the dynamic loader's candidates
-        (RPATH, RUNPATH, LD_LIBRARY_PATH) that it tried and that failed, not a library the process loaded."""
+        """A library open that succeeded (reported at openat's exit, before the file is mapped): attached
+        when the path is a regular file, and the process resumed if it was paused for it. None for a path
+        that is no regular file (a directory the pattern matched, or a file gone since)."""
         _, paused, pid, tid, ts, path_b = _LIBOPEN.unpack_from(raw)
         path = path_b.split(b"\0", 1)[0].decode(errors="replace")
         if paused:

@@ -24,6 +24,7 @@ from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.cuda import Config as ProcessorConfig
 from otel_ebpf.processors.cuda import CudaProcessor
 from otel_ebpf.receivers.cuda import Config, CudaReceiver, create
+from otel_ebpf.bpf.receiver import _LIBOPEN
 from otel_ebpf.receivers.cuda.receiver import PROBES
 from otel_ebpf.receivers.cuda.events import (
     AllocCall,
@@ -412,10 +413,21 @@ def test_loader_candidates_that_do_not_exist_are_not_attached(bpf_ready: None, b
     argv = ["/usr/bin/env", f"LD_LIBRARY_PATH={missing}:{cudart.parent}", "/bin/sh", "-c",
             'read _ && exec "$0" "$@"', str(built["cuda_driver"]), cudart.name, "--delay-before-dlopen-ms", "100"]
     with traced(argv, Config(pause_on_load=True), wait_ready=False) as t:
+        reported: list[str] = []  # every library-open record the kernel sent (each one a stop)
+        opened = t.receiver._library_opened
+
+        def spy(raw: bytes) -> LibraryLoaded | None:
+            reported.append(_LIBOPEN.unpack_from(raw)[-1].split(b"\0", 1)[0].decode())
+            return opened(raw)
+
+        t.receiver._library_opened = spy  # type: ignore[method-assign]
         t.release()
         t.receiver.shutdown()
         loaded = [e.path for e in t.events(LibraryLoaded)]
         assert loaded and all(not p.startswith(str(missing)) for p in loaded), loaded
+        # only opens that succeeded are reported (and stopped for): not the failed candidate, nor the
+        # ~30 places libcudart 12 looks for a libcuda.so.1 that this host does not have
+        assert reported == loaded, reported
         assert t.ctx.telemetry.get("otel_ebpf.probes.failed", library=cudart.name) == 0
         assert t.ctx.telemetry.get("otel_ebpf.probes.attached", library=cudart.name) >= 32
 

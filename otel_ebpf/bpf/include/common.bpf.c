@@ -9,7 +9,7 @@
  * - one ring buffer per program ("events"), and a drop counter array ("drops").
  * - process exec (to read /proc identity while the process lives) and exit (group leader).
  * - watching a traced process open a library whose basename starts with OE_LIB_PATTERN
- *   (sys_enter_openat), so Python can attach uprobes before the library is mapped. With
+ *   (matched at sys_enter_openat, reported at sys_exit_openat when the open succeeded), so Python can attach uprobes before the library is mapped. With
  *   OE_PAUSE_ON_LOAD=1 the process is stopped (SIGSTOP) until Python attached and sent SIGCONT,
  *   so not even its first call into the library is missed. A stop is made only while the pause
  *   guard's leases are current (oe_may_pause), and the guard's supervisor resumes any stop older
@@ -316,6 +316,17 @@ static __always_inline int oe_may_pause(u32 tgid)
 }
 #endif
 
+/* An openat that matched, from its entry to its exit (key: thread id). Only a successful open is
+ * reported and stopped for: the dynamic loader tries every RPATH/RUNPATH/LD_LIBRARY_PATH and
+ * default-directory candidate, and the real libcudart 12 looks for libcuda.so.1 in ~30 places per
+ * process (measured: 30 library-open records and 30 stops a process when the entry reported them).
+ * At the exit the file is open and not yet mapped, so a stop there still comes before the library's
+ * first instruction. LRU: an entry whose thread died inside openat (exit_group from another thread)
+ * is pushed out, never left to fill the map; only that many threads in openat at once could push out
+ * a live one. */
+#define OE_OPEN_INFLIGHT 1024
+BPF_TABLE("lru_hash", u32, struct oe_path_buf, oe_open_inflight, OE_OPEN_INFLIGHT);
+
 TRACEPOINT_PROBE(syscalls, sys_enter_openat)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -328,16 +339,37 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
         return 0;
     if (bpf_probe_read_user_str(buf->path, sizeof(buf->path), args->filename) <= 0 || !oe_lib_match(buf->path))
         return 0;
+    u32 tid = (u32)id;
+    oe_open_inflight.update(&tid, buf);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_openat)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!oe_is_traced(tgid))
+        return 0;
+    u32 tid = (u32)id;
+    struct oe_path_buf *buf = oe_open_inflight.lookup(&tid);
+    if (!buf)
+        return 0;
+    if (args->ret < 0) {
+        oe_open_inflight.delete(&tid);
+        return 0;
+    }
     struct oe_lib_open *e = lifecycle.ringbuf_reserve(sizeof(struct oe_lib_open));
     if (!e) {
+        oe_open_inflight.delete(&tid);
         oe_drop(OE_DROP_LIFECYCLE);
         return 0;
     }
     __builtin_memset(e, 0, sizeof(*e));
     __builtin_memcpy(e->path, buf->path, sizeof(e->path));
+    oe_open_inflight.delete(&tid);
     e->type = OE_EV_LIB_OPEN;
     e->pid = tgid;
-    e->tid = (u32)id;
+    e->tid = tid;
     e->ts = bpf_ktime_get_ns();
 #if OE_PAUSE_ON_LOAD
     /* Recorded before the stop: a stop that could not be recorded is not made (a full map,
