@@ -4,7 +4,7 @@ Sources, in order: paths from config; libraries already mapped by the target pro
 (``/proc/PID/maps``); the traced command's Python environment (PyTorch wheels ship
 ``site-packages/nvidia/cuda_runtime/lib/libcudart.so.12`` for CUDA 12 and
 ``site-packages/nvidia/cu13/lib/libcudart.so.13`` for CUDA 13 (nvidia-cuda-runtime 13.x), NCCL in
-``nvidia/nccl/lib``, and load them lazily); and the
+``nvidia/nccl/lib``, and load them lazily; a conda environment has them in ``$CONDA_PREFIX/lib``); and the
 dynamic linker cache (``ldconfig -p``). Libraries opened later are caught in the kernel
 (``OE_LIB_PATTERN``) and attached then.
 """
@@ -55,15 +55,25 @@ def mapped_libraries(pid: int, prefix: str, proc_root: str = "/proc") -> list[st
     return _real(found)
 
 
-def _python_site_dirs(python: str) -> list[str]:
+_PREFIX_LINE = "prefix:"
+
+
+def _python_dirs(python: str) -> tuple[list[str], str | None]:
+    """(site-packages and sys.path directories, sys.prefix) of the interpreter ``python``."""
     exe = shutil.which(python) or python
     try:
         out = subprocess.run([exe, "-c", "import site,sys;print('\\n'.join(site.getsitepackages()+"
-                              "[site.getusersitepackages()]+sys.path))"],
+                              f"[site.getusersitepackages()]+sys.path+['{_PREFIX_LINE}'+sys.prefix]))"],
                              capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.SubprocessError):
-        return []
-    return [d for d in out.splitlines() if d and os.path.isdir(d)]
+        return [], None
+    lines = out.splitlines()
+    prefix = next((line[len(_PREFIX_LINE):] for line in lines if line.startswith(_PREFIX_LINE)), None)
+    return [d for d in lines if d and not d.startswith(_PREFIX_LINE) and os.path.isdir(d)], prefix
+
+
+def _python_site_dirs(python: str) -> list[str]:
+    return _python_dirs(python)[0]
 
 
 def python_env_libraries(command: Sequence[str], key: str) -> list[str]:
@@ -90,10 +100,14 @@ def python_env_libraries(command: Sequence[str], key: str) -> list[str]:
         return []
     prefix = LIBRARY_PATTERNS[key]
     paths: list[str] = []
-    for d in _python_site_dirs(python):
+    site_dirs, env_prefix = _python_dirs(python)
+    for d in site_dirs:
         for wheel_dir in _WHEEL_DIRS[key]:
             paths += glob.glob(os.path.join(d, wheel_dir, prefix + "*"))
         paths += glob.glob(os.path.join(d, "torch", "lib", prefix + "*"))
+    if env_prefix and key in _WHEEL_DIRS and _WHEEL_DIRS[key]:
+        # conda: the cuda-cudart and nccl packages (conda-forge, nvidia channel) install into $CONDA_PREFIX/lib
+        paths += glob.glob(os.path.join(env_prefix, "lib", prefix + "*"))
     return _real(sorted(paths))
 
 

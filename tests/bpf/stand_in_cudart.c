@@ -6,7 +6,8 @@
  *
  * Known values: the n-th allocation (0-based, any cudaMalloc* variant) returns
  * STAND_IN_PTR_BASE + n * STAND_IN_PTR_STEP.  Every function returns 0 (cudaSuccess).
- * Launches and graph replays go through a libcuda.so.1 when one loads (below, "The driver").
+ * Launches, graph replays, cudaMalloc and cudaFree go through a libcuda.so.1 when one loads (below, "The
+ * driver"); cudaMalloc then returns the driver's pointer.
  * Built by tests/bpf/test_cuda_receiver.py (gcc -O1 -fPIC -shared, soname libcudart.so.12).
  */
 #include <dlfcn.h>
@@ -30,7 +31,15 @@ static cudaError_t give(void **p)
 }
 
 cudaError_t cudaSetDevice(int device) { current_device = device; return 0; }
-cudaError_t cudaMalloc(void **p, size_t n) { (void)n; return give(p); }
+static int driver_alloc(void **p, size_t n, int *rc);
+static int driver_free(void *p, int *rc);
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+    int rc;
+    if (driver_alloc(p, n, &rc))  /* through the driver's cuMemAlloc_v2 when one loads, as libcudart 12 */
+        return rc;
+    return give(p);
+}
 cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int f) { (void)n; (void)f; return give(p); }
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) { (void)n; (void)s; return give(p); }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, int k) { (void)d; (void)s; (void)n; (void)k; return 0; }
@@ -48,6 +57,10 @@ typedef int (*drv_launch_t)(const void *, unsigned, unsigned, unsigned, unsigned
 typedef int (*drv_launch_ex_t)(const void *, const void *, void **, void **);
 typedef int (*drv_graph_t)(void *, cudaStream_t);
 typedef int (*drv_proc_t)(const char *, void **, int, unsigned long long, int *);
+typedef int (*drv_alloc_t)(unsigned long long *, size_t);
+typedef int (*drv_free_t)(unsigned long long);
+static drv_alloc_t drv_alloc;  /* cuMemAlloc_v2 / cuMemFree_v2: libcudart 12's strings name them */
+static drv_free_t drv_free;
 static drv_launch_t drv_launch;
 static drv_launch_ex_t drv_launch_ex;
 static drv_graph_t drv_graph;
@@ -63,8 +76,31 @@ static int driver(void)
             proc("cuLaunchKernelEx", (void **)&drv_launch_ex, 12000, 0, NULL) == 0 &&
             proc("cuGraphLaunch", (void **)&drv_graph, 12000, 0, NULL) == 0)
             drv_state = 1;
+        if (drv_state == 1 && (proc("cuMemAlloc", (void **)&drv_alloc, 12000, 0, NULL) != 0 ||
+                               proc("cuMemFree", (void **)&drv_free, 12000, 0, NULL) != 0))
+            drv_alloc = NULL, drv_free = NULL;
     }
     return drv_state == 1;
+}
+
+/* cudaErrorMemoryAllocation (2) for any driver failure: enough for the probe tests */
+static int driver_alloc(void **p, size_t n, int *rc)
+{
+    unsigned long long d = 0;
+    if (!driver() || drv_alloc == NULL)
+        return 0;
+    *rc = drv_alloc(&d, n) == 0 ? 0 : 2;
+    if (*rc == 0)
+        *p = (void *)d;
+    return 1;
+}
+
+static int driver_free(void *p, int *rc)
+{
+    if (!driver() || drv_free == NULL)
+        return 0;
+    *rc = p == NULL || drv_free((unsigned long long)p) == 0 ? 0 : 1;  /* cudaFree(NULL) does nothing */
+    return 1;
 }
 
 cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **a, size_t sm, cudaStream_t s)
@@ -88,7 +124,11 @@ cudaError_t cudaLaunchKernelExC(const void *cfg, const void *f, void **a)
 cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return 0; }
 cudaError_t cudaDeviceSynchronize(void) { return 0; }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return 0; }
-cudaError_t cudaFree(void *p) { (void)p; return 0; }
+cudaError_t cudaFree(void *p)
+{
+    int rc;
+    return driver_free(p, &rc) ? rc : 0;
+}
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) { (void)p; (void)s; return 0; }
 /* Counted-only calls (receivers/cuda: count_return). Each is its own function calling no other exported
  * entry, as in the real libcudart.so.12 (objdump of nvidia-cuda-runtime-cu12 12.x: none of these calls or

@@ -8,12 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf.core.events import MetricRecord
+from otel_ebpf.core.events import MetricRecord, SpanRecord
 from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.cuda import Config as ProcessorConfig
 from otel_ebpf.processors.cuda import CudaProcessor
 from otel_ebpf.receivers.cuda import Config
-from otel_ebpf.receivers.cuda.events import CallStats, GraphLaunchCall, KernelLaunch, KernelLaunchStats
+from otel_ebpf.receivers.cuda.events import (
+    AllocCall,
+    CallStats,
+    FreeCall,
+    GraphLaunchCall,
+    KernelLaunch,
+    KernelLaunchStats,
+)
 from otel_ebpf.receivers.cuda.receiver import DRIVER_PROBES
 from tests.bpf.test_cuda_receiver import build_c, stand_in_cudart, traced  # noqa: F401  (a fixture)
 
@@ -32,6 +39,11 @@ def stand_in_cuda(tmp_path_factory: pytest.TempPathFactory, cudart: Path) -> Pat
 @pytest.fixture(scope="module")
 def cuda_mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_c(tmp_path_factory, "cuda_mixed.c", "cuda_mixed")
+
+
+@pytest.fixture(scope="module")
+def cuda_vmm(tmp_path_factory: pytest.TempPathFactory, cudart: Path) -> Path:
+    return build_c(tmp_path_factory, "cuda_vmm.c", "cuda_vmm", f"-I{cudart.parent.parent / 'include'}")
 
 
 def test_driver_launches_are_counted_and_runtime_launches_once(bpf_ready: None, cuda_mixed: Path,
@@ -81,3 +93,40 @@ def test_a_libcuda_that_is_not_the_driver_gets_no_probe(
         t.receiver.shutdown()
         assert t.receiver.ctx.telemetry.get("otel_ebpf.probes.attached", library=other.name) == 0
         assert str(other) not in t.receiver._attached
+
+
+def test_driver_memory_is_tracked_and_runtime_allocations_once(bpf_ready: None, cuda_vmm: Path,
+                                                               stand_in_cudart: Path, stand_in_cuda: Path) -> None:  # noqa: F811
+    """cuMemAlloc_v2/cuMemFree_v2 straight on the driver (CuPy, Numba) and PyTorch's expandable segments
+    (cuMemCreate on the segment's device, mapped, then cuMemRelease) are allocations and frees; cudaMalloc/cudaFree,
+    which the runtime makes through cuMemAlloc_v2/cuMemFree_v2, are seen once, as runtime calls."""
+    env = {"LD_LIBRARY_PATH": str(stand_in_cuda.parent)}
+    with traced([str(cuda_vmm), str(stand_in_cudart)], Config(), env=env) as t:
+        t.release()
+        t.receiver.shutdown()
+        assert [rc for _, rc in t.results()] == [0, 0, 0, 0, 1, 0, 0, 0], t.stdout
+        p, d, h1, h2, g = (t.printed(k) for k in ("p", "d", "h1", "h2", "granularity"))
+        allocs = [(a.api, a.ptr, a.size, a.device, a.rc) for a in t.events(AllocCall)]
+        assert allocs == [("cudaMalloc", p, 1 << 20, 0, 0), ("cuMemAlloc_v2", d, 4096, 0, 0),
+                          ("cuMemCreate", h1, g, 1, 0), ("cuMemCreate", h2, g, 1, 0), ("cuMemCreate", 0, g + 1, 1, 1)]
+        frees = [(f.api, f.ptr, f.rc) for f in t.events(FreeCall)]
+        assert frees == [("cuMemRelease", h2, 0), ("cuMemFree_v2", d, 0), ("cudaFree", p, 0)]
+        out = ListConsumer()
+        CudaProcessor(ProcessorConfig(), Context(), out).consume(t.sink.take())
+        outstanding: dict[int, int] = {}
+        errors = []
+        for m in out.events:
+            if not isinstance(m, MetricRecord):
+                continue
+            attrs = dict(m.attributes)
+            if m.name == "gpu.cuda.memory.outstanding":
+                outstanding[attrs["cuda.device.index"]] = outstanding.get(attrs["cuda.device.index"], 0) + int(m.value)
+            elif m.name == "gpu.cuda.api.errors":
+                errors.append((attrs["cuda.api"], attrs["error.type"], int(m.value)))
+        # h1 is still held, on the device its properties named; everything else was given back
+        assert outstanding == {0: 0, 1: g}
+        assert errors == [("cuMemCreate", "CUDA_ERROR_INVALID_VALUE", 1)]
+        handles = [(s.name, s.attributes.get("cuda.mem.handle"), "cuda.ptr" in s.attributes) for s in out.events
+                   if isinstance(s, SpanRecord) and s.name in ("cuMemCreate", "cuMemRelease")]
+        assert handles == [("cuMemCreate", hex(h1), False), ("cuMemCreate", hex(h2), False),
+                           ("cuMemCreate", None, False), ("cuMemRelease", hex(h2), False)]

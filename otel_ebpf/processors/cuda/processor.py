@@ -18,7 +18,9 @@ Span attributes (``cuda.*``; a metric carries only the ones listed with it):
 * ``cuda.bytes``: bytes copied, allocated, or freed (when the allocation was seen).
 * ``cuda.memcpy.kind``: ``HostToHost``, ``HostToDevice``, ``DeviceToHost``, ``DeviceToDevice``,
   ``Default`` (OBI's attribute).
-* ``cuda.ptr``: device pointer as hex (``0x7f00...``); ``cuda.stream``, ``cuda.event``: handles
+* ``cuda.ptr``: device pointer as hex (``0x7f00...``); ``cuda.mem.handle``: the physical allocation of
+  ``cuMemCreate``/``cuMemRelease`` (hex; mapped by the caller with ``cuMemMap``, not probed);
+  ``cuda.stream``, ``cuda.event``: handles
   as hex; ``cuda.malloc.flags``: cudaMallocManaged flags; ``cuda.device.requested``: the
   argument of cudaSetDevice.
 * ``cuda.graph.exec``: the replayed cudaGraphExec_t (hex), on cudaGraphLaunch spans with ``cuda.stream``.
@@ -37,7 +39,9 @@ Metrics (scope ``otel_ebpf.cuda``; OBI's ``gpu.cuda.*`` names where OBI has one)
   is the number of copies, its sum the bytes). Successful calls only.
 * ``gpu.cuda.memory.copy.duration`` histogram s, by cuda.api, cuda.memcpy.kind,
   cuda.device.index and, for failed calls, error.type: host time in cudaMemcpy*.
-* ``gpu.cuda.memory.allocations`` counter By, by cuda.api, cuda.device.index.
+* ``gpu.cuda.memory.allocations`` counter By, by cuda.api, cuda.device.index: the runtime's ``cudaMalloc*``
+  and the driver's ``cuMemAlloc*`` and ``cuMemCreate`` (on the device its ``CUmemAllocationProp`` names); a
+  runtime allocation that reaches the driver is counted once, as the runtime call.
 * ``gpu.cuda.memory.free.bytes`` counter By (frees of allocations that were seen).
 * ``gpu.cuda.memory.outstanding`` updown By: allocated and not yet freed, by device.
 * ``gpu.cuda.memory.leaked`` counter By and ``gpu.cuda.memory.leaked.allocations`` counter
@@ -115,8 +119,10 @@ METRICS: dict[str, MetricSpec] = {
     "gpu.cuda.kernel.block.size": ("histogram", "1", "Threads per block of launched kernels."),
     "gpu.cuda.memory.copies": ("histogram", "By", "Bytes per successful cudaMemcpy* call."),
     "gpu.cuda.memory.copy.duration": ("histogram", "s", "Time the host spent in cudaMemcpy* calls."),
-    "gpu.cuda.memory.allocations": ("counter", "By", "Bytes allocated by successful cudaMalloc* calls."),
-    "gpu.cuda.memory.free.bytes": ("counter", "By", "Bytes released by cudaFree* of seen allocations."),
+    "gpu.cuda.memory.allocations": ("counter", "By", "Bytes allocated by successful cudaMalloc*, cuMemAlloc* and "
+                                    "cuMemCreate calls."),
+    "gpu.cuda.memory.free.bytes": ("counter", "By", "Bytes released by cudaFree*, cuMemFree* and cuMemRelease of "
+                                   "seen allocations."),
     "gpu.cuda.memory.outstanding": ("updown", "By", "Device memory allocated and not yet freed."),
     "gpu.cuda.memory.leaked": ("counter", "By", "Bytes still allocated when the process exited."),
     "gpu.cuda.memory.leaked.allocations": ("counter", "{allocation}",
@@ -141,6 +147,11 @@ _COUNTED = frozenset(("cudaMemset", "cudaMemsetAsync", "cudaEventRecord", "cudaE
 _SYNC_CALLS = {"cudaStreamSynchronize": "gpu.cuda.stream.synchronize.calls",
                "cudaDeviceSynchronize": "gpu.cuda.device.synchronize.calls",
                "cudaEventSynchronize": "gpu.cuda.event.synchronize.calls"}
+
+
+# physical allocations of the driver's virtual memory management (PyTorch's expandable segments, vLLM's cumem
+# allocator): a CUmemGenericAllocationHandle, not a pointer; outstanding from cuMemCreate to cuMemRelease
+_HANDLE_APIS = frozenset(("cuMemCreate", "cuMemRelease"))
 
 
 def _base_api(api: str) -> str:
@@ -208,7 +219,7 @@ class CudaProcessor(EventProcessor[Config]):
         attrs.update(where)
         error = None
         if ev.rc != 0:
-            error = attrs["error.type"] = error_name(ev.rc)
+            error = attrs["error.type"] = error_name(ev.rc, ev.api)
             if count_error:
                 self.metric(out, ev.pid, "gpu.cuda.api.errors", 1, {"cuda.api": ev.api, "error.type": error, **where})
         if self.config.spans:
@@ -237,12 +248,12 @@ class CudaProcessor(EventProcessor[Config]):
     @handles(AllocCall)
     def _alloc(self, ev: AllocCall, out: list[object]) -> None:
         extra: dict[str, Any] = {"cuda.bytes": ev.size}
-        if ev.rc == 0:
-            extra["cuda.ptr"] = hex(ev.ptr)
         base = _base_api(ev.api)
-        if base == "cudaMallocAsync":
+        if ev.rc == 0:
+            extra["cuda.mem.handle" if base in _HANDLE_APIS else "cuda.ptr"] = hex(ev.ptr)
+        if base in ("cudaMallocAsync", "cuMemAllocAsync"):
             extra["cuda.stream"] = hex(ev.stream)
-        elif base == "cudaMallocManaged":
+        elif base in ("cudaMallocManaged", "cuMemAllocManaged"):
             extra["cuda.malloc.flags"] = ev.flags
         self._call_span(ev, extra, out)
         if ev.rc != 0:
@@ -271,8 +282,9 @@ class CudaProcessor(EventProcessor[Config]):
     def _free(self, ev: FreeCall, out: list[object]) -> None:
         table = self._allocs.get(ev.pid)
         alloc = table.get(ev.ptr) if table is not None and ev.rc == 0 else None
-        extra: dict[str, Any] = {"cuda.ptr": hex(ev.ptr)}
-        if _base_api(ev.api) == "cudaFreeAsync":
+        base = _base_api(ev.api)
+        extra: dict[str, Any] = {"cuda.mem.handle" if base in _HANDLE_APIS else "cuda.ptr": hex(ev.ptr)}
+        if base in ("cudaFreeAsync", "cuMemFreeAsync"):
             extra["cuda.stream"] = hex(ev.stream)
         if alloc is not None:
             extra["cuda.bytes"] = alloc.size
@@ -310,7 +322,7 @@ class CudaProcessor(EventProcessor[Config]):
         if ev.calls <= 0:
             return
         where = self._where(ev.pid, ev.device)
-        error = error_name(ev.rc) if ev.rc != 0 else None
+        error = error_name(ev.rc, ev.api) if ev.rc != 0 else None
         if error is not None:
             self.metric(out, ev.pid, "gpu.cuda.api.errors", ev.calls,
                          {"cuda.api": ev.api, "error.type": error, **where})

@@ -356,6 +356,16 @@ static __always_inline int memcpy_return(struct pt_regs *ctx, u32 api)
     return 0;
 }
 
+/* cuMemCreate(handle, size, const CUmemAllocationProp *prop, flags): the memory is on the device prop names
+ * (location {type@8, id@12}: cuda.h, CUDA 12.9; CU_MEM_LOCATION_TYPE_DEVICE = 1; PyTorch's expandable segments
+ * set it to the segment's device), which need not be the thread's current one. */
+static __always_inline void alloc_prop_device(struct cuda_alloc_rec *e, u64 prop)
+{
+    s32 loc[2] = {};
+    if (prop && bpf_probe_read_user(loc, sizeof(loc), (void *)(prop + 8)) == 0 && loc[0] == 1)
+        e->call.device = loc[1];
+}
+
 static __always_inline int alloc_return(struct pt_regs *ctx, u32 api)
 {
     struct cuda_call_key key = {};
@@ -372,10 +382,13 @@ static __always_inline int alloc_return(struct pt_regs *ctx, u32 api)
     }
     __builtin_memset(e, 0, sizeof(*e));
     cuda_fill(&e->call, CUDA_EV_ALLOC, api, st, ctx, bpf_ktime_get_ns());
+    /* (T **ptr, size_t size, [stream | flags | prop]): the runtime's and the driver's alike */
     e->size = st->arg[1];
-    if (api == CUDA_API_cudaMallocManaged)
+    if (api == CUDA_API_cudaMallocManaged || api == CUDA_API_cuMemAllocManaged)
         e->flags = (u32)st->arg[2];
-    else if (api != CUDA_API_cudaMalloc)
+    else if (api == CUDA_API_cuMemCreate)
+        alloc_prop_device(e, st->arg[2]);
+    else if (api != CUDA_API_cudaMalloc && api != CUDA_API_cuMemAlloc_v2)
         e->stream = st->arg[2];
     if (e->call.rc == 0 && bpf_probe_read_user(&e->ptr, sizeof(e->ptr), (void *)st->arg[0]) != 0)
         e->ptr = 0;
@@ -400,8 +413,8 @@ static __always_inline int free_return(struct pt_regs *ctx, u32 api)
     }
     __builtin_memset(e, 0, sizeof(*e));
     cuda_fill(&e->call, CUDA_EV_FREE, api, st, ctx, bpf_ktime_get_ns());
-    e->ptr = st->arg[0];
-    if (api != CUDA_API_cudaFree)
+    e->ptr = st->arg[0]; /* the pointer, or cuMemRelease's handle */
+    if (api != CUDA_API_cudaFree && api != CUDA_API_cuMemFree_v2 && api != CUDA_API_cuMemRelease)
         e->stream = st->arg[1];
     events.ringbuf_submit(e, oe_wakeup_flags());
     inflight.delete(&key);
@@ -786,10 +799,48 @@ static __always_inline int driver_graph_enter(struct pt_regs *ctx, u32 api)
     return cuda_enter(ctx, api);
 }
 
+/* Driver memory calls: a runtime allocation (cudaMalloc, cudaMallocAsync, cudaMallocManaged) or free reaches the
+ * driver's cuMemAlloc_v2 / cuMemFree_v2 and their async and managed kin (libcudart 12 resolves them with
+ * cuGetProcAddress_v2: its strings name them), and is counted there: a driver call made while one of the
+ * thread's runtime allocation calls (or frees) is in flight is not paired. cuMemCreate / cuMemRelease have no
+ * runtime counterpart. */
+static __always_inline int runtime_inflight(u32 tid, u32 a, u32 b, u32 c, u32 d)
+{
+    struct cuda_call_key key = {};
+    key.tid = tid;
+    key.api = a;
+    if (inflight.lookup(&key))
+        return 1;
+    key.api = b;
+    if (inflight.lookup(&key))
+        return 1;
+    key.api = c;
+    if (inflight.lookup(&key))
+        return 1;
+    key.api = d;
+    return inflight.lookup(&key) != NULL;
+}
+
+static __always_inline int driver_alloc_enter(struct pt_regs *ctx, u32 api)
+{
+    if (runtime_inflight((u32)bpf_get_current_pid_tgid(), CUDA_API_cudaMalloc, CUDA_API_cudaMallocAsync,
+                         CUDA_API_cudaMallocAsync_ptsz, CUDA_API_cudaMallocManaged))
+        return 0;
+    return cuda_enter(ctx, api);
+}
+
+static __always_inline int driver_free_enter(struct pt_regs *ctx, u32 api)
+{
+    if (runtime_inflight((u32)bpf_get_current_pid_tgid(), CUDA_API_cudaFree, CUDA_API_cudaFreeAsync,
+                         CUDA_API_cudaFreeAsync_ptsz, CUDA_API_cudaFree))
+        return 0;
+    return cuda_enter(ctx, api);
+}
+
 /* ---- thread exit: forget per-thread state --------------------------------------- */
 
 /* Not filtered by `traced`: common.bpf.c may already have removed the process (order of
- * the two exit hooks is not defined). Costs CUDA_API_COUNT + 1 hash deletes per thread exit. */
+ * the two exit hooks is not defined). Costs one hash delete per paired API, + 1, per thread exit. */
 RAW_TRACEPOINT_PROBE(sched_process_exit)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -802,6 +853,9 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
     key.tid = tid;
 #pragma unroll
     for (u32 api = 0; api < CUDA_API_COUNT; api++) {
+        if (api <= CUDA_API_cudaLaunchKernelExC_ptsz ||
+            (api >= CUDA_API_cuLaunchKernel && api <= CUDA_API_cuLaunchKernelEx_ptsz))
+            continue; /* launches are entry-only: never in `inflight` (unrolled: no test is left) */
         key.api = api;
         inflight.delete(&key);
     }
@@ -874,3 +928,17 @@ int enter_cuGraphLaunch(struct pt_regs *ctx) { return driver_graph_enter(ctx, CU
 int return_cuGraphLaunch(struct pt_regs *ctx) { return graph_return(ctx, CUDA_API_cuGraphLaunch); }
 int enter_cuGraphLaunch_ptsz(struct pt_regs *ctx) { return driver_graph_enter(ctx, CUDA_API_cuGraphLaunch_ptsz); }
 int return_cuGraphLaunch_ptsz(struct pt_regs *ctx) { return graph_return(ctx, CUDA_API_cuGraphLaunch_ptsz); }
+
+#define CUDA_DRIVER_CALL(sym, enter_helper, ret_helper)                                    \
+    int enter_##sym(struct pt_regs *ctx) { return enter_helper(ctx, CUDA_API_##sym); }     \
+    int return_##sym(struct pt_regs *ctx) { return ret_helper(ctx, CUDA_API_##sym); }
+
+CUDA_DRIVER_CALL(cuMemAlloc_v2, driver_alloc_enter, alloc_return)
+CUDA_DRIVER_CALL(cuMemAllocAsync, driver_alloc_enter, alloc_return)
+CUDA_DRIVER_CALL(cuMemAllocAsync_ptsz, driver_alloc_enter, alloc_return)
+CUDA_DRIVER_CALL(cuMemAllocManaged, driver_alloc_enter, alloc_return)
+CUDA_DRIVER_CALL(cuMemFree_v2, driver_free_enter, free_return)
+CUDA_DRIVER_CALL(cuMemFreeAsync, driver_free_enter, free_return)
+CUDA_DRIVER_CALL(cuMemFreeAsync_ptsz, driver_free_enter, free_return)
+CUDA_DRIVER_CALL(cuMemCreate, cuda_enter, alloc_return)
+CUDA_DRIVER_CALL(cuMemRelease, cuda_enter, free_return)

@@ -69,7 +69,17 @@
 #define CUDA_API_cuLaunchKernelEx_ptsz 44
 #define CUDA_API_cuGraphLaunch 45
 #define CUDA_API_cuGraphLaunch_ptsz 46
-#define CUDA_API_COUNT 47
+/* driver memory (cuda.bpf.c driver_mem_enter: not counted again inside a runtime malloc/free of the thread) */
+#define CUDA_API_cuMemAlloc_v2 47
+#define CUDA_API_cuMemAllocAsync 48
+#define CUDA_API_cuMemAllocAsync_ptsz 49
+#define CUDA_API_cuMemAllocManaged 50
+#define CUDA_API_cuMemFree_v2 51
+#define CUDA_API_cuMemFreeAsync 52
+#define CUDA_API_cuMemFreeAsync_ptsz 53
+#define CUDA_API_cuMemCreate 54
+#define CUDA_API_cuMemRelease 55
+#define CUDA_API_COUNT 56
 
 /* The call's enclosing Python function / PyTorch operator (ctx_kind) */
 #define CUDA_CTX_NONE 0

@@ -65,7 +65,9 @@ class MemcpyCall:
 
 @dataclass(frozen=True, slots=True)
 class AllocCall:
-    """cudaMalloc / cudaMallocAsync / cudaMallocManaged. ``ptr`` is 0 unless rc == 0."""
+    """cudaMalloc / cudaMallocAsync / cudaMallocManaged, and the driver's cuMemAlloc_v2 / cuMemAllocAsync /
+    cuMemAllocManaged / cuMemCreate (``ptr``: its CUmemGenericAllocationHandle; ``device``: the device its
+    CUmemAllocationProp names). ``ptr`` is 0 unless rc == 0."""
 
     pid: int
     tid: int
@@ -83,8 +85,8 @@ class AllocCall:
 
 @dataclass(frozen=True, slots=True)
 class FreeCall:
-    """cudaFree / cudaFreeAsync. The size is not an argument: the processor knows it from the
-    allocation, when it saw that."""
+    """cudaFree / cudaFreeAsync, and the driver's cuMemFree_v2 / cuMemFreeAsync / cuMemRelease (``ptr``: the
+    handle). The size is not an argument: the processor knows it from the allocation, when it saw that."""
 
     pid: int
     tid: int

@@ -113,6 +113,18 @@ APIS: tuple[Api, ...] = (
     Api("cuLaunchKernelEx_ptsz", "launch_exc", True, library="driver"),
     Api("cuGraphLaunch", "graph", True, library="driver"),
     Api("cuGraphLaunch_ptsz", "graph", True, library="driver"),
+    # driver memory: what is allocated without the runtime (CuPy, Numba, vLLM's cumem allocator) and PyTorch's
+    # expandable segments (cuMemCreate/cuMemRelease of physical chunks, mapped with cuMemMap); optional, as a
+    # libcuda that is not NVIDIA's may lack them
+    Api("cuMemAlloc_v2", "alloc", True, library="driver"),
+    Api("cuMemAllocAsync", "alloc", True, library="driver"),
+    Api("cuMemAllocAsync_ptsz", "alloc", True, library="driver"),
+    Api("cuMemAllocManaged", "alloc", True, library="driver"),
+    Api("cuMemFree_v2", "free", True, library="driver"),
+    Api("cuMemFreeAsync", "free", True, library="driver"),
+    Api("cuMemFreeAsync_ptsz", "free", True, library="driver"),
+    Api("cuMemCreate", "alloc", True, library="driver"),
+    Api("cuMemRelease", "free", True, library="driver"),
 )
 _SYMBOLS = tuple(a.symbol for a in APIS)
 

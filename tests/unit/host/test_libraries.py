@@ -41,3 +41,19 @@ def test_paths_that_are_no_files_are_dropped(tmp_path: Path) -> None:
     found = find_libraries("cudart", configured=[str(link), str(real), str(tmp_path / "gone/libcudart.so.13")],
                            use_ldconfig=False)
     assert found == [str(real)]  # one real path, the symlink resolved, the missing one gone
+
+
+def test_conda_environment_lib_directory_is_searched(tmp_path: Path) -> None:
+    # conda's cuda-cudart and nccl packages install into $CONDA_PREFIX/lib, beside lib/python3.X/site-packages
+    env = tmp_path / "env"
+    site = env / "lib/python3.11/site-packages"
+    site.mkdir(parents=True)
+    for name in ("libcudart.so.12.4.127", "libnccl.so.2.21.5", "libcublas.so.12"):
+        (env / "lib" / name).write_bytes(b"\x7fELF")
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'print(\"{site}\"); print(\"prefix:{env}\")'\n")
+    python.chmod(0o755)
+    assert python_env_libraries([str(python)], "cudart") == [str(env / "lib/libcudart.so.12.4.127")]
+    assert python_env_libraries([str(python)], "nccl") == [str(env / "lib/libnccl.so.2.21.5")]
+    assert python_env_libraries([str(python)], "cuda_driver") == []  # the driver comes with the NVIDIA driver

@@ -166,6 +166,15 @@ def test_error_names(rc: int, name: str) -> None:
     assert error_name(rc) == name
 
 
+def test_driver_calls_are_named_by_cuda_h_cu_result() -> None:
+    # the two enums share numbers with different names (cuda.h CUresult vs driver_types.h cudaError)
+    assert error_name(3, "cuMemCreate") == "CUDA_ERROR_NOT_INITIALIZED"
+    assert error_name(3, "cudaMalloc") == "cudaErrorInitializationError"
+    assert error_name(2, "cuMemAlloc_v2") == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert error_name(4242, "cuGraphLaunch") == "CUresult(4242)"
+    assert error_name(35) == "cudaErrorInsufficientDriver"
+
+
 def test_error_table_covers_the_documented_ranges() -> None:
     wanted = [*range(0, 10), *range(12, 14), *range(16, 29), 31, 32, *range(34, 38), *range(43, 47), 49,
               52, 53, *range(65, 70), 98, 100, 101, *range(200, 202), *range(205, 226), *range(300, 305),
