@@ -318,8 +318,9 @@ static __always_inline int oe_may_pause(u32 tgid)
 
 /* An openat that matched, from its entry to its exit (key: thread id). Only a successful open is
  * reported and stopped for: the dynamic loader tries every RPATH/RUNPATH/LD_LIBRARY_PATH and
- * default-directory candidate, and the real libcudart 12 looks for libcuda.so.1 in ~30 places per
- * process (measured: 30 library-open records and 30 stops a process when the entry reported them).
+ * default-directory candidate, and on a host without a driver the real libcudart 12 looked for libcuda.so.1
+ * in 30-40 places a process (strace; the 10,000-process storm test got ~30 records and stops a process
+ * when the entry reported them).
  * At the exit the file is open and not yet mapped, so a stop there still comes before the library's
  * first instruction. LRU: an entry whose thread died inside openat (exit_group from another thread)
  * is pushed out, never left to fill the map; only that many threads in openat at once could push out
