@@ -300,8 +300,9 @@ class BpfReceiver:
         cache = self.ctx.resources
         if cache is not None:
             if refresh:
-                cache.evict(pid)  # exec keeps pid and start time, but not the program
-            cache.get(pid)
+                cache.refresh(pid)  # exec keeps pid and start time, but not the program
+            else:
+                cache.get(pid)
 
     def _library_opened(self, raw: bytes) -> LibraryLoaded | None:
         """A library open that succeeded (reported at openat's exit, before the file is mapped): attached

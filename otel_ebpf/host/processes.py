@@ -313,11 +313,7 @@ class ResourceCache:
                 self.hits += 1
                 return entry[1], entry[2]
             self.misses += 1
-        attrs, env = _describe(pid, self._proc_root, fallback_comm, self._service_name, self._redact)
-        if self._k8s is not None:
-            pod, container = attrs.get(K8S_POD_UID), attrs.get(CONTAINER_ID)
-            attrs.update(self._k8s.attributes(pod if isinstance(pod, str) else None,
-                                              container if isinstance(container, str) else None, env))
+        attrs, env = self._read(pid, fallback_comm)
         if stat is None:
             return attrs, env
         with self._lock:
@@ -329,6 +325,34 @@ class ResourceCache:
                 self._entries.popitem(last=False)
                 self.evictions += 1
         return attrs, env
+
+    def _read(self, pid: int, fallback_comm: str | None) -> tuple[Attributes, dict[str, str]]:
+        """The process's attributes (Kubernetes ones included) and environment subset, read now."""
+        attrs, env = _describe(pid, self._proc_root, fallback_comm, self._service_name, self._redact)
+        if self._k8s is not None:
+            pod, container = attrs.get(K8S_POD_UID), attrs.get(CONTAINER_ID)
+            attrs.update(self._k8s.attributes(pod if isinstance(pod, str) else None,
+                                              container if isinstance(container, str) else None, env))
+        return attrs, env
+
+    def refresh(self, pid: int) -> None:
+        """Read ``pid`` again now (call at exec: it keeps pid and start time, not the program or the
+        environment) and replace its entry, but only with a complete read of the live process: when it
+        has exited meanwhile, what was read before stays (every receiver sees the exec, each on its own
+        thread; one that gets to it after the process exited must not throw away what another read
+        after the exec, while the process lived)."""
+        stat = _stat(self._proc_root, pid)
+        if stat is None:
+            return
+        attrs, env = self._read(pid, None)
+        if _proc.PROCESS_PARENT_PID not in attrs:
+            return  # exited (or reused) during the read
+        with self._lock:
+            self._entries.pop(pid, None)
+            self._entries[pid] = (stat[2], attrs, env)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+                self.evictions += 1
 
     def evict(self, pid: int) -> None:
         """Forget ``pid`` (call on process exit). No-op when absent."""

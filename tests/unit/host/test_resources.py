@@ -422,6 +422,21 @@ def test_cache_serves_exited_pid_and_does_not_cache_vanished(tmp_path: Path) -> 
     assert len(cache) == 1 and cache.misses == 2
 
 
+def test_refresh_at_exec_rereads_a_live_process_and_keeps_what_was_read_when_it_is_gone(tmp_path: Path) -> None:
+    # sh -c '... && CUDA_VISIBLE_DEVICES=0,1 prog': sh execs prog in place (same pid and start time)
+    d = make_proc(tmp_path, 93, exe="/bin/sh", environ=_env(HOME="/root"))
+    cache = r.ResourceCache(proc_root=str(tmp_path))
+    assert cache.environment(93) == ({}, False)
+    (d / "exe").unlink()
+    make_proc(tmp_path, 93, exe="/opt/prog", environ=_env(CUDA_VISIBLE_DEVICES="0,1"))
+    cache.refresh(93)  # one receiver's exec record, read while the process lives
+    assert cache.environment(93) == ({"CUDA_VISIBLE_DEVICES": "0,1"}, False)
+    assert cache.get(93)["process.executable.name"] == "prog"
+    (d / "stat").unlink()  # exited
+    cache.refresh(93)  # another receiver's copy of the same exec record, read after the exit
+    assert cache.environment(93) == ({"CUDA_VISIBLE_DEVICES": "0,1"}, False)
+
+
 def test_cache_lru_bound_and_evict(tmp_path: Path) -> None:
     for pid in range(100, 105):
         make_proc(tmp_path, pid)
