@@ -51,8 +51,13 @@ class ProcessResources(Protocol):
         unreadable."""
         ...
 
+    def refresh(self, pid: int) -> None:
+        """Read ``pid`` again (exec: same pid and start time, another program); keep what was read
+        when it is gone."""
+        ...
+
     def evict(self, pid: int) -> None:
-        """Forget ``pid`` (exec: same pid and start time, another program)."""
+        """Forget ``pid``."""
         ...
 
 
