@@ -40,6 +40,11 @@
  *   the parent's rank and nranks (every root and peer stays valid); its id
  *   is the parent id mixed with the color, equal on all ranks of one color.
  *   color == NCCL_SPLIT_NOCOLOR (-1) gives *newcomm = NULL, as in NCCL.
+ *   NOT NCCL's split (2.28.9 src/init.cc orders the child's ranks by key, then
+ *   parent rank, and sizes it by color): tests use it for the receiver's
+ *   argument decoding only and never ask the child its rank or size. Split
+ *   ranks and sizes are tested on real torch over the twin's libnccl
+ *   (otel_ebpf/twin/nccl_comm.c; tests/twin).
  *
  * ABI of ncclCommInitRank(ncclComm_t*, int nranks, ncclUniqueId, int rank) on
  * x86-64 SysV: ncclUniqueId is 128 bytes, MEMORY class, so the caller copies
