@@ -122,6 +122,14 @@ class BpfReceiver:
         """Called every poll round-trip at most once per ``maps_interval``: read in-kernel maps."""
         return []
 
+    def process_seen(self, pid: int, refresh: bool) -> None:
+        """Hook: ``pid`` is alive now (its first record, a library it opened while held, or, ``refresh``, an exec):
+        read what must be read while it lives. Poll thread; must not raise. Default: nothing."""
+
+    def process_exited(self, pid: int) -> None:
+        """Hook: the lifecycle ring reported ``pid``'s exit (poll thread; its last records may still be unread,
+        and map reads follow in the same round). Default: nothing."""
+
     def probes_for(self, path: str) -> Sequence[Probe]:
         """The probes for the library at ``path`` (a receiver probing several libraries chooses by name);
         none: it is not attached."""
@@ -288,12 +296,14 @@ class BpfReceiver:
         if etype == 3:
             self._snapshot(pid, refresh=True)
         elif etype == 1:
+            self.process_exited(pid)
             self._exits.append(ProcessExit(pid, self.clock.to_epoch_ns(ts),
                                            comm.split(b"\0", 1)[0].decode(errors="replace"), -1,
                                            source=self.name))
 
     def _snapshot(self, pid: int, *, refresh: bool = False) -> None:
         """Read the process's /proc identity now, while it is alive (bounded memory of pids)."""
+        self.process_seen(pid, refresh)
         self._seen_pids[pid] = None
         if len(self._seen_pids) > 65536:
             self._seen_pids.popitem(last=False)

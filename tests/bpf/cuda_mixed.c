@@ -7,14 +7,16 @@
  *
  * Usage: cuda_mixed LIBCUDART   (libcuda.so.1 found through LD_LIBRARY_PATH, by both)
  * prints "ready pid=P", waits for a line on stdin, then runs, printing "NAME rc=N" after each:
+ *   cuModuleLoadData(&mod, image); cuModuleGetFunction(&fn, mod, "triton_poi_fused_add_0")   as Triton loads
  *   2 x cudaLaunchKernel(func, {2,1,1}, {32,1,1}, args, 0, NULL)              runtime -> cuLaunchKernel
- *   3 x cuLaunchKernel(func, 4,1,1, 64,1,1, 256, (stream)0x61, args, NULL)    direct
+ *   3 x cuLaunchKernel(fn, 4,1,1, 64,1,1, 256, (stream)0x61, args, NULL)      direct
  *   1 x cudaLaunchKernelExC({grid {5,1,1}, block {128,1,1}, smem 0}, func)    runtime -> cuLaunchKernelEx
- *   1 x cuLaunchKernelEx({grid {6,1,1}, block {32,2,1}, smem 512, (stream)0x62}, func)   direct
- *   1 x cuLaunchKernel_ptsz(func, 7,1,1, 16,1,1, 0, (stream)0x64, args, NULL)  direct
+ *   1 x cuLaunchKernelEx({grid {6,1,1}, block {32,2,1}, smem 512, (stream)0x62}, fn)   direct
+ *   1 x cuLaunchKernel_ptsz(fn, 7,1,1, 16,1,1, 0, (stream)0x64, args, NULL)    direct
  *   1 x cudaGraphLaunch((exec)0x7000, (stream)0x63)                            runtime -> cuGraphLaunch
  *   1 x cuGraphLaunch((exec)0x7001, (stream)0x63)                              direct
- * and "kernel func=0x..." first.
+ * and "kernel func=0x... fn=0x..." first: func is the host function `fake_kernel` (what CUDA 12's <<<>>> passes
+ * the runtime), fn the driver's CUfunction.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -64,15 +66,21 @@ int main(int argc, char **argv)
                           void *, void **, void **) = sym(drv, "cuLaunchKernel_ptsz");
     int (*cu_launch_ex)(const CUlaunchConfig *, const void *, void **, void **) = sym(drv, "cuLaunchKernelEx");
     int (*cu_graph)(void *, void *) = sym(drv, "cuGraphLaunch");
+    int (*load)(void **, const void *) = sym(drv, "cuModuleLoadData");
+    int (*get_function)(void **, void *, const char *) = sym(drv, "cuModuleGetFunction");
+    static const char image[] = "stand-in cubin";
+    void *mod = NULL, *fn = NULL;
     printf("ready pid=%d\n", (int)getpid());
     if (fgets(line, sizeof(line), stdin) == NULL)
         return 1;
-    printf("kernel func=%p\n", (void *)fake_kernel);
+    printf("cuModuleLoadData rc=%d\n", load(&mod, image));
+    printf("cuModuleGetFunction rc=%d\n", get_function(&fn, mod, "triton_poi_fused_add_0"));
+    printf("kernel func=%p fn=%p\n", (void *)fake_kernel, fn);
     for (int i = 0; i < 2; i++)
         printf("cudaLaunchKernel rc=%d\n", launch((void *)fake_kernel, (dim3){ 2, 1, 1 }, (dim3){ 32, 1, 1 }, args,
                                                   0, NULL));
     for (int i = 0; i < 3; i++)
-        printf("cuLaunchKernel rc=%d\n", cu_launch((void *)fake_kernel, 4, 1, 1, 64, 1, 1, 256, (void *)0x61, args,
+        printf("cuLaunchKernel rc=%d\n", cu_launch(fn, 4, 1, 1, 64, 1, 1, 256, (void *)0x61, args,
                                                    NULL));
     cudaLaunchConfig_t rc;
     memset(&rc, 0, sizeof(rc));
@@ -87,8 +95,8 @@ int main(int argc, char **argv)
     dc.stream = (void *)0x62;
     dc.attrs = NULL;
     dc.n = 0;
-    printf("cuLaunchKernelEx rc=%d\n", cu_launch_ex(&dc, (void *)fake_kernel, args, NULL));
-    printf("cuLaunchKernel_ptsz rc=%d\n", cu_launch_ptsz((void *)fake_kernel, 7, 1, 1, 16, 1, 1, 0, (void *)0x64,
+    printf("cuLaunchKernelEx rc=%d\n", cu_launch_ex(&dc, fn, args, NULL));
+    printf("cuLaunchKernel_ptsz rc=%d\n", cu_launch_ptsz(fn, 7, 1, 1, 16, 1, 1, 0, (void *)0x64,
                                                          args, NULL));
     printf("cudaGraphLaunch rc=%d\n", graph((void *)0x7000, (void *)0x63));
     printf("cuGraphLaunch rc=%d\n", cu_graph((void *)0x7001, (void *)0x63));

@@ -11,6 +11,7 @@
  *   - cuLaunchKernel / cuLaunchKernelEx / cuGraphLaunch (+ _ptsz) take cuda.h's arguments and return
  *     CUDA_SUCCESS; nothing runs.  Each is its own function (no exported entry calls another).
  *   - cuInit and cuDriverGetVersion (12090).
+ *   - cuModuleLoadData / cuModuleGetFunction, as Triton's launcher calls them (see there).
  *   - Memory, with the checks the CUDA 12.9 driver API reference documents for each entry (cuda.h comments):
  *     cuMemAlloc_v2 / cuMemAllocAsync / cuMemAllocManaged give a new device pointer (STAND_IN_CUDA_PTR_BASE +
  *     n * STAND_IN_CUDA_PTR_STEP for the n-th, 0-based) and return CUDA_ERROR_INVALID_VALUE for a 0 size;
@@ -227,7 +228,44 @@ static const struct { const char *name; void *fn; void *ptsz; } entries[] = {
     { "cuMemMap", (void *)cuMemMap, NULL },
     { "cuMemUnmap", (void *)cuMemUnmap, NULL },
     { "cuMemSetAccess", (void *)cuMemSetAccess, NULL },
+    { "cuModuleLoadData", (void *)cuModuleLoadData, NULL },
+    { "cuModuleGetFunction", (void *)cuModuleGetFunction, NULL },
 };
+
+/* Modules as Triton's launcher loads them (triton/backends/nvidia/driver.c loadBinary: cuModuleLoadData, then
+ * cuModuleGetFunction for the kernel's name). cuda.h 12.9: a NULL out-pointer or image, or a NULL name, is
+ * CUDA_ERROR_INVALID_VALUE; an unknown module CUDA_ERROR_INVALID_HANDLE. No cubin is parsed, so every name is
+ * found (the real driver answers CUDA_ERROR_NOT_FOUND for a name the module lacks); the CUfunction is an object of
+ * the stand-in's (the real one is opaque too), one per call. */
+#define STAND_IN_CUDA_MODULES 16
+#define STAND_IN_CUDA_FUNCTIONS 64
+static char modules[STAND_IN_CUDA_MODULES];
+static int n_modules;
+static struct { char name[256]; } functions[STAND_IN_CUDA_FUNCTIONS];
+static int n_functions;
+
+API CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    if (module == NULL || image == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (n_modules == STAND_IN_CUDA_MODULES)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *module = (CUmodule)(void *)&modules[n_modules++];
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    if (hfunc == NULL || name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((char *)(void *)hmod < modules || (char *)(void *)hmod >= modules + n_modules)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (n_functions == STAND_IN_CUDA_FUNCTIONS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    snprintf(functions[n_functions].name, sizeof(functions[n_functions].name), "%s", name);
+    *hfunc = (CUfunction)(void *)&functions[n_functions++];
+    return CUDA_SUCCESS;
+}
 
 API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
                                  CUdriverProcAddressQueryResult *status)

@@ -11,7 +11,7 @@ import pytest
 
 from otel_ebpf.twin import TwinEnv
 from tests.faults.agentproc import counter_total
-from tests.support.otlp_sink import metrics_from_jsonl
+from tests.support.otlp_sink import decode_attrs, metrics_from_jsonl
 from tests.twin.conftest import PROGRAMS
 from tests.twin.support import traced_run
 
@@ -34,6 +34,13 @@ def test_every_kernel_torch_launches_is_counted(bpf_ready: None, twin: TwinEnv, 
     assert launched >= 25  # fill, 10 x (mul, add), sum, zeros, copy, 3 x mul: at least one kernel each
     metrics = metrics_from_jsonl(agent_out / "metrics.jsonl")
     assert counter_total(metrics, "gpu.cuda.kernel.launch.calls") == launched
+    # every launch named: torch 2.11's <<<>>> passes a cudaKernel_t (the twin's, like CUDA 13's, is no code
+    # address), named through the __cudaGetKernel record of its host function and libtorch_cuda.so's symbol table
+    names = _kernel_names(metrics)
+    assert sum(names.values()) == launched and "" not in names, names
+    assert names.get("at::native::vectorized_elementwise_kernel", 0) >= 21, names  # fill, 10 x (mul, add)
+    assert names.get("at::native::reduce_kernel", 0) >= 1, names  # sum
+    print(f"launches by cuda.kernel.name: {names}")
 
     def calls(*apis: str) -> int:
         return sum(counter_total(metrics, "gpu.cuda.api.calls", **{"cuda.api": a})
@@ -49,3 +56,18 @@ def test_every_kernel_torch_launches_is_counted(bpf_ready: None, twin: TwinEnv, 
     # not attach" is absent (a LOCK-prefixed first instruction cannot be probed: it was, for cudaLaunchKernelExC)
     failed = [line for line in run.stderr.splitlines() if "needed could not attach" in line]
     assert not failed, failed
+
+
+def _kernel_names(metrics: list) -> dict[str, int]:
+    """{cuda.kernel.name ("" when absent): launches}, from the last cumulative value of each series."""
+    last: dict[tuple, int] = {}
+    for _, m in metrics:
+        if m.name == "gpu.cuda.kernel.launch.calls":
+            for dp in m.sum.data_points:
+                attrs = decode_attrs(dp.attributes)
+                last[tuple(sorted(attrs.items()))] = dp.as_int
+    names: dict[str, int] = {}
+    for key, value in last.items():
+        name = str(dict(key).get("cuda.kernel.name", ""))
+        names[name] = names.get(name, 0) + value
+    return names

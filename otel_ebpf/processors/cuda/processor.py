@@ -29,12 +29,17 @@ Span attributes (``cuda.*``; a metric carries only the ones listed with it):
   ``__cudaGetKernel``), which libcudart 13 hands on to ``cudaLaunchKernel``, so the value is that handle: one
   per kernel either way, but not an address to symbolize; on a driver launch (``cuLaunchKernel*``) it is the
   ``CUfunction`` handle; ``cuda.kernel.grid`` / ``cuda.kernel.block``
-  ([x, y, z]), ``cuda.kernel.shared_mem`` (bytes), ``cuda.kernel.launch_seq``, ``cuda.stream``.
+  ([x, y, z]), ``cuda.kernel.shared_mem`` (bytes), ``cuda.kernel.launch_seq``, ``cuda.stream``, and
+  ``cuda.kernel.name`` when known (not bounded: spans carry no series).
 
 Metrics (scope ``otel_ebpf.cuda``; OBI's ``gpu.cuda.*`` names where OBI has one):
 
 * ``gpu.cuda.kernel.launch.calls`` counter {call}; ``gpu.cuda.kernel.grid.size`` (blocks) and
-  ``gpu.cuda.kernel.block.size`` (threads per block) histograms; by cuda.device.index.
+  ``gpu.cuda.kernel.block.size`` (threads per block) histograms; by cuda.device.index. The launch counter
+  also by ``cuda.kernel.name`` (receiver ``kernel_names``): the kernel's qualified name without template
+  arguments (``at::native::vectorized_elementwise_kernel``, ``triton_poi_fused_add_0``), at most
+  ``kernel_name_limit`` names per process with the rest as ``other`` (:mod:`.kernels`); absent when the kernel
+  could not be named.
 * ``gpu.cuda.memory.copies`` histogram By, by cuda.memcpy.kind, cuda.device.index (its count
   is the number of copies, its sum the bytes). Successful calls only.
 * ``gpu.cuda.memory.copy.duration`` histogram s, by cuda.api, cuda.memcpy.kind,
@@ -104,6 +109,7 @@ from ...receivers.cuda.events import (
 )
 from .config import Config
 from .errors import error_name
+from .kernels import KernelLabels
 
 __all__ = ["MEMCPY_KINDS", "METRICS", "SCOPE", "CudaProcessor"]
 
@@ -199,6 +205,7 @@ class CudaProcessor(EventProcessor[Config]):
         self._gpus = ctx.gpus  # otel_ebpf.host.gpus.GpuResolver or None: hw.id beside cuda.device.index
         self._allocs: dict[int, dict[int, _Alloc]] = {}  # pid -> ptr -> allocation
         self._tracked = 0
+        self._kernels = KernelLabels(config.kernel_name_limit)
 
     @property
     def tracked_allocations(self) -> int:
@@ -377,6 +384,8 @@ class CudaProcessor(EventProcessor[Config]):
             "cuda.kernel.grid": ev.grid, "cuda.kernel.block": ev.block,
             "cuda.kernel.shared_mem": ev.shared_mem, "cuda.kernel.launch_seq": ev.seq,
             "cuda.stream": hex(ev.stream), **self._where(ev.pid, ev.device)}
+        if ev.kernel:
+            attrs["cuda.kernel.name"] = ev.kernel
         parent = self._parent(ev.pid, ev.tid, ev.time_ns, ev.enclosing)
         out.append(SpanRecord(ev.pid, ev.api, ev.time_ns, ev.time_ns, attrs, scope=SCOPE,
                               trace_id=parent[0] if parent else None, parent_span_id=parent[1] if parent else None))
@@ -389,6 +398,8 @@ class CudaProcessor(EventProcessor[Config]):
         calls = {**dev, "pytorch.op.name": ev.op} if ev.op else dict(dev)
         if ev.api:  # who launched: cudaLaunchKernel* (the runtime) or cuLaunchKernel* (the driver), _ptsz folded
             calls["cuda.api"] = _base_api(ev.api)
+        if ev.kernel and self._kernels.limit:
+            calls["cuda.kernel.name"] = self._kernels.label(ev.pid, ev.kernel)
         self.metric(out, ev.pid, "gpu.cuda.kernel.launch.calls", ev.count, calls)
         self.metric(out, ev.pid, "gpu.cuda.kernel.grid.size", ev.grid_size, dev, count=ev.count)
         self.metric(out, ev.pid, "gpu.cuda.kernel.block.size", ev.block_size, dev, count=ev.count)
@@ -400,6 +411,7 @@ class CudaProcessor(EventProcessor[Config]):
         try:
             if ev.source not in ("", "cuda"):
                 return
+            self._kernels.forget(ev.pid)
             table = self._allocs.pop(ev.pid, None)
             if not table:
                 return

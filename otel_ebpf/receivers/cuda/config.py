@@ -61,8 +61,19 @@ class Config:
         65536, "Threads whose cudaSetDevice binding is remembered. Beyond it new bindings are "
                "lost (reason=state_map_full) and those threads' events carry no device.", min=1)
     max_launch_keys: int = doc(
-        4096, "Distinct (process, device, grid size, block size, PyTorch operator) launch counters in "
+        4096, "Distinct (process, device, grid size, block size, PyTorch operator, kernel) launch counters in "
               "the kernel. Beyond it launches of new shapes are not counted (reason=stats_map_full).", min=1)
+    kernel_names: bool = doc(
+        True, "Count launches per kernel and name them (gpu.cuda.kernel.launch.calls gets cuda.kernel.name, "
+              "bounded by processors.cuda.kernel_name_limit): the launched function joins the in-kernel launch "
+              "key (more keys: see max_launch_keys), and the calls that make kernel handles (__cudaGetKernel, "
+              "cudaGetFuncBySymbol, cuModuleGetFunction, cuLibraryGetKernel: once per kernel) are probed. Names "
+              "come from the ELF symbol table of the file holding the kernel's host function, read when first "
+              "needed, or from the name the driver was asked for.")
+    max_kernel_names: int = doc(
+        65536, "Kernel handles and names remembered at once, over all processes (about 200 bytes each). Beyond "
+               "it the least recently used go (reason=kernel_names_full); a later launch of theirs is named "
+               "again from the symbol table, or not at all for a driver handle.", min=1)
     nesting: bool = doc(
         True, "Read, at each call's entry, the Python function / PyTorch operator the thread is in "
               "(written by the python and torch receivers of this agent into a map they share on "

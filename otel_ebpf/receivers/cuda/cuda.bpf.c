@@ -29,8 +29,12 @@
  *   With CUDA_LAUNCH_CONTEXT=1 launches read it too: the operator's entry address joins the
  *   launch counter key (so the counts are per operator) and sampled launches carry it.
  *
+ * - Kernel names: with CUDA_LAUNCH_FUNC=1 the launched function (`func`) is part of the launch counter key, and
+ *   the calls that make kernel handles (__cudaGetKernel, cudaGetFuncBySymbol, cuModuleGetFunction,
+ *   cuLibraryGetKernel) give a record each tying the handle to a host function or a name (kernel_return).
+ *
  * Parameters (-D): CUDA_MAX_INFLIGHT, CUDA_MAX_THREADS, CUDA_MAX_LAUNCH_KEYS,
- * CUDA_LAUNCH_SAMPLE_EVERY, CUDA_LAUNCH_CONTEXT, CUDA_MAX_CALL_KEYS, CUDA_SPAN_RATE,
+ * CUDA_LAUNCH_SAMPLE_EVERY, CUDA_LAUNCH_CONTEXT, CUDA_LAUNCH_FUNC, CUDA_MAX_CALL_KEYS, CUDA_SPAN_RATE,
  * CUDA_SPAN_SLOW_NS, CUDA_DUR_BOUNDS_NS + CUDA_DUR_NBOUNDS, CUDA_BYTES_BOUNDS + CUDA_BYTES_NBOUNDS.
  */
 #include "cuda.h"
@@ -66,6 +70,9 @@
 #ifndef CUDA_LAUNCH_CONTEXT
 #define CUDA_LAUNCH_CONTEXT 1
 #endif
+#ifndef CUDA_LAUNCH_FUNC
+#define CUDA_LAUNCH_FUNC 1
+#endif
 
 struct cuda_call_key {
     u32 tid;
@@ -83,11 +90,12 @@ struct cuda_call_state {
 
 struct cuda_launch_key {
     u32 pid;
-    s16 device;      /* a device index (cudaSetDevice's int; 16 bits keep the key at 32 bytes: hashed per launch) */
+    s16 device;      /* a device index (cudaSetDevice's int; 16 bits keep the key small: hashed per launch) */
     u16 api;         /* CUDA_API_* of the entry point that counted it (runtime or driver) */
     u64 grid_size;   /* blocks: grid.x * grid.y * grid.z */
     u64 block_size;  /* threads per block: block.x * block.y * block.z */
     u64 op;          /* entry address of the enclosing PyTorch operator; 0: none (or not read) */
+    u64 func;        /* the launched kernel (CUDA_LAUNCH_FUNC): host function, cudaKernel_t or CUfunction; 0: off */
 };
 
 /* What a launch entry probe decoded. */
@@ -547,6 +555,47 @@ static __always_inline int set_device_return(struct pt_regs *ctx, u32 api)
     return 0;
 }
 
+/* ---- kernel handles: where a launch's `func` comes from ------------------------------- */
+
+/* __cudaGetKernel(cudaKernel_t *k, const void *hostFun) and cudaGetFuncBySymbol(cudaFunction_t *f, const void
+ * *symbolPtr) (runtime: the handle stands for a host function the agent symbolizes), cuModuleGetFunction(CUfunction
+ * *f, CUmodule m, const char *name) and cuLibraryGetKernel(CUkernel *k, CUlibrary l, const char *name) (driver: the
+ * name is the argument). nvcc 13's <<<>>> stub calls __cudaGetKernel once per kernel (its handle is a static of the
+ * stub: objdump of torch 2.11's libtorch_cuda.so), Triton cuModuleGetFunction once per compiled kernel, so these
+ * records are few. A successful call gives one record. */
+static __always_inline int kernel_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    u64 id = bpf_get_current_pid_tgid();
+    key.tid = (u32)id;
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    if (PT_REGS_RC(ctx) != 0) {
+        inflight.delete(&key);
+        return 0;
+    }
+    struct cuda_kernel_rec *e = events.ringbuf_reserve(sizeof(struct cuda_kernel_rec));
+    if (!e) {
+        oe_drop(OE_DROP_RINGBUF);
+        inflight.delete(&key);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->type = CUDA_EV_KERNEL;
+    e->api = api;
+    e->pid = id >> 32;
+    bpf_probe_read_user(&e->handle, sizeof(e->handle), (void *)st->arg[0]);
+    if (api == CUDA_API_cuModuleGetFunction || api == CUDA_API_cuLibraryGetKernel)
+        bpf_probe_read_user_str(e->name, sizeof(e->name), (void *)st->arg[2]);
+    else
+        e->host_fun = st->arg[1];
+    events.ringbuf_submit(e, oe_wakeup_flags());
+    inflight.delete(&key);
+    return 0;
+}
+
 /* ---- kernel launches (entry only) ------------------------------------------------- */
 
 /* The enclosing call of a launch (CUDA_LAUNCH_CONTEXT): one more hash lookup on the hot path. */
@@ -576,6 +625,9 @@ static __always_inline void launch_count(u32 pid, s32 device, struct cuda_launch
     key.api = (u16)api;
     key.grid_size = (u64)a->grid[0] * a->grid[1] * a->grid[2];
     key.block_size = (u64)a->block[0] * a->block[1] * a->block[2];
+#if CUDA_LAUNCH_FUNC
+    key.func = a->func;
+#endif
     u64 *n = launch_stats.lookup(&key);
     if (n) {
         /* per-CPU slot, but a preempted program on this CPU may share it: stay atomic */
@@ -914,6 +966,8 @@ CUDA_CALL(cudaEventCreateWithFlags, count_return)
 CUDA_CALL(cudaEventDestroy, count_return)
 CUDA_CALL(cudaHostRegister, count_return)
 CUDA_CALL(cudaHostUnregister, count_return)
+CUDA_CALL(__cudaGetKernel, kernel_return)
+CUDA_CALL(cudaGetFuncBySymbol, kernel_return)
 
 int enter_cudaLaunchKernel(struct pt_regs *ctx) { return launch_kernel_enter(ctx, CUDA_API_cudaLaunchKernel); }
 int enter_cudaLaunchKernel_ptsz(struct pt_regs *ctx) { return launch_kernel_enter(ctx, CUDA_API_cudaLaunchKernel_ptsz); }
@@ -942,3 +996,5 @@ CUDA_DRIVER_CALL(cuMemFreeAsync, driver_free_enter, free_return)
 CUDA_DRIVER_CALL(cuMemFreeAsync_ptsz, driver_free_enter, free_return)
 CUDA_DRIVER_CALL(cuMemCreate, cuda_enter, alloc_return)
 CUDA_DRIVER_CALL(cuMemRelease, cuda_enter, free_return)
+CUDA_DRIVER_CALL(cuModuleGetFunction, cuda_enter, kernel_return)
+CUDA_DRIVER_CALL(cuLibraryGetKernel, cuda_enter, kernel_return)

@@ -16,6 +16,7 @@
 #define CUDA_EV_SET_DEVICE 20
 #define CUDA_EV_LAUNCH 21
 #define CUDA_EV_GRAPH 22
+#define CUDA_EV_KERNEL 23
 
 /* API ids: the index into otel_ebpf/receivers/cuda/receiver.py APIS (checked by the layout test).
  * _ptsz/_ptds are the per-thread-default-stream entry points (nvcc --default-stream
@@ -79,7 +80,14 @@
 #define CUDA_API_cuMemFreeAsync_ptsz 53
 #define CUDA_API_cuMemCreate 54
 #define CUDA_API_cuMemRelease 55
-#define CUDA_API_COUNT 56
+/* kernel handles (kernel_return): one record per successful call */
+#define CUDA_API___cudaGetKernel 56
+#define CUDA_API_cudaGetFuncBySymbol 57
+#define CUDA_API_cuModuleGetFunction 58
+#define CUDA_API_cuLibraryGetKernel 59
+#define CUDA_API_COUNT 60
+
+#define CUDA_KERNEL_NAME_LEN 160
 
 /* The call's enclosing Python function / PyTorch operator (ctx_kind) */
 #define CUDA_CTX_NONE 0
@@ -170,6 +178,17 @@ struct cuda_launch_rec {
     u64 seq;           /* this launch's number in its process (1-based) */
     u64 ctx_start;     /* as in cuda_call */
     u64 ctx_root;
+};
+
+/* A kernel handle made (kernel_return in cuda.bpf.c): the `func` later launches pass. 184 bytes. */
+struct cuda_kernel_rec {
+    u8 type;
+    u8 api;            /* CUDA_API___cudaGetKernel, _cudaGetFuncBySymbol, _cuModuleGetFunction, _cuLibraryGetKernel */
+    u16 _pad;
+    u32 pid;
+    u64 handle;        /* the cudaKernel_t / cudaFunction_t / CUfunction / CUkernel the call made */
+    u64 host_fun;      /* runtime: the host function it stands for (symbolized by the agent); driver: 0 */
+    char name[CUDA_KERNEL_NAME_LEN]; /* driver: the function name asked for (cut at 159 bytes); runtime: empty */
 };
 
 #endif /* OE_CUDA_H */

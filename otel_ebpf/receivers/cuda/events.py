@@ -167,6 +167,7 @@ class KernelLaunch:
     stream: int
     seq: int
     enclosing: EnclosingCall | None = None
+    kernel: str = ""  # the kernel's short name (receiver kernel_names; "": unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +175,9 @@ class KernelLaunchStats:
     """``count`` more launches since the previous read, of kernels with ``grid_size`` blocks
     of ``block_size`` threads, by process ``pid`` on ``device``. ``time_ns`` is when the
     in-kernel counters were read. ``op`` names the PyTorch operator the launches were made in
-(receiver ``launch_context`` with the torch receiver running)."""
+(receiver ``launch_context`` with the torch receiver running). ``kernel`` names the kernel (receiver
+``kernel_names``): its qualified name without template arguments, from the symbol table of the file that holds
+its host function, or the name the driver was asked for (Triton's ``triton_poi_fused_add_0``)."""
 
     pid: int
     device: int
@@ -184,6 +187,7 @@ class KernelLaunchStats:
     time_ns: int
     op: str = ""  # the PyTorch operator the launches were made in ("": none or unknown)
     api: str = ""  # the entry point that counted them: cudaLaunchKernel*, or cuLaunchKernel* (the driver)
+    kernel: str = ""  # the launched kernel's short name, ``at::native::elementwise_kernel`` ("": unknown or off)
 
 
 CudaCall = MemcpyCall | AllocCall | FreeCall | SyncCall | SetDeviceCall | GraphLaunchCall

@@ -31,6 +31,7 @@ from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.host.libraries import mapped_libraries
 
 from .config import Config
+from .kernels import KernelNames
 from .events import (
     AllocCall,
     CallStats,
@@ -44,11 +45,11 @@ from .events import (
     SyncCall,
 )
 
-__all__ = ["ALLOC", "APIS", "DRIVER_PROBES", "FREE", "GRAPH", "LAUNCH", "MEMCPY", "MIRRORS", "PROBES", "SET_DEVICE",
-           "SYNC", "Api", "CudaReceiver"]
+__all__ = ["ALLOC", "APIS", "DRIVER_PROBES", "FREE", "GRAPH", "KERNEL", "LAUNCH", "MEMCPY", "MIRRORS", "PROBES",
+           "SET_DEVICE", "SYNC", "Api", "CudaReceiver"]
 
 log = logging.getLogger(__name__)
-ApiKind = Literal["launch", "launch_exc", "memcpy", "alloc", "free", "sync", "set_device", "graph", "count"]
+ApiKind = Literal["launch", "launch_exc", "memcpy", "alloc", "free", "sync", "set_device", "graph", "count", "kernel"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,12 @@ APIS: tuple[Api, ...] = (
     Api("cuMemFreeAsync_ptsz", "free", True, library="driver"),
     Api("cuMemCreate", "alloc", True, library="driver"),
     Api("cuMemRelease", "free", True, library="driver"),
+    # kernel handles (kernel_return): what a launch's func stands for, so launches are counted per kernel name.
+    # __cudaGetKernel: nvcc 13's <<<>>> (libcudart 12.8+); cudaGetFuncBySymbol: CUDA 11+; the driver's: Triton
+    Api("__cudaGetKernel", "kernel", True),
+    Api("cudaGetFuncBySymbol", "kernel", True),
+    Api("cuModuleGetFunction", "kernel", True, library="driver"),
+    Api("cuLibraryGetKernel", "kernel", True, library="driver"),
 )
 _SYMBOLS = tuple(a.symbol for a in APIS)
 
@@ -158,8 +165,10 @@ LAUNCH = Mirror("cuda_launch_rec", 21, struct.Struct("<BBBxiIIQQ3I3IQQQQQ"),
                 ("type", "api", "ctx_kind", "device", "pid", "tid", "ts", "func", "grid[0]", "grid[1]", "grid[2]",
                  "block[0]", "block[1]", "block[2]", "shared_mem", "stream", "seq", "ctx_start", "ctx_root"))
 GRAPH = Mirror("cuda_graph_rec", 22, struct.Struct("<" + _CALL_FMT + "QQ"), (*_CALL_FIELDS, "exec", "stream"))
+KERNEL = Mirror("cuda_kernel_rec", 23, struct.Struct("<BB2xIQQ160s"),
+                ("type", "api", "pid", "handle", "host_fun", "name"))
 CTX_KINDS = {1: "python", 2: "torch"}  # cuda.h CUDA_CTX_*
-MIRRORS: tuple[Mirror, ...] = (MEMCPY, ALLOC, FREE, SYNC, SET_DEVICE, LAUNCH, GRAPH)
+MIRRORS: tuple[Mirror, ...] = (MEMCPY, ALLOC, FREE, SYNC, SET_DEVICE, LAUNCH, GRAPH, KERNEL)
 _CALL_EVENTS: dict[int, tuple[struct.Struct, type]] = {
     MEMCPY.etype: (MEMCPY.fmt, MemcpyCall),
     ALLOC.etype: (ALLOC.fmt, AllocCall),
@@ -169,7 +178,7 @@ _CALL_EVENTS: dict[int, tuple[struct.Struct, type]] = {
     GRAPH.etype: (GRAPH.fmt, GraphLaunchCall),
 }
 
-LaunchKey = tuple[int, int, int, int, int, int]  # pid, device, grid size, block size, operator address, api id
+LaunchKey = tuple[int, int, int, int, int, int, int]  # pid, device, grid, block, operator address, api id, func
 CallKey = tuple[int, int, int, int, int]  # pid, device, rc, api id, kind
 # The in-kernel call histograms use the emitter's own bounds, so their buckets merge as they are.
 DUR_BOUNDS_NS = tuple(round(b * 1e9) for b in bounds_for_unit("s"))
@@ -203,7 +212,7 @@ class CudaReceiver(BpfReceiver):
                          poll_interval=config.poll_interval)
         self.config = config
         self._launches: MapDeltas[LaunchKey] = MapDeltas(
-            lambda key: (key.pid, key.device, key.grid_size, key.block_size, key.op, key.api),
+            lambda key: (key.pid, key.device, key.grid_size, key.block_size, key.op, key.api, key.func),
             lambda per_cpu: (sum(per_cpu),))
         nd, nb = len(DUR_BOUNDS_NS) + 1, len(BYTES_BOUNDS) + 1
         self._calls: MapDeltas[CallKey] = MapDeltas(
@@ -211,6 +220,9 @@ class CudaReceiver(BpfReceiver):
             lambda v: (v.calls, v.limited, v.dur_ns, v.bytes, *v.dur_hist[:nd], *v.bytes_hist[:nb]))
         self._next_stats = 0.0
         self._final_read = False
+        self._kernels = KernelNames(config.max_kernel_names)
+        self._evicted_seen = 0
+        self._gone: list[int] = []
 
     @property
     def thread_context(self) -> bool:  # type: ignore[override]
@@ -224,6 +236,7 @@ class CudaReceiver(BpfReceiver):
                 f"-DCUDA_MAX_LAUNCH_KEYS={c.max_launch_keys}",
                 f"-DCUDA_LAUNCH_SAMPLE_EVERY={c.launch_sample_every}",
                 f"-DCUDA_LAUNCH_CONTEXT={1 if self.thread_context and c.launch_context else 0}",
+                f"-DCUDA_LAUNCH_FUNC={1 if c.kernel_names else 0}",
                 f"-DCUDA_MAX_CALL_KEYS={c.max_call_keys}", f"-DCUDA_SPAN_RATE={c.span_rate_limit}",
                 f"-DCUDA_SPAN_SLOW_NS={round(c.always_span_slower_than * 1e9)}",
                 f"-DCUDA_DUR_BOUNDS_NS={','.join(map(str, DUR_BOUNDS_NS))}", f"-DCUDA_DUR_NBOUNDS={len(DUR_BOUNDS_NS)}",
@@ -252,8 +265,25 @@ class CudaReceiver(BpfReceiver):
              seq, cstart, croot) = LAUNCH.fmt.unpack_from(raw)
             return KernelLaunch(pid, tid, _SYMBOLS[api], device, self.clock.to_epoch_ns(ts), func,
                                 (gx, gy, gz), (bx, by, bz), smem, stream, seq,
-                                enclosing=self._enclosing(kind, cstart, croot))
+                                enclosing=self._enclosing(kind, cstart, croot),
+                                kernel=self._kernels.name(pid, func) if self.config.kernel_names else "")
+        if etype == KERNEL.etype:
+            _, api, pid, handle, host_fun, name = KERNEL.fmt.unpack_from(raw)
+            if api >= len(_SYMBOLS):
+                raise ValueError(f"kernel record of unknown api {api}")
+            if self.config.kernel_names:
+                self._kernels.learn(pid, handle, host_fun, name.split(b"\0", 1)[0].decode(errors="replace"))
+            return None
         raise ValueError(f"unknown CUDA record type {etype}")
+
+    def process_seen(self, pid: int, refresh: bool) -> None:
+        """Read ``pid``'s mappings while it lives, so its kernels' host functions can be named after it exits."""
+        if self.config.kernel_names:
+            self._kernels.seen(pid, refresh)
+
+    def process_exited(self, pid: int) -> None:
+        """Forget ``pid``'s kernel handles after its last launch counts are read (the next :meth:`poll_maps`)."""
+        self._gone.append(pid)
 
     # ---- in-kernel launch counters ----------------------------------------------------
     def poll_maps(self) -> list[object]:
@@ -262,12 +292,19 @@ class CudaReceiver(BpfReceiver):
             return []
         self._next_stats = now + self.config.stats_interval
         out: list[object] = []
+        gone, self._gone = self._gone, []
         for read in (self.read_launch_stats, self.read_call_stats):
             try:
                 out.extend(read())
             except Exception:  # a map read must not stop the poll loop
                 log.debug("%s: %s failed", self.name, read.__name__, exc_info=True)
                 self.ctx.telemetry.dropped(self.name, "map_read_error")
+        for pid in gone:
+            self._kernels.forget(pid)
+        evicted = self._kernels.evicted - self._evicted_seen
+        if evicted:
+            self._evicted_seen += evicted
+            self.ctx.telemetry.dropped(self.name, "kernel_names_full", evicted)
         return out
 
     def read_call_stats(self) -> list[CallStats]:
@@ -282,19 +319,26 @@ class CudaReceiver(BpfReceiver):
                 for k, d in self._calls.moved(self.bpf["call_stats"])]
 
     def read_launch_stats(self) -> list[KernelLaunchStats]:
-        """Deltas of every launch counter since the last read; counters of processes that are
-        gone are deleted after this (final) read. A counter's operator address is named by the
-        torch receiver of the same agent (otel_ebpf.bpf.threadctx), while the process lives."""
+        """Deltas of every launch counter since the last read, largest first (processors.cuda admits kernel
+        names in this order); counters of processes that are gone are deleted after this (final) read. A
+        counter's operator address is named by the torch receiver of the same agent (otel_ebpf.bpf.threadctx),
+        while the process lives; its kernel by :class:`.kernels.KernelNames`."""
         if self.bpf is None:
             return []
         now_ns = time.time_ns()
+        names = self._kernels
+        moved = sorted(self._launches.moved(self.bpf["launch_stats"]), key=lambda kd: -kd[1][0])  # busiest first
         return [KernelLaunchStats(k[0], k[1], k[2], k[3], d[0], now_ns,
                                   (threadctx.op_name(self.ctx, k[0], k[4]) or "") if k[4] else "",
-                                  _SYMBOLS[k[5]] if k[5] < len(_SYMBOLS) else "")
-                for k, d in self._launches.moved(self.bpf["launch_stats"])]
+                                  _SYMBOLS[k[5]] if k[5] < len(_SYMBOLS) else "",
+                                  names.name(k[0], k[6]) if k[6] else "")
+                for k, d in moved]
 
     # ---- a thread's current device, for the other components (core.services.CudaThreads) ----------
     def start(self) -> None:
+        if self.config.kernel_names:
+            for pid in self.ctx.target_pids:  # alive now: their mappings name their kernels even after they exit
+                self._kernels.seen(pid)
         super().start()
         if self.ctx.cuda_threads is None:
             self.ctx.cuda_threads = self

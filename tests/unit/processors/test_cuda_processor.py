@@ -314,6 +314,37 @@ def test_launch_stats_become_counter_and_weighted_histograms() -> None:
     assert not spans(out)
 
 
+def test_launch_counts_carry_at_most_the_limit_of_kernel_names_per_process_the_rest_other() -> None:
+    rig = Rig(kernel_name_limit=2)
+    out = rig.run(KernelLaunchStats(PID, 0, 4, 128, 50, T0, kernel="at::native::elementwise_kernel"),
+                  KernelLaunchStats(PID, 0, 4, 128, 20, T0, kernel="at::native::reduce_kernel"),
+                  KernelLaunchStats(PID, 0, 4, 128, 5, T0, kernel="triton_poi_fused_add_0"),
+                  KernelLaunchStats(PID, 0, 4, 128, 3, T0),  # not named: no attribute
+                  KernelLaunchStats(PID + 1, 0, 4, 128, 1, T0, kernel="triton_poi_fused_add_0"))
+    by_name = {(m.pid, m.attributes.get("cuda.kernel.name")): int(m.value)
+               for m in metrics(out, "gpu.cuda.kernel.launch.calls")}
+    assert by_name == {(PID, "at::native::elementwise_kernel"): 50, (PID, "at::native::reduce_kernel"): 20,
+                       (PID, "other"): 5, (PID, None): 3, (PID + 1, "triton_poi_fused_add_0"): 1}
+    # an admitted name keeps its series; a later kernel stays in "other", even when busier
+    out = rig.run(KernelLaunchStats(PID, 0, 4, 128, 900, T0, kernel="at::native::gemv"),
+                  KernelLaunchStats(PID, 0, 4, 128, 1, T0, kernel="at::native::reduce_kernel"))
+    assert [m.attributes["cuda.kernel.name"] for m in metrics(out, "gpu.cuda.kernel.launch.calls")] == [
+        "other", "at::native::reduce_kernel"]
+    # the process exits: its admitted names go with it
+    rig.run(ProcessExit(PID, T0, "train", 0))
+    out = rig.run(KernelLaunchStats(PID, 0, 4, 128, 1, T0, kernel="at::native::gemv"))
+    assert metrics(out, "gpu.cuda.kernel.launch.calls")[0].attributes["cuda.kernel.name"] == "at::native::gemv"
+
+
+def test_kernel_name_limit_zero_puts_no_name_on_metrics_but_on_sampled_spans() -> None:
+    rig = Rig(kernel_name_limit=0)
+    out = rig.run(KernelLaunchStats(PID, 0, 4, 128, 5, T0, kernel="at::native::reduce_kernel"),
+                  KernelLaunch(PID, TID, "cudaLaunchKernel", 0, T0, 0x4010, (1, 1, 1), (32, 1, 1), 0, 0, 1,
+                               kernel="at::native::reduce_kernel"))
+    assert "cuda.kernel.name" not in metrics(out, "gpu.cuda.kernel.launch.calls")[0].attributes
+    assert spans(out)[0].attributes["cuda.kernel.name"] == "at::native::reduce_kernel"
+
+
 def test_sampled_launch_is_a_zero_length_span() -> None:
     ev = KernelLaunch(PID, TID, "cudaLaunchKernel", 0, T0, 0x4010, (7, 3, 2), (128, 2, 1), 256, 0, 5)
     (span,) = spans(Rig().run(ev))

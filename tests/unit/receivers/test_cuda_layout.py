@@ -37,7 +37,7 @@ from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.telemetry import DROPPED
 
 CUDA_DIR = Path(cuda_receiver.__file__).resolve().parent
-SHIM = "typedef unsigned char u8; typedef unsigned int u32; typedef int s32; typedef unsigned long long u64;\n"
+SHIM = "typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32; typedef int s32; typedef unsigned long long u64;\n"
 
 
 def _offsets(fmt: struct.Struct) -> list[tuple[int, int]]:
@@ -46,6 +46,10 @@ def _offsets(fmt: struct.Struct) -> list[tuple[int, int]]:
     for count, code in re.findall(r"(\d*)([a-zA-Z?])", fmt.format.lstrip("<")):
         n = int(count or 1)
         if code == "x":
+            pos += n
+            continue
+        if code == "s":  # a char array: one value
+            out.append((pos, n))
             pos += n
             continue
         size = struct.calcsize("<" + code)
@@ -71,7 +75,7 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
     for a in APIS:
         lines.append(f'printf("api {a.symbol} %d\\n", CUDA_API_{a.symbol});')
     lines.append('printf("api_count %d\\n", CUDA_API_COUNT);')
-    for name in ("MEMCPY", "ALLOC", "FREE", "SYNC", "SET_DEVICE", "LAUNCH", "GRAPH"):
+    for name in ("MEMCPY", "ALLOC", "FREE", "SYNC", "SET_DEVICE", "LAUNCH", "GRAPH", "KERNEL"):
         lines.append(f'printf("etype {name} %d\\n", CUDA_EV_{name});')
     for kind in ("PYTHON", "TORCH"):
         lines.append(f'printf("ctx {kind} %d\\n", CUDA_CTX_{kind});')
@@ -109,7 +113,7 @@ def test_records_start_with_their_type_byte(mirror: Mirror, c_layout: dict[str, 
     assert mirror.fields[0].endswith("type") and _offsets(mirror.fmt)[0] == (0, 1)
     name = {"cuda_memcpy_rec": "MEMCPY", "cuda_alloc_rec": "ALLOC", "cuda_free_rec": "FREE",
             "cuda_sync_rec": "SYNC", "cuda_set_device_rec": "SET_DEVICE",
-            "cuda_launch_rec": "LAUNCH", "cuda_graph_rec": "GRAPH"}[mirror.c_struct]
+            "cuda_launch_rec": "LAUNCH", "cuda_graph_rec": "GRAPH", "cuda_kernel_rec": "KERNEL"}[mirror.c_struct]
     assert mirror.etype == c_layout[f"etype {name}"] >= 16
     raw = bytes([mirror.etype]) + bytes(mirror.fmt.size - 1)
     assert mirror.fmt.unpack_from(raw)[0] == mirror.etype
