@@ -13,12 +13,12 @@ file and the probe.
 """
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from otel_ebpf.bpf.loader import import_bcc
+from otel_ebpf.host.symbols import load_segments
 
 __all__ = ["REGISTERS", "ArgLoc", "Site", "UsdtError", "arg_reader", "find_site", "list_probes",
            "vaddr_to_offset"]
@@ -67,22 +67,11 @@ class Site:
 
 
 def _program_headers(path: str) -> list[tuple[int, int, int]]:
-    """(p_vaddr, p_offset, p_filesz) of each PT_LOAD segment of a 64-bit little-endian ELF."""
-    with open(path, "rb") as fh:
-        head = fh.read(64)
-        if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
-            raise UsdtError(f"{path}: not a 64-bit little-endian ELF file")
-        phoff, = struct.unpack_from("<Q", head, 32)
-        phentsize, phnum = struct.unpack_from("<HH", head, 54)
-        fh.seek(phoff)
-        table = fh.read(phentsize * phnum)
-    out = []
-    for i in range(phnum):
-        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz, p_memsz = struct.unpack_from(
-            "<IIQQQQQ", table, i * phentsize)
-        if p_type == 1:  # PT_LOAD
-            out.append((p_vaddr, p_offset, max(p_filesz, p_memsz)))
-    return out
+    """(p_vaddr, p_offset, max(p_filesz, p_memsz)) of each PT_LOAD segment of a 64-bit little-endian ELF."""
+    try:
+        return [(vaddr, offset, max(filesz, memsz)) for vaddr, offset, filesz, memsz in load_segments(path)]
+    except ValueError as exc:
+        raise UsdtError(str(exc)) from None
 
 
 def vaddr_to_offset(path: str, vaddr: int) -> int:

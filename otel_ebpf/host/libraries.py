@@ -16,7 +16,8 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
 
-__all__ = ["LIBRARY_PATTERNS", "find_libraries", "interpreter_of_command", "mapped_libraries", "python_env_libraries"]
+__all__ = ["LIBRARY_PATTERNS", "file_mappings", "find_libraries", "interpreter_of_command", "mapped_libraries",
+           "python_env_libraries"]
 
 # key -> basename prefix (also passed to the kernel as OE_LIB_PATTERN)
 LIBRARY_PATTERNS = {"cudart": "libcudart.so", "nccl": "libnccl.so", "cuda_driver": "libcuda.so"}
@@ -37,19 +38,32 @@ def _real(paths: Iterable[str]) -> list[str]:
     return out
 
 
-def mapped_libraries(pid: int, prefix: str, proc_root: str = "/proc") -> list[str]:
-    """Files mapped by ``pid`` whose basename starts with ``prefix`` (as the process sees
-    them, resolved through /proc/PID/root so container paths work)."""
+def file_mappings(pid: int, proc_root: str = "/proc") -> list[tuple[int, int, int, str]] | None:
+    """The file-backed mappings of ``pid`` from ``/proc/PID/maps``: (start, end, file offset, path as the
+    process sees it); None when it cannot be read (the process is gone)."""
     try:
         with open(f"{proc_root}/{pid}/maps", encoding="utf-8", errors="replace") as fh:
             lines = fh.readlines()
     except OSError:
-        return []
-    found = []
+        return None
+    out = []
     for line in lines:
         parts = line.split(None, 5)
-        if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith(prefix):
-            path = parts[5].strip()
+        if len(parts) == 6 and parts[5].startswith("/"):
+            lo, _, hi = parts[0].partition("-")
+            try:
+                out.append((int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].strip()))
+            except ValueError:
+                continue
+    return out
+
+
+def mapped_libraries(pid: int, prefix: str, proc_root: str = "/proc") -> list[str]:
+    """Files mapped by ``pid`` whose basename starts with ``prefix`` (as the process sees
+    them, resolved through /proc/PID/root so container paths work)."""
+    found = []
+    for _, _, _, path in file_mappings(pid, proc_root) or ():
+        if os.path.basename(path).startswith(prefix):
             root_path = f"{proc_root}/{pid}/root{path}"
             found.append(root_path if os.path.exists(root_path) else path)
     return _real(found)

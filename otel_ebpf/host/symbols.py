@@ -24,7 +24,9 @@ import struct
 from array import array
 from collections import OrderedDict
 
-__all__ = ["AddressSymbolizer", "ElfFunctions", "short_function_name"]
+from otel_ebpf.host.libraries import file_mappings
+
+__all__ = ["AddressSymbolizer", "ElfFunctions", "load_segments", "short_function_name"]
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
@@ -35,23 +37,33 @@ _STT_FUNC, _STT_GNU_IFUNC = 2, 10
 _MAX_NAME = 4096  # bytes of one name read from the string table (mangled kernel names run to ~2 KB)
 
 
+def load_segments(path: str) -> list[tuple[int, int, int, int]]:
+    """(p_vaddr, p_offset, p_filesz, p_memsz) of each PT_LOAD segment of the 64-bit little-endian ELF file at
+    ``path``. Raises OSError (unreadable) or ValueError (not such a file)."""
+    with open(path, "rb") as fh:
+        head = fh.read(_EHDR.size)
+        if len(head) < _EHDR.size or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+            raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
+        (_, _, _, _, _, phoff, _, _, _, phentsize, phnum, _, _, _) = _EHDR.unpack(head)
+        fh.seek(phoff)
+        table = fh.read(phentsize * phnum)
+    headers = (_PHDR.unpack_from(table, i * phentsize) for i in range(phnum))
+    return [(p[3], p[2], p[5], p[6]) for p in headers if p[0] == _PT_LOAD]
+
+
 class ElfFunctions:
     """The function symbols of one ELF64 little-endian file. Raises OSError/ValueError when it is not one."""
 
     def __init__(self, path: str) -> None:
+        self._loads = load_segments(path)
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         m = self._map
-        if len(m) < _EHDR.size or m[:4] != b"\x7fELF" or m[4] != 2 or m[5] != 1:
-            raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
-        (_, _, _, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum, _) = _EHDR.unpack_from(m)
-        headers = (_PHDR.unpack_from(m, phoff + i * phentsize) for i in range(phnum))
-        self._loads: list[tuple[int, int, int]] = [(p[2], p[3], p[5]) for p in headers
-                                                   if p[0] == _PT_LOAD]  # (p_offset, p_vaddr, p_filesz)
+        (_, _, _, _, _, _, shoff, _, _, _, _, shentsize, shnum, _) = _EHDR.unpack_from(m)
         sections = [_SHDR.unpack_from(m, shoff + i * shentsize) for i in range(shnum)]
         table = next((s for s in sections if s[1] == _SHT_SYMTAB), None) or \
             next((s for s in sections if s[1] == _SHT_DYNSYM), None)
-        self.starts, self.sizes, self._names = array("Q"), array("Q"), array("Q")
+        self.starts, self.sizes, self._names = array("Q"), array("Q"), array("I")  # st_name is 32 bits
         self._strtab = 0
         if table is None:
             return
@@ -71,7 +83,7 @@ class ElfFunctions:
 
     def vaddr_of_offset(self, offset: int) -> int | None:
         """The link-time address of file offset ``offset`` (its PT_LOAD segment), None outside every one."""
-        for p_offset, p_vaddr, filesz in self._loads:
+        for p_vaddr, p_offset, filesz, _ in self._loads:
             if p_offset <= offset < p_offset + filesz:
                 return int(offset - p_offset + p_vaddr)
         return None
@@ -118,7 +130,7 @@ class AddressSymbolizer:
     def _mapping(self, pid: int, addr: int, refresh: bool) -> tuple[int, int, str] | None:
         maps = None if refresh else self._maps.get(pid)
         if maps is None:
-            maps = _read_maps(pid)
+            maps = file_mappings(pid)
             if maps is None:
                 return None
             self._maps[pid] = maps
@@ -147,22 +159,6 @@ class AddressSymbolizer:
             self._files.move_to_end(key)
             return self._files[key]
         return None
-
-
-def _read_maps(pid: int) -> list[tuple[int, int, int, str]] | None:
-    """File-backed mappings of ``pid``: (start, end, file offset, path); None when it is gone."""
-    out = []
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            for line in f:
-                parts = line.split(maxsplit=5)
-                if len(parts) < 6 or not parts[5].startswith("/"):
-                    continue
-                lo, _, hi = parts[0].partition("-")
-                out.append((int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].rstrip("\n")))
-    except (OSError, ValueError):
-        return None
-    return out
 
 
 _SUBSTITUTES = {"St": "std", "Sa": "std::allocator", "Sb": "std::basic_string", "Ss": "std::string"}

@@ -34,6 +34,7 @@ class KernelNames:
         self._max = max_entries
         self._symbols = symbolizer or AddressSymbolizer()
         self._pids: OrderedDict[int, None] = OrderedDict()  # processes whose mappings were read (bounded)
+        self._held: dict[int, int] = {}  # pid -> its entries in _names: most exits and execs have none to forget
         self.evicted = 0  # entries pushed out by the bound (a later launch of theirs may go unnamed)
 
     def seen(self, pid: int, refresh: bool = False) -> None:
@@ -74,12 +75,20 @@ class KernelNames:
         """``pid`` is gone: drop its handles and mappings (a new process may reuse the number)."""
         self._pids.pop(pid, None)
         self._symbols.forget(pid)
-        for key in [k for k in self._names if k[0] == pid]:
-            del self._names[key]
+        if self._held.pop(pid, 0):
+            for key in [k for k in self._names if k[0] == pid]:
+                del self._names[key]
 
     def _put(self, key: tuple[int, int], name: str) -> None:
+        if key not in self._names:
+            self._held[key[0]] = self._held.get(key[0], 0) + 1
         self._names[key] = name
         self._names.move_to_end(key)
         while len(self._names) > self._max:
-            self._names.popitem(last=False)
+            (pid, _), _ = self._names.popitem(last=False)
             self.evicted += 1
+            left = self._held[pid] - 1
+            if left:
+                self._held[pid] = left
+            else:
+                del self._held[pid]

@@ -127,7 +127,8 @@ APIS: tuple[Api, ...] = (
     Api("cuMemCreate", "alloc", True, library="driver"),
     Api("cuMemRelease", "free", True, library="driver"),
     # kernel handles (kernel_return): what a launch's func stands for, so launches are counted per kernel name.
-    # __cudaGetKernel: nvcc 13's <<<>>> (libcudart 12.8+); cudaGetFuncBySymbol: CUDA 11+; the driver's: Triton
+    # __cudaGetKernel: nvcc 13's <<<>>> (CUDA 13.0: CUPTI's __cudaGetKernel_v13000); cudaGetFuncBySymbol: CUDA 11+;
+    # the driver's: Triton (cuModuleGetFunction)
     Api("__cudaGetKernel", "kernel", True),
     Api("cudaGetFuncBySymbol", "kernel", True),
     Api("cuModuleGetFunction", "kernel", True, library="driver"),
