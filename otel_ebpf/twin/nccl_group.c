@@ -120,12 +120,23 @@ static int p2p_progress(struct twin_task *t)
     return 1;
 }
 
-/* Runs every send and recv together until all are complete (ncclRemoteError when a comm is aborted). */
+/* Runs every send and recv together until all are complete (ncclRemoteError when a comm is aborted).  Sends
+ * (recvs) to (from) one peer on one comm share a ring, so they move in call order: one starts when the one
+ * before it is complete (NCCL 2.28.9 src/enqueue.cc p2pTaskAppend queues them per peer, in order), or a later
+ * recv would read an earlier message's bytes, and a later send would write into the middle of one. */
 static ncclResult_t run_p2p(struct twin_task *tasks, int ntasks)
 {
     int left = 0;
-    for (int i = 0; i < ntasks; i++)
-        left += tasks[i].kind != TWIN_COLL;
+    for (int i = 0; i < ntasks; i++) {
+        struct twin_task *t = &tasks[i];
+        t->after = -1;
+        if (t->kind == TWIN_COLL)
+            continue;
+        left++;
+        for (int j = i - 1; j >= 0 && t->after < 0; j--)
+            if (tasks[j].kind == t->kind && tasks[j].comm == t->comm && tasks[j].root == t->root)
+                t->after = j;
+    }
     long polls = 0;
     for (long idle = 0; left > 0;) {
         int moved = 0;
@@ -135,6 +146,8 @@ static ncclResult_t run_p2p(struct twin_task *tasks, int ntasks)
             int st;
             if (t->kind == TWIN_COLL || t->done == SIZE_MAX)
                 continue;
+            if (t->after >= 0 && tasks[t->after].done != SIZE_MAX)
+                continue; /* the message before it on this ring is not through yet */
             if (__atomic_load_n(&t->comm->aborted, __ATOMIC_ACQUIRE))
                 return ncclRemoteError;
             if ((st = p2p_progress(t)) < 0) {

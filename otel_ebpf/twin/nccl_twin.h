@@ -87,6 +87,7 @@ struct twin_task {
     cudaStream_t stream;
     size_t done;  /* p2p: bytes of (header, payload) moved so far */
     uint64_t hdr; /* p2p: the payload size, sent ahead of it */
+    int after;    /* p2p: the group's previous send (recv) on the same comm to (from) the same peer; -1: none */
 };
 ncclResult_t twin_submit(const struct twin_task *t);
 
