@@ -53,7 +53,10 @@ def test_a_failed_rank_fails_the_command_and_stops_every_node(tmp_path: Path) ->
             pytest.fail(f"the twin's tests must run in CI but cannot: {exc}")
         pytest.skip(f"no twin environment: {exc}")
     script = tmp_path / "job.py"
-    script.write_text("import os, sys\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n"
+    # one write per line: the node's ranks share its output, and unbuffered print() writes each argument apart
+    script.write_text("import os, sys\n"
+                      "sys.stdout.write(f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}\\n\")\n"
+                      "sys.stdout.flush()\n"
                       "sys.exit(1 if os.environ['RANK'] == '3' else 0)\n")
     run = twin("--no-trace", "--output", str(tmp_path / "out"), "--timeout", "200", "--", str(script), timeout=260)
     assert run.returncode == 1, run.stdout + run.stderr
