@@ -165,3 +165,36 @@ cudaError_t cudaGraphLaunch(void *exec, cudaStream_t s)
         return drv_graph(exec, s) == 0 ? 0 : 999;
     return 0;
 }
+/* Stream capture, as the CUDA Runtime API 13.0 documents cudaStreamBeginCapture / cudaStreamEndCapture: capture
+ * cannot begin on the legacy stream (NULL or cudaStreamLegacy 0x1: cudaErrorStreamCaptureUnsupported 900) nor on
+ * a stream already capturing (cudaErrorIllegalState 401); ending a stream that is not capturing is
+ * cudaErrorIllegalState; a successful end hands back a graph (a made-up handle here). Up to 8 streams at once. */
+typedef void *cudaGraph_t;
+static cudaStream_t capturing[8];
+static cudaError_t begin_capture(cudaStream_t s)
+{
+    int free_slot = -1;
+    if (s == NULL || s == (cudaStream_t)0x1)
+        return 900;
+    for (int i = 0; i < 8; i++) {
+        if (capturing[i] == s)
+            return 401;
+        if (capturing[i] == NULL && free_slot < 0)
+            free_slot = i;
+    }
+    if (free_slot < 0)
+        return 2; /* cudaErrorMemoryAllocation */
+    capturing[free_slot] = s;
+    return 0;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, int mode) { (void)mode; return begin_capture(s); }
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
+{
+    for (int i = 0; i < 8; i++)
+        if (s != NULL && capturing[i] == s) {
+            capturing[i] = NULL;
+            *g = (cudaGraph_t)0x6a00;
+            return 0;
+        }
+    return 401;
+}

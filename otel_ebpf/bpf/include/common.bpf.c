@@ -405,8 +405,10 @@ TRACEPOINT_PROBE(syscalls, sys_exit_openat)
  * Shared between separately compiled programs through a pinned map: OE_THREAD_CTX_PIN is its
  * bpffs path (otel_ebpf/bpf/threadctx.py; the first program creates it, the others open it).
  * Without it (bpffs unavailable) the map is private to each program: nothing is shared.
- * Key: thread id. Only the thread itself writes or reads its entry (from its own probes);
- * entries go at thread exit (oe_ctx_forget) or with the map. The size is fixed, not a
+ * Key: thread id. Only the thread itself writes or reads its call slots (from its own probes);
+ * `capture` is written by the cuda program (a capture may end on another thread than the one
+ * that began it) and read by the cuda and nccl programs: a call made while it is non-zero is
+ * recorded into a CUDA graph, not run. Entries go at thread exit (oe_ctx_forget) or with the map. The size is fixed, not a
  * parameter: every program opening the pinned map must declare it the same. */
 #define OE_CTX_PYTHON 1
 #define OE_CTX_TORCH 2
@@ -422,6 +424,8 @@ struct oe_ctx_frame {
 
 struct oe_thread_ctx {
     struct oe_ctx_frame k[2]; /* [OE_CTX_PYTHON - 1], [OE_CTX_TORCH - 1] */
+    u32 capture;              /* CUDA stream captures this thread began and has not ended (cuda.bpf.c) */
+    u32 _pad;
 };
 
 #ifdef OE_THREAD_CTX_PIN
@@ -475,6 +479,33 @@ static __always_inline u32 oe_ctx_get(u32 tid, u64 *start, u64 *root, u64 *id)
         return OE_CTX_PYTHON;
     }
     return 0;
+}
+
+/* Stream captures open on thread `tid` (0: none, or not known). */
+static __always_inline u32 oe_capture_depth(u32 tid)
+{
+    struct oe_thread_ctx *c = oe_thread_ctx.lookup(&tid);
+    return c ? c->capture : 0;
+}
+
+/* One capture more (delta 1) or less (-1) on thread `tid`; a full map is counted in drops[OE_DROP_CTXMAP]
+ * (that thread's captured work then reads as run). Returns 1 when the count changed. */
+static __always_inline int oe_capture_add(u32 tid, s32 delta)
+{
+    struct oe_thread_ctx *c = oe_thread_ctx.lookup(&tid);
+    if (!c) {
+        if (delta <= 0)
+            return 0;
+        struct oe_thread_ctx zero = {};
+        if (oe_thread_ctx.insert(&tid, &zero) != 0 || !(c = oe_thread_ctx.lookup(&tid))) {
+            oe_drop(OE_DROP_CTXMAP);
+            return 0;
+        }
+    }
+    if (delta < 0 && c->capture == 0)
+        return 0;
+    __sync_fetch_and_add(&c->capture, (u32)delta);
+    return 1;
 }
 
 static __always_inline void oe_ctx_forget(u32 tid)

@@ -23,7 +23,7 @@ smallest edge, so they are the same wherever it is joined.
 
 A blocking send/recv pair is an instance of its two ranks. Groups that also hold collectives: those are
 joined by (comm, seq) as any collective; the group's send/recv and its ``ncclGroup`` span form the p2p
-instance. Simulated spans (``nccl.simulated``) never come here.
+instance. Simulated and captured spans (``nccl.simulated``, ``nccl.captured``) never come here.
 
 Bounds: at most ``max_pending`` instances and ``max_spans`` spans held; beyond either the oldest is
 released early (evicted). The last ``max_pending`` released nodes are remembered: a span of one passes
@@ -52,7 +52,7 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 def is_p2p(span: ReadableSpan, attrs: Mapping[str, Any]) -> bool:
     """True for what this join takes: a ranked, numbered send/recv, or a group span with send/recv."""
-    if attrs.get("nccl.simulated"):
+    if attrs.get("nccl.simulated") or attrs.get("nccl.captured"):
         return False
     if span.name == "ncclGroup":
         return type(attrs.get("nccl.group.id")) is str and _int(attrs.get("nccl.group.p2p")) > 0

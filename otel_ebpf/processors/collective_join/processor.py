@@ -3,8 +3,9 @@
 Input: finished SDK spans (``ReadableSpan``, read through its API; new spans are built by
 :mod:`otel_ebpf.core.readable`) from agents on any number of nodes, and ``Tick`` events.
 
-* Rank span: attributes ``nccl.comm.id``, ``nccl.seq``, ``nccl.rank``, ``nccl.nranks`` and no
-  ``nccl.peer`` (send/recv spans: see below). Root span (sent by the process that is rank 0):
+* Rank span: attributes ``nccl.comm.id``, ``nccl.seq``, ``nccl.rank``, ``nccl.nranks`` and neither
+  ``nccl.peer`` (send/recv spans: see below) nor ``nccl.captured`` (recorded into a CUDA graph: passed on as it
+  is). Root span (sent by the process that is rank 0):
   ``nccl.comm.id`` and ``nccl.seq``, no ``nccl.rank``, no parent, and span id
   :func:`otel_ebpf.core.ids.collective_root_span_id` (the contract shared with the agents' nccl processor).
 * Held per (comm id, seq) in a bounded :class:`~.store.Store` until all ``nranks`` rank spans
@@ -170,6 +171,9 @@ class CollectiveJoin(EventProcessor[Config]):
             for child in self.splits.record(call):
                 for waited in self.splits.take(child):
                     self._span(waited, out)
+            return
+        if attrs.get("nccl.captured"):  # recorded into a CUDA graph, not run: no arrival to join
+            out.append(span)
             return
         if (ranked := self._split_ranked(span, attrs, now)) is None:
             return

@@ -24,6 +24,8 @@ Span attributes (``cuda.*``; a metric carries only the ones listed with it):
   as hex; ``cuda.malloc.flags``: cudaMallocManaged flags; ``cuda.device.requested``: the
   argument of cudaSetDevice.
 * ``cuda.graph.exec``: the replayed cudaGraphExec_t (hex), on cudaGraphLaunch spans with ``cuda.stream``.
+* ``cuda.graph.captured`` = true: the call or launch was made during a CUDA stream capture, so recorded into a
+  graph, not run (:mod:`.metrics`); absent otherwise.
 * launch spans: ``cuda.kernel.func`` (hex): with CUDA 12 the host stub's address nvcc's ``<<<>>>`` passes;
   with CUDA 13 ``<<<>>>`` calls ``__cudaLaunchKernel`` with a ``cudaKernel_t`` handle (from
   ``__cudaGetKernel``), which libcudart 13 hands on to ``cudaLaunchKernel``, so the value is that handle: one
@@ -32,34 +34,8 @@ Span attributes (``cuda.*``; a metric carries only the ones listed with it):
   ([x, y, z]), ``cuda.kernel.shared_mem`` (bytes), ``cuda.kernel.launch_seq``, ``cuda.stream``, and
   ``cuda.kernel.name`` when known (not bounded: spans carry no series).
 
-Metrics (scope ``otel_ebpf.cuda``; OBI's ``gpu.cuda.*`` names where OBI has one):
-
-* ``gpu.cuda.kernel.launch.calls`` counter {call}; ``gpu.cuda.kernel.grid.size`` (blocks) and
-  ``gpu.cuda.kernel.block.size`` (threads per block) histograms; by cuda.device.index. The launch counter
-  also by ``cuda.kernel.name`` (receiver ``kernel_names``): the kernel's qualified name without template
-  arguments (``at::native::vectorized_elementwise_kernel``, ``triton_poi_fused_add_0``), at most
-  ``kernel_name_limit`` names per process with the rest as ``other`` (:mod:`.kernels`); absent when the kernel
-  could not be named.
-* ``gpu.cuda.memory.copies`` histogram By, by cuda.memcpy.kind, cuda.device.index (its count
-  is the number of copies, its sum the bytes). Successful calls only.
-* ``gpu.cuda.memory.copy.duration`` histogram s, by cuda.api, cuda.memcpy.kind,
-  cuda.device.index and, for failed calls, error.type: host time in cudaMemcpy*.
-* ``gpu.cuda.memory.allocations`` counter By, by cuda.api, cuda.device.index: the runtime's ``cudaMalloc*``
-  and the driver's ``cuMemAlloc*`` and ``cuMemCreate`` (on the device its ``CUmemAllocationProp`` names); a
-  runtime allocation that reaches the driver is counted once, as the runtime call.
-* ``gpu.cuda.memory.free.bytes`` counter By (frees of allocations that were seen).
-* ``gpu.cuda.memory.outstanding`` updown By: allocated and not yet freed, by device.
-* ``gpu.cuda.memory.leaked`` counter By and ``gpu.cuda.memory.leaked.allocations`` counter
-  {allocation}: still outstanding when the process exited, by device (also logged).
-* ``gpu.cuda.synchronize.duration`` histogram s, by cuda.api, cuda.device.index: host waiting.
-* ``gpu.cuda.stream.synchronize.calls``, ``gpu.cuda.device.synchronize.calls``,
-  ``gpu.cuda.event.synchronize.calls`` counters {call} (OBI).
-* ``gpu.cuda.graph.launch.calls`` counter {call}, by cuda.api, cuda.device.index: CUDA graph replays
-  (``torch.compile(mode="reduce-overhead")``, vLLM, SGLang); the kernels inside a replay pass no
-  launch probe, so ``gpu.cuda.kernel.launch.calls`` does not count them.
-* ``gpu.cuda.api.errors`` counter {call}, by cuda.api, error.type, cuda.device.index.
-
-Every memcpy, synchronize and graph-launch call is counted in the kernel (receiver ``CallStats``), and
+Metrics (scope ``otel_ebpf.cuda``): :mod:`.metrics`. Every memcpy, synchronize and graph-launch call is counted
+in the kernel (receiver ``CallStats``), and
 the metrics of those calls (copies, copy and synchronize durations, synchronize and graph-launch calls,
 their api.errors) come from those counts, exact even when the receiver's span rate limit gives a call
 no span; the spans come from the records. Calls left without a span are counted in
@@ -93,7 +69,7 @@ from typing import Any
 from otel_ebpf.core.events import ProcessExit, SpanRecord
 from otel_ebpf.core.ids import call_ids, op_ids
 from otel_ebpf.core.pipeline import Consumer, Context
-from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
+from otel_ebpf.core.processing import EventProcessor, handles
 
 from ...receivers.cuda.events import (
     AllocCall,
@@ -110,54 +86,13 @@ from ...receivers.cuda.events import (
 from .config import Config
 from .errors import error_name
 from .kernels import KernelLabels
+from .metrics import COUNTED, HANDLE_APIS, MEMCPY_KINDS, METRICS, SYNC_CALLS
 
 __all__ = ["MEMCPY_KINDS", "METRICS", "SCOPE", "CudaProcessor"]
 
 log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.cuda"
 TELEMETRY_NAME = "cuda"
-MEMCPY_KINDS = {0: "HostToHost", 1: "HostToDevice", 2: "DeviceToHost", 3: "DeviceToDevice", 4: "Default"}
-# name -> (kind, unit, description)
-METRICS: dict[str, MetricSpec] = {
-    "gpu.cuda.kernel.launch.calls": ("counter", "{call}", "Kernel launches, by the entry point that made them "
-                                     "(cuda.api: cudaLaunchKernel* of the runtime, cuLaunchKernel* of the driver)."),
-    "gpu.cuda.kernel.grid.size": ("histogram", "1", "Blocks per launched grid."),
-    "gpu.cuda.kernel.block.size": ("histogram", "1", "Threads per block of launched kernels."),
-    "gpu.cuda.memory.copies": ("histogram", "By", "Bytes per successful cudaMemcpy* call."),
-    "gpu.cuda.memory.copy.duration": ("histogram", "s", "Time the host spent in cudaMemcpy* calls."),
-    "gpu.cuda.memory.allocations": ("counter", "By", "Bytes allocated by successful cudaMalloc*, cuMemAlloc* and "
-                                    "cuMemCreate calls."),
-    "gpu.cuda.memory.free.bytes": ("counter", "By", "Bytes released by cudaFree*, cuMemFree* and cuMemRelease of "
-                                   "seen allocations."),
-    "gpu.cuda.memory.outstanding": ("updown", "By", "Device memory allocated and not yet freed."),
-    "gpu.cuda.memory.leaked": ("counter", "By", "Bytes still allocated when the process exited."),
-    "gpu.cuda.memory.leaked.allocations": ("counter", "{allocation}",
-                                           "Allocations not freed when the process exited."),
-    "gpu.cuda.synchronize.duration": ("histogram", "s", "Time the host waited in cuda*Synchronize."),
-    "gpu.cuda.stream.synchronize.calls": ("counter", "{call}", "cudaStreamSynchronize calls."),
-    "gpu.cuda.device.synchronize.calls": ("counter", "{call}", "cudaDeviceSynchronize calls."),
-    "gpu.cuda.event.synchronize.calls": ("counter", "{call}", "cudaEventSynchronize calls."),
-    "gpu.cuda.graph.launch.calls": ("counter", "{call}", "CUDA graph replays (cudaGraphLaunch, cuGraphLaunch)."),
-    "gpu.cuda.api.errors": ("counter", "{call}", "CUDA runtime calls that returned an error."),
-    "gpu.cuda.api.calls": ("counter", "{call}", "Memset, event record, stream wait-event, stream/event create and "
-                           "destroy, and host-register calls of the CUDA runtime, by cuda.api."),
-    "gpu.cuda.api.duration": ("histogram", "s", "Time the host spent in those calls (gpu.cuda.api.calls)."),
-    "gpu.cuda.memory.sets": ("histogram", "By", "Bytes per successful cudaMemset/cudaMemsetAsync call."),
-    "gpu.cuda.memory.host.registered": ("counter", "By", "Host bytes page-locked by successful cudaHostRegister."),
-}
-# counted-only runtime calls (receivers/cuda: kind "count"), by base name
-_COUNTED = frozenset(("cudaMemset", "cudaMemsetAsync", "cudaEventRecord", "cudaEventRecordWithFlags",
-                      "cudaStreamWaitEvent", "cudaStreamCreate", "cudaStreamCreateWithFlags",
-                      "cudaStreamCreateWithPriority", "cudaStreamDestroy", "cudaEventCreate",
-                      "cudaEventCreateWithFlags", "cudaEventDestroy", "cudaHostRegister", "cudaHostUnregister"))
-_SYNC_CALLS = {"cudaStreamSynchronize": "gpu.cuda.stream.synchronize.calls",
-               "cudaDeviceSynchronize": "gpu.cuda.device.synchronize.calls",
-               "cudaEventSynchronize": "gpu.cuda.event.synchronize.calls"}
-
-
-# physical allocations of the driver's virtual memory management (PyTorch's expandable segments, vLLM's cumem
-# allocator): a CUmemGenericAllocationHandle, not a pointer; outstanding from cuMemCreate to cuMemRelease
-_HANDLE_APIS = frozenset(("cuMemCreate", "cuMemRelease"))
 
 
 def _base_api(api: str) -> str:
@@ -211,9 +146,12 @@ class CudaProcessor(EventProcessor[Config]):
     def tracked_allocations(self) -> int:
         return self._tracked
 
-    def _where(self, pid: int, device: int) -> dict[str, Any]:
-        """``cuda.device.index`` and, when the GPU is known, its ``hw.id`` (otel_ebpf.host.gpus)."""
+    def _where(self, pid: int, device: int, captured: bool = False) -> dict[str, Any]:
+        """``cuda.device.index`` and, when the GPU is known, its ``hw.id`` (otel_ebpf.host.gpus);
+        ``cuda.graph.captured`` for work recorded during a stream capture."""
         attrs = _dev(device)
+        if captured:
+            attrs["cuda.graph.captured"] = True
         uuid = self._gpus.hw_id(pid, device) if self._gpus is not None else None
         if uuid:
             attrs["hw.id"] = uuid
@@ -222,7 +160,7 @@ class CudaProcessor(EventProcessor[Config]):
     def _call_span(self, ev: _Call, extra: dict[str, Any], out: list[object], count_error: bool = True) -> None:
         """The span of a completed call, and (``count_error``) the error counter when it failed."""
         attrs: dict[str, Any] = {"cuda.api": ev.api, "cuda.return_code": ev.rc, "thread.id": ev.tid}
-        where = self._where(ev.pid, ev.device)
+        where = self._where(ev.pid, ev.device, ev.captured)
         attrs.update(where)
         error = None
         if ev.rc != 0:
@@ -257,7 +195,7 @@ class CudaProcessor(EventProcessor[Config]):
         extra: dict[str, Any] = {"cuda.bytes": ev.size}
         base = _base_api(ev.api)
         if ev.rc == 0:
-            extra["cuda.mem.handle" if base in _HANDLE_APIS else "cuda.ptr"] = hex(ev.ptr)
+            extra["cuda.mem.handle" if base in HANDLE_APIS else "cuda.ptr"] = hex(ev.ptr)
         if base in ("cudaMallocAsync", "cuMemAllocAsync"):
             extra["cuda.stream"] = hex(ev.stream)
         elif base in ("cudaMallocManaged", "cuMemAllocManaged"):
@@ -266,7 +204,7 @@ class CudaProcessor(EventProcessor[Config]):
         if ev.rc != 0:
             return
         self.metric(out, ev.pid, "gpu.cuda.memory.allocations", ev.size,
-                     {"cuda.api": ev.api, **self._where(ev.pid, ev.device)})
+                     {"cuda.api": ev.api, **self._where(ev.pid, ev.device, ev.captured)})
         self._track(ev, out)
 
     def _track(self, ev: AllocCall, out: list[object]) -> None:
@@ -290,7 +228,7 @@ class CudaProcessor(EventProcessor[Config]):
         table = self._allocs.get(ev.pid)
         alloc = table.get(ev.ptr) if table is not None and ev.rc == 0 else None
         base = _base_api(ev.api)
-        extra: dict[str, Any] = {"cuda.mem.handle" if base in _HANDLE_APIS else "cuda.ptr": hex(ev.ptr)}
+        extra: dict[str, Any] = {"cuda.mem.handle" if base in HANDLE_APIS else "cuda.ptr": hex(ev.ptr)}
         if base in ("cudaFreeAsync", "cuMemFreeAsync"):
             extra["cuda.stream"] = hex(ev.stream)
         if alloc is not None:
@@ -328,7 +266,7 @@ class CudaProcessor(EventProcessor[Config]):
         """Metrics of memcpy/synchronize/graph-launch calls, from the kernel's exact counts."""
         if ev.calls <= 0:
             return
-        where = self._where(ev.pid, ev.device)
+        where = self._where(ev.pid, ev.device, ev.captured)
         error = error_name(ev.rc, ev.api) if ev.rc != 0 else None
         if error is not None:
             self.metric(out, ev.pid, "gpu.cuda.api.errors", ev.calls,
@@ -347,7 +285,7 @@ class CudaProcessor(EventProcessor[Config]):
             self.metric(out, ev.pid, "gpu.cuda.memory.copy.duration", ev.dur_ns / 1e9, attrs,
                          count=ev.calls, buckets=ev.dur_hist)
             return
-        if base in _COUNTED:
+        if base in COUNTED:
             self._counted(ev, base, error, where, out)
             return
         if base in ("cudaGraphLaunch", "cuGraphLaunch"):
@@ -355,7 +293,7 @@ class CudaProcessor(EventProcessor[Config]):
             return
         self.metric(out, ev.pid, "gpu.cuda.synchronize.duration", ev.dur_ns / 1e9, {"cuda.api": ev.api, **where},
                      count=ev.calls, buckets=ev.dur_hist)
-        counter = _SYNC_CALLS.get(base)
+        counter = SYNC_CALLS.get(base)
         if counter is not None:
             self.metric(out, ev.pid, counter, ev.calls, where)
 
@@ -383,7 +321,7 @@ class CudaProcessor(EventProcessor[Config]):
             "cuda.api": ev.api, "thread.id": ev.tid, "cuda.kernel.func": hex(ev.func),
             "cuda.kernel.grid": ev.grid, "cuda.kernel.block": ev.block,
             "cuda.kernel.shared_mem": ev.shared_mem, "cuda.kernel.launch_seq": ev.seq,
-            "cuda.stream": hex(ev.stream), **self._where(ev.pid, ev.device)}
+            "cuda.stream": hex(ev.stream), **self._where(ev.pid, ev.device, ev.captured)}
         if ev.kernel:
             attrs["cuda.kernel.name"] = ev.kernel
         parent = self._parent(ev.pid, ev.tid, ev.time_ns, ev.enclosing)
@@ -396,11 +334,15 @@ class CudaProcessor(EventProcessor[Config]):
             return
         dev = self._where(ev.pid, ev.device)
         calls = {**dev, "pytorch.op.name": ev.op} if ev.op else dict(dev)
+        if ev.captured:
+            calls["cuda.graph.captured"] = True
         if ev.api:  # who launched: cudaLaunchKernel* (the runtime) or cuLaunchKernel* (the driver), _ptsz folded
             calls["cuda.api"] = _base_api(ev.api)
         if ev.kernel and self._kernels.limit:
             calls["cuda.kernel.name"] = self._kernels.label(ev.pid, ev.kernel)
         self.metric(out, ev.pid, "gpu.cuda.kernel.launch.calls", ev.count, calls)
+        if ev.captured:
+            return
         self.metric(out, ev.pid, "gpu.cuda.kernel.grid.size", ev.grid_size, dev, count=ev.count)
         self.metric(out, ev.pid, "gpu.cuda.kernel.block.size", ev.block_size, dev, count=ev.count)
 

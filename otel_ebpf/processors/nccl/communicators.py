@@ -41,7 +41,10 @@ SCOPE = "otel_ebpf.nccl"
 _OK = (0, 7)  # ncclSuccess, ncclInProgress
 # name -> (kind, unit, description); the counters are summed per batch (EventProcessor.sums)
 METRICS: dict[str, MetricSpec] = {
-    "nccl.calls": ("counter", "{call}", "NCCL collective and send/recv calls (simulated ones not counted)."),
+    "nccl.calls": ("counter", "{call}", "NCCL collective and send/recv calls (simulated and captured ones not "
+                   "counted)."),
+    "nccl.captured.calls": ("counter", "{call}", "NCCL collective and send/recv calls made during a CUDA stream "
+                            "capture: recorded into a graph, run at each replay, not when called."),
     "nccl.bytes": ("counter", "By", "Bytes named by NCCL calls (count x datatype size)."),
     "nccl.comm.inits": ("counter", "{communicator}", "Communicators created."),
     "nccl.comm.destroys": ("counter", "{communicator}", "Communicators destroyed or aborted."),

@@ -23,6 +23,11 @@ Spans (ids: see :mod:`otel_ebpf.processors.nccl.comms`):
   held until its end (:mod:`.groups`); a simulated group's span and its members' spans carry
   ``nccl.simulated = true`` and no join ids, count in no metric and not as ``unjoined``, and the
   sequence numbers they took are given back to the later calls.
+* captured calls (made while the calling thread had a CUDA stream capture open; the receivers' ``captured``): recorded
+  into a CUDA graph, not run. Their spans (and a captured group's) carry ``nccl.captured = true`` and keep
+  ``nccl.seq`` (every rank captures the same calls, so the numbers stay aligned) but get no join ids: the collective
+  runs at each ``cudaGraphLaunch``, where no NCCL call shows, so there is no arrival to join. They count in
+  ``nccl.captured.calls`` {nccl.op, nccl.comm.id}, not in ``nccl.calls`` / ``nccl.bytes``, nor as ``unjoined``.
 * communicator lifecycle (:mod:`.communicators`): ``ncclCommInitRank``/``...Config``/``...Scalable``/
   ``ncclCommSplit`` (all ranks' spans of one communicator share trace ``derive_id(comm_id, "init")``),
   ``ncclCommInitAll``, ``ncclCommShrink``, ``ncclCommDestroy``, ``ncclCommAbort``. The split span also carries
@@ -158,6 +163,15 @@ class NcclProcessor(NcclCommunicators):
         out.append(SpanRecord(ev.pid, "nccl" + ev.op, ev.start_ns, ev.end_ns, attrs, SCOPE,
                               links=self._group_links(ev)))
 
+    def _captured_call(self, ev: _Op, attrs: dict[str, AttrValue], out: Out) -> None:
+        """A call recorded into a CUDA graph (module doc): marked and counted apart, never joined."""
+        attrs["nccl.captured"] = True
+        error = self._error(ev.pid, "nccl" + ev.op, ev.rc)
+        self._count(ev.pid, "nccl.captured.calls", 1,
+                    **{k: attrs[k] for k in ("nccl.op", "nccl.comm.id", "hw.id") if k in attrs})
+        out.append(SpanRecord(ev.pid, "nccl" + ev.op, ev.start_ns, ev.end_ns, attrs, SCOPE, error=error,
+                              links=self._group_links(ev)))
+
     def _op_attrs(self, ev: _Op, comm: Comm | None) -> dict[str, AttrValue]:
         attrs: dict[str, AttrValue] = {"nccl.op": ev.op, "nccl.count": ev.count,
                                        "nccl.datatype": ev_mod.datatype_name(ev.datatype),
@@ -228,6 +242,9 @@ class NcclProcessor(NcclCommunicators):
         if self._simulated:
             self._simulated_call(ev, attrs, out)
             return
+        if ev.captured:
+            self._captured_call(ev, attrs, out)
+            return
         attrs.update(self._steps.attributes((ev.pid, ev.comm), ev.pid, ev.tid, ev.start_ns, ev.end_ns))
         error = self._error(ev.pid, "nccl" + ev.op, ev.rc)
         trace = parent = span = None
@@ -262,6 +279,9 @@ class NcclProcessor(NcclCommunicators):
         if self._simulated:
             self._simulated_call(ev, attrs, out)
             return
+        if ev.captured:
+            self._captured_call(ev, attrs, out)
+            return
         error = self._error(ev.pid, "nccl" + ev.op, ev.rc)
         trace = span = None
         links = self._group_links(ev)
@@ -286,6 +306,8 @@ class NcclProcessor(NcclCommunicators):
                                        "thread.id": ev.tid}
         if ev.simulated:
             attrs["nccl.simulated"] = True
+        if ev.captured:
+            attrs["nccl.captured"] = True
         out.append(SpanRecord(ev.pid, "ncclGroup", ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
                               span_id=span, error=self._error(ev.pid, "ncclGroupEnd", ev.rc)))
 

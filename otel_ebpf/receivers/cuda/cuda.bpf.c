@@ -29,12 +29,19 @@
  *   With CUDA_LAUNCH_CONTEXT=1 launches read it too: the operator's entry address joins the
  *   launch counter key (so the counts are per operator) and sampled launches carry it.
  *
+ * - Stream capture: cudaStreamBeginCapture* and cudaStreamEndCapture* are counted, and the thread that began a
+ *   capture has it open in oe_thread_ctx.capture (common.bpf.c; shared with the nccl program) until the capture
+ *   ends, on whatever thread ends it (capture_streams says which thread began it). Every launch and call the
+ *   thread makes meanwhile is marked `captured`: recorded into a graph, not run (it runs at each cudaGraphLaunch,
+ *   counted there). Per thread, not per stream: a launch on another, non-capturing stream from that thread is
+ *   marked too (CUDA allows it; PyTorch's torch.cuda.graph launches only on the capture stream and the streams that
+ *   joined it). A launch reads the thread's entry only while some capture is open (capture_open).
  * - Kernel names: with CUDA_LAUNCH_FUNC=1 the launched function (`func`) is part of the launch counter key, and
  *   the calls that make kernel handles (__cudaGetKernel, cudaGetFuncBySymbol, cuModuleGetFunction,
  *   cuLibraryGetKernel) give a record each tying the handle to a host function or a name (kernel_return).
  *
- * Parameters (-D): CUDA_MAX_INFLIGHT, CUDA_MAX_THREADS, CUDA_MAX_LAUNCH_KEYS,
- * CUDA_LAUNCH_SAMPLE_EVERY, CUDA_LAUNCH_CONTEXT, CUDA_LAUNCH_FUNC, CUDA_MAX_CALL_KEYS, CUDA_SPAN_RATE,
+ * Parameters (-D): CUDA_MAX_INFLIGHT, CUDA_MAX_THREADS, CUDA_MAX_LAUNCH_KEYS, CUDA_MAX_CAPTURES,
+ * CUDA_LAUNCH_SAMPLE_EVERY, CUDA_CALL_CONTEXT, CUDA_LAUNCH_CONTEXT, CUDA_LAUNCH_FUNC, CUDA_MAX_CALL_KEYS, CUDA_SPAN_RATE,
  * CUDA_SPAN_SLOW_NS, CUDA_DUR_BOUNDS_NS + CUDA_DUR_NBOUNDS, CUDA_BYTES_BOUNDS + CUDA_BYTES_NBOUNDS.
  */
 #include "cuda.h"
@@ -64,11 +71,20 @@
 #error "CUDA_DUR_BOUNDS_NS and CUDA_BYTES_BOUNDS come from otel_ebpf/receivers/cuda/receiver.py"
 #endif
 #ifndef OE_THREAD_CTX
+#error "the cuda program keeps stream captures in oe_thread_ctx: it is compiled with OE_THREAD_CTX"
+#endif
+#ifndef CUDA_CALL_CONTEXT
+#define CUDA_CALL_CONTEXT 0 /* 1: a python or torch program writes oe_thread_ctx's call slots: calls read them */
+#endif
+#if !CUDA_CALL_CONTEXT
 #undef CUDA_LAUNCH_CONTEXT
 #define CUDA_LAUNCH_CONTEXT 0
 #endif
 #ifndef CUDA_LAUNCH_CONTEXT
 #define CUDA_LAUNCH_CONTEXT 1
+#endif
+#ifndef CUDA_MAX_CAPTURES
+#define CUDA_MAX_CAPTURES 4096
 #endif
 #ifndef CUDA_LAUNCH_FUNC
 #define CUDA_LAUNCH_FUNC 1
@@ -91,7 +107,8 @@ struct cuda_call_state {
 struct cuda_launch_key {
     u32 pid;
     s16 device;      /* a device index (cudaSetDevice's int; 16 bits keep the key small: hashed per launch) */
-    u16 api;         /* CUDA_API_* of the entry point that counted it (runtime or driver) */
+    u8 api;          /* CUDA_API_* of the entry point that counted it (runtime or driver) */
+    u8 captured;     /* 1: recorded into a graph during a stream capture, not run */
     u64 grid_size;   /* blocks: grid.x * grid.y * grid.z */
     u64 block_size;  /* threads per block: block.x * block.y * block.z */
     u64 op;          /* entry address of the enclosing PyTorch operator; 0: none (or not read) */
@@ -123,7 +140,8 @@ struct cuda_call_stats_key {
     s32 rc;
     u8 api;
     u8 kind;         /* cudaMemcpyKind; 0 for synchronize */
-    u16 _pad;
+    u8 captured;     /* as in cuda_call */
+    u8 _pad;
 };
 
 struct cuda_call_stats {
@@ -160,9 +178,31 @@ struct cuda_thread {
 BPF_HASH(thread_device, u32, struct cuda_thread, CUDA_MAX_THREADS);
 BPF_PERCPU_ARRAY(thread_scratch, struct cuda_thread, 1);
 BPF_PERCPU_HASH(launch_stats, struct cuda_launch_key, u64, CUDA_MAX_LAUNCH_KEYS);
+/* Stream captures open now: which thread began each, so the thread that ends it (maybe another one) can close
+ * it. Keyed by stream; a per-thread stream handle (NULL under _ptsz, cudaStreamPerThread) names the calling
+ * thread's own stream, so its key carries the thread. LRU: a capture whose end was never seen (the process died
+ * in it) is evicted, not kept. */
+struct cuda_capture_key {
+    u32 pid;
+    u32 tid;     /* 0 unless the stream handle is a per-thread one */
+    u64 stream;
+};
+BPF_TABLE("lru_hash", struct cuda_capture_key, u32, capture_streams, CUDA_MAX_CAPTURES);
+/* Open captures of traced threads (a hint, never exact after a missed end: it only chooses the launch path). */
+BPF_ARRAY(capture_open, s64, 1);
 #if CUDA_LAUNCH_SAMPLE_EVERY > 0
 BPF_HASH(launch_seq, u32, u64, OE_MAX_PIDS);
 #endif
+
+/* 1 when thread `tid` has a stream capture open: its launches and calls are recorded into a graph. */
+static __always_inline u8 cuda_captured(u32 tid)
+{
+    int zero = 0;
+    s64 *open = capture_open.lookup(&zero);
+    if (!open || *open <= 0)
+        return 0;
+    return oe_capture_depth(tid) > 0;
+}
 
 static __always_inline s32 cuda_device(u32 tid)
 {
@@ -211,7 +251,7 @@ static __always_inline int cuda_enter(struct pt_regs *ctx, u32 api)
     st.arg[2] = PT_REGS_PARM3(ctx);
     st.arg[3] = PT_REGS_PARM4(ctx);
     st.arg[4] = PT_REGS_PARM5(ctx);
-#ifdef OE_THREAD_CTX
+#if CUDA_CALL_CONTEXT
     u64 op = 0;
     st.ctx_kind = oe_ctx_get(key.tid, &st.ctx_start, &st.ctx_root, &op);
 #endif
@@ -233,6 +273,7 @@ static __always_inline void cuda_fill(struct cuda_call *c, u8 type, u32 api,
     c->end_ns = end_ns;
     c->rc = (s32)PT_REGS_RC(ctx);
     c->ctx_kind = (u8)st->ctx_kind;
+    c->captured = cuda_captured((u32)id);
     c->ctx_start = st->ctx_start;
     c->ctx_root = st->ctx_root;
 }
@@ -328,6 +369,7 @@ static __always_inline int call_return(struct pt_regs *ctx, u32 api, struct cuda
     key.rc = (s32)PT_REGS_RC(ctx);
     key.api = (u8)api;
     key.kind = (u8)kind;
+    key.captured = cuda_captured((u32)id);
     call_account(&key, dur, bytes, has_bytes, !keep);
     return keep;
 }
@@ -514,9 +556,87 @@ static __always_inline int count_return(struct pt_regs *ctx, u32 api)
     sk.device = cuda_device((u32)id);
     sk.rc = (s32)PT_REGS_RC(ctx);
     sk.api = (u8)api;
+    /* the capture calls themselves run on the host: never counted as captured */
+    sk.captured = api >= CUDA_API_cudaStreamBeginCapture ? 0 : cuda_captured((u32)id);
     call_account(&sk, dur, bytes, has_bytes, 0);
     inflight.delete(&key);
     return 0;
+}
+
+/* ---- stream capture --------------------------------------------------------------- */
+
+static __always_inline void capture_key(struct cuda_capture_key *k, u64 id, u64 stream, u32 api)
+{
+    k->pid = id >> 32;
+    k->stream = stream;
+    /* cudaStreamPerThread (0x2), or NULL under the per-thread-default-stream entry points */
+    if (stream == 2 || (stream == 0 && (api == CUDA_API_cudaStreamBeginCapture_ptsz ||
+                                        api == CUDA_API_cudaStreamBeginCaptureToGraph_ptsz ||
+                                        api == CUDA_API_cudaStreamEndCapture_ptsz)))
+        k->tid = (u32)id;
+}
+
+static __always_inline void capture_open_add(s64 delta)
+{
+    int zero = 0;
+    s64 *open = capture_open.lookup(&zero);
+    if (open)
+        __sync_fetch_and_add(open, delta);
+}
+
+/* cudaStreamBeginCapture(stream, mode), cudaStreamBeginCaptureToGraph(stream, graph, deps, data, n, mode): counted;
+ * on success the capture is open on this thread until its end. */
+static __always_inline int capture_begin_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    u64 id = bpf_get_current_pid_tgid();
+    key.tid = (u32)id;
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    u64 stream = st->arg[0];
+    int rv = count_return(ctx, api); /* counted before the capture opens: the call itself is run */
+    if (PT_REGS_RC(ctx) == 0) {
+        struct cuda_capture_key ck = {};
+        capture_key(&ck, id, stream, api);
+        u32 tid = (u32)id;
+        if (capture_streams.update(&ck, &tid) != 0)
+            oe_drop(OE_DROP_STATEMAP);
+        else if (oe_capture_add(tid, 1))
+            capture_open_add(1);
+    }
+    return rv;
+}
+
+/* cudaStreamEndCapture(stream, &graph): counted; the capture ends (on the thread that began it) when the call
+ * succeeds or reports the capture invalidated (cudaErrorStreamCaptureInvalidated 901, ...Unjoined 904: CUDA
+ * Runtime API 13.0, cudaStreamEndCapture and driver_types.h), not when it refused to end it (not capturing, wrong
+ * stream or thread). */
+static __always_inline int capture_end_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    u64 id = bpf_get_current_pid_tgid();
+    key.tid = (u32)id;
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    s32 rc = (s32)PT_REGS_RC(ctx);
+    u64 stream = st->arg[0];
+    int rv = count_return(ctx, api);
+    if (rc == 0 || rc == 901 || rc == 904) {
+        struct cuda_capture_key ck = {};
+        capture_key(&ck, id, stream, api);
+        u32 *began = capture_streams.lookup(&ck);
+        if (began) {
+            u32 tid = *began;
+            capture_streams.delete(&ck);
+            if (oe_capture_add(tid, -1))
+                capture_open_add(-1);
+        }
+    }
+    return rv;
 }
 
 /* Commits the thread -> device binding before filling, so the record carries the new device. */
@@ -616,13 +736,15 @@ static __always_inline void launch_context(u32 tid, struct cuda_launch_ctx *lc)
 #endif
 }
 
-static __always_inline void launch_count(u32 pid, s32 device, struct cuda_launch_args *a, u64 op, u32 api)
+static __always_inline void launch_count(u32 pid, s32 device, struct cuda_launch_args *a, u64 op, u32 api,
+                                         u8 captured)
 {
     struct cuda_launch_key key = {};
     key.pid = pid;
     key.device = (s16)device;
     key.op = op;
-    key.api = (u16)api;
+    key.api = (u8)api;
+    key.captured = captured;
     key.grid_size = (u64)a->grid[0] * a->grid[1] * a->grid[2];
     key.block_size = (u64)a->block[0] * a->block[1] * a->block[2];
 #if CUDA_LAUNCH_FUNC
@@ -663,6 +785,26 @@ static __always_inline u64 launch_next_seq(u32 pid)
 }
 #endif
 
+/* 1 when the launch is recorded into a graph: its thread has a capture open, or it goes to a stream a capture
+ * began on (of any thread: PyTorch's autograd runs a captured backward on its device thread, on the forward's
+ * stream). Costs nothing while no capture is open; then a stream read and one lookup. A launch from another
+ * thread to a stream that only joined a capture (through an event) is not marked. */
+static __always_inline u8 launch_captured(u64 id, struct cuda_launch_args *a, u64 sp, u32 smem_at)
+{
+    int zero = 0;
+    s64 *open = capture_open.lookup(&zero);
+    if (!open || *open <= 0)
+        return 0;
+    if (oe_capture_depth((u32)id))
+        return 1;
+    u64 stream = a->stream;
+    if (sp)
+        bpf_probe_read_user(&stream, sizeof(stream), (void *)(sp + smem_at + 8));
+    struct cuda_capture_key ck = {};
+    capture_key(&ck, id, stream, CUDA_API_cudaStreamBeginCapture);
+    return capture_streams.lookup(&ck) != NULL;
+}
+
 /* sp: the caller's stack pointer at entry when shared_mem/stream are stack arguments, 0 when `a` already
  * holds them (cudaLaunchKernelExC, cuLaunchKernelEx); smem_at: shared_mem's offset from sp (stream follows):
  * 8 for cudaLaunchKernel, 16 for cuLaunchKernel (blockDimZ comes first). */
@@ -672,7 +814,8 @@ static __always_inline int launch_entry(u32 api, u64 id, s32 device, struct cuda
     u32 pid = id >> 32;
     struct cuda_launch_ctx lc = {};
     launch_context((u32)id, &lc);
-    launch_count(pid, device, a, lc.op, api);
+    u8 captured = launch_captured(id, a, sp, smem_at);
+    launch_count(pid, device, a, lc.op, api, captured);
 #if CUDA_LAUNCH_SAMPLE_EVERY > 0
     u64 seq = launch_next_seq(pid);
     if (seq == 0 || seq % CUDA_LAUNCH_SAMPLE_EVERY != 0)
@@ -706,6 +849,7 @@ static __always_inline int launch_entry(u32 api, u64 id, s32 device, struct cuda
             e->shared_mem = (u32)e->shared_mem; /* cuLaunchKernel's sharedMemBytes is an unsigned int */
     }
     e->seq = seq;
+    e->captured = captured;
     e->ctx_kind = (u8)lc.kind;
     e->ctx_start = lc.start;
     e->ctx_root = lc.root;
@@ -898,9 +1042,10 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
     thread_device.delete(&tid);
-#ifdef OE_THREAD_CTX
+    u32 open = oe_capture_depth(tid); /* captures the thread left open: closed with it */
+    if (open)
+        capture_open_add(-(s64)open);
     oe_ctx_forget(tid);
-#endif
     struct cuda_call_key key = {};
     key.tid = tid;
 #pragma unroll
@@ -967,6 +1112,12 @@ CUDA_CALL(cudaEventDestroy, count_return)
 CUDA_CALL(cudaHostRegister, count_return)
 CUDA_CALL(cudaHostUnregister, count_return)
 CUDA_CALL(__cudaGetKernel, kernel_return)
+CUDA_CALL(cudaStreamBeginCapture, capture_begin_return)
+CUDA_CALL(cudaStreamBeginCapture_ptsz, capture_begin_return)
+CUDA_CALL(cudaStreamBeginCaptureToGraph, capture_begin_return)
+CUDA_CALL(cudaStreamBeginCaptureToGraph_ptsz, capture_begin_return)
+CUDA_CALL(cudaStreamEndCapture, capture_end_return)
+CUDA_CALL(cudaStreamEndCapture_ptsz, capture_end_return)
 CUDA_CALL(cudaGetFuncBySymbol, kernel_return)
 
 int enter_cudaLaunchKernel(struct pt_regs *ctx) { return launch_kernel_enter(ctx, CUDA_API_cudaLaunchKernel); }

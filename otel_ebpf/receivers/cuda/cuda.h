@@ -85,7 +85,14 @@
 #define CUDA_API_cudaGetFuncBySymbol 57
 #define CUDA_API_cuModuleGetFunction 58
 #define CUDA_API_cuLibraryGetKernel 59
-#define CUDA_API_COUNT 60
+/* stream capture (capture_begin_return / capture_end_return): counted, and the thread's open captures kept */
+#define CUDA_API_cudaStreamBeginCapture 60
+#define CUDA_API_cudaStreamBeginCapture_ptsz 61
+#define CUDA_API_cudaStreamBeginCaptureToGraph 62
+#define CUDA_API_cudaStreamBeginCaptureToGraph_ptsz 63
+#define CUDA_API_cudaStreamEndCapture 64
+#define CUDA_API_cudaStreamEndCapture_ptsz 65
+#define CUDA_API_COUNT 66
 
 #define CUDA_KERNEL_NAME_LEN 160
 
@@ -99,7 +106,7 @@ struct cuda_call {
     u8 type;
     u8 api;            /* CUDA_API_* */
     u8 ctx_kind;       /* CUDA_CTX_*: the innermost traced call open on the thread at entry */
-    u8 _pad;
+    u8 captured;       /* 1: made while the thread had a stream capture open (recorded into a graph, not run) */
     s32 device;        /* thread's device from cudaSetDevice; 0 (CUDA's default) when none seen */
     u32 pid;
     u32 tid;
@@ -165,7 +172,7 @@ struct cuda_launch_rec {
     u8 type;
     u8 api;
     u8 ctx_kind;       /* as in cuda_call */
-    u8 _pad;
+    u8 captured;       /* as in cuda_call */
     s32 device;
     u32 pid;
     u32 tid;

@@ -7,7 +7,9 @@ successful ``cudaSetDevice`` seen on that thread, or 0 when none was seen (CUDA'
 for a host thread; a process whose runtime cannot start has no device, and its calls fail). ``rc`` is the
 ``cudaError_t`` the call returned. Pointers and handles are plain ints. ``enclosing`` is the
 traced Python function or PyTorch operator the thread was in when the call began (None: none,
-or the python/torch receivers are not running).
+or the python/torch receivers are not running). ``captured``: made while the thread had a CUDA stream capture
+open (``cudaStreamBeginCapture``..``cudaStreamEndCapture``): the work was recorded into a graph, not run; it runs
+at each ``cudaGraphLaunch`` of that graph, which no other probe sees.
 """
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ class MemcpyCall:
     stream: int
     kind: int
     enclosing: EnclosingCall | None = None
+    captured: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,7 @@ class AllocCall:
     stream: int
     flags: int
     enclosing: EnclosingCall | None = None
+    captured: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,7 @@ class FreeCall:
     ptr: int
     stream: int
     enclosing: EnclosingCall | None = None
+    captured: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +119,7 @@ class SyncCall:
     rc: int
     handle: int
     enclosing: EnclosingCall | None = None
+    captured: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +138,7 @@ class GraphLaunchCall:
     exec: int
     stream: int
     enclosing: EnclosingCall | None = None
+    captured: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +155,7 @@ class SetDeviceCall:
     rc: int
     requested: int
     enclosing: EnclosingCall | None = None
+    captured: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +175,7 @@ class KernelLaunch:
     stream: int
     seq: int
     enclosing: EnclosingCall | None = None
+    captured: bool = False
     kernel: str = ""  # the kernel's short name (receiver kernel_names; "": unknown)
 
 
@@ -188,6 +197,7 @@ its host function, or the name the driver was asked for (Triton's ``triton_poi_f
     op: str = ""  # the PyTorch operator the launches were made in ("": none or unknown)
     api: str = ""  # the entry point that counted them: cudaLaunchKernel*, or cuLaunchKernel* (the driver)
     kernel: str = ""  # the launched kernel's short name, ``at::native::elementwise_kernel`` ("": unknown or off)
+    captured: bool = False  # recorded into a CUDA graph during a stream capture, not run
 
 
 CudaCall = MemcpyCall | AllocCall | FreeCall | SyncCall | SetDeviceCall | GraphLaunchCall
@@ -214,3 +224,4 @@ class CallStats:
     dur_hist: tuple[int, ...]
     bytes_hist: tuple[int, ...]
     time_ns: int
+    captured: bool = False  # calls made during a stream capture (recorded into a graph, not run)

@@ -49,7 +49,8 @@ __all__ = ["ALLOC", "APIS", "DRIVER_PROBES", "FREE", "GRAPH", "KERNEL", "LAUNCH"
            "SET_DEVICE", "SYNC", "Api", "CudaReceiver"]
 
 log = logging.getLogger(__name__)
-ApiKind = Literal["launch", "launch_exc", "memcpy", "alloc", "free", "sync", "set_device", "graph", "count", "kernel"]
+ApiKind = Literal["launch", "launch_exc", "memcpy", "alloc", "free", "sync", "set_device", "graph", "count", "kernel",
+                  "capture"]
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,13 @@ APIS: tuple[Api, ...] = (
     Api("cudaGetFuncBySymbol", "kernel", True),
     Api("cuModuleGetFunction", "kernel", True, library="driver"),
     Api("cuLibraryGetKernel", "kernel", True, library="driver"),
+    # stream capture: counted, and while one is open the thread's launches and calls are marked captured
+    Api("cudaStreamBeginCapture", "capture"),
+    Api("cudaStreamBeginCapture_ptsz", "capture", True),
+    Api("cudaStreamBeginCaptureToGraph", "capture", True),  # CUDA 12.3+
+    Api("cudaStreamBeginCaptureToGraph_ptsz", "capture", True),
+    Api("cudaStreamEndCapture", "capture"),
+    Api("cudaStreamEndCapture_ptsz", "capture", True),
 )
 _SYMBOLS = tuple(a.symbol for a in APIS)
 
@@ -150,9 +158,9 @@ DRIVER_PROBES = _probes("driver")  # on each libcuda.so.* (the driver)
 _RUNTIME_PREFIX, _DRIVER_PREFIX = "libcudart.so", "libcuda.so"
 
 
-_CALL_FMT = "BBBxiIIQQi4xQQ"
-_CALL_FIELDS = tuple(f"call.{f}" for f in ("type", "api", "ctx_kind", "device", "pid", "tid", "start_ns", "end_ns",
-                                          "rc", "ctx_start", "ctx_root"))
+_CALL_FMT = "BBBBiIIQQi4xQQ"
+_CALL_FIELDS = tuple(f"call.{f}" for f in ("type", "api", "ctx_kind", "captured", "device", "pid", "tid", "start_ns",
+                                          "end_ns", "rc", "ctx_start", "ctx_root"))
 MEMCPY = Mirror("cuda_memcpy_rec", 16, struct.Struct("<" + _CALL_FMT + "QQQQI4x"),
                 (*_CALL_FIELDS, "dst", "src", "bytes", "stream", "kind"))
 ALLOC = Mirror("cuda_alloc_rec", 17, struct.Struct("<" + _CALL_FMT + "QQQI4x"),
@@ -162,9 +170,9 @@ FREE = Mirror("cuda_free_rec", 18, struct.Struct("<" + _CALL_FMT + "QQ"),
 SYNC = Mirror("cuda_sync_rec", 19, struct.Struct("<" + _CALL_FMT + "Q"), (*_CALL_FIELDS, "handle"))
 SET_DEVICE = Mirror("cuda_set_device_rec", 20, struct.Struct("<" + _CALL_FMT + "i4x"),
                     (*_CALL_FIELDS, "requested"))
-LAUNCH = Mirror("cuda_launch_rec", 21, struct.Struct("<BBBxiIIQQ3I3IQQQQQ"),
-                ("type", "api", "ctx_kind", "device", "pid", "tid", "ts", "func", "grid[0]", "grid[1]", "grid[2]",
-                 "block[0]", "block[1]", "block[2]", "shared_mem", "stream", "seq", "ctx_start", "ctx_root"))
+LAUNCH = Mirror("cuda_launch_rec", 21, struct.Struct("<BBBBiIIQQ3I3IQQQQQ"),
+                ("type", "api", "ctx_kind", "captured", "device", "pid", "tid", "ts", "func", "grid[0]", "grid[1]",
+                 "grid[2]", "block[0]", "block[1]", "block[2]", "shared_mem", "stream", "seq", "ctx_start", "ctx_root"))
 GRAPH = Mirror("cuda_graph_rec", 22, struct.Struct("<" + _CALL_FMT + "QQ"), (*_CALL_FIELDS, "exec", "stream"))
 KERNEL = Mirror("cuda_kernel_rec", 23, struct.Struct("<BB2xIQQ160s"),
                 ("type", "api", "pid", "handle", "host_fun", "name"))
@@ -179,8 +187,8 @@ _CALL_EVENTS: dict[int, tuple[struct.Struct, type]] = {
     GRAPH.etype: (GRAPH.fmt, GraphLaunchCall),
 }
 
-LaunchKey = tuple[int, int, int, int, int, int, int]  # pid, device, grid, block, operator address, api id, func
-CallKey = tuple[int, int, int, int, int]  # pid, device, rc, api id, kind
+LaunchKey = tuple[int, int, int, int, int, int, int, int]  # pid, device, grid, block, operator, api id, func, captured
+CallKey = tuple[int, int, int, int, int, int]  # pid, device, rc, api id, kind, captured
 # The in-kernel call histograms use the emitter's own bounds, so their buckets merge as they are.
 DUR_BOUNDS_NS = tuple(round(b * 1e9) for b in bounds_for_unit("s"))
 BYTES_BOUNDS = tuple(int(b) for b in bounds_for_unit("By"))
@@ -213,11 +221,11 @@ class CudaReceiver(BpfReceiver):
                          poll_interval=config.poll_interval)
         self.config = config
         self._launches: MapDeltas[LaunchKey] = MapDeltas(
-            lambda key: (key.pid, key.device, key.grid_size, key.block_size, key.op, key.api, key.func),
+            lambda key: (key.pid, key.device, key.grid_size, key.block_size, key.op, key.api, key.func, key.captured),
             lambda per_cpu: (sum(per_cpu),))
         nd, nb = len(DUR_BOUNDS_NS) + 1, len(BYTES_BOUNDS) + 1
         self._calls: MapDeltas[CallKey] = MapDeltas(
-            lambda key: (key.pid, key.device, key.rc, key.api, key.kind),
+            lambda key: (key.pid, key.device, key.rc, key.api, key.kind, key.captured),
             lambda v: (v.calls, v.limited, v.dur_ns, v.bytes, *v.dur_hist[:nd], *v.bytes_hist[:nb]))
         self._next_stats = 0.0
         self._final_read = False
@@ -225,10 +233,12 @@ class CudaReceiver(BpfReceiver):
         self._evicted_seen = 0
         self._gone: list[int] = []
 
+    thread_context = True  # oe_thread_ctx: it keeps each thread's open stream captures there (the nccl program reads)
+
     @property
-    def thread_context(self) -> bool:  # type: ignore[override]
-        """Read the per-thread call map (nesting) only when a python or torch receiver of this
-        agent writes it: without one every lookup would miss, and launches keep the cheapest path."""
+    def call_context(self) -> bool:
+        """Read the per-thread call slots (nesting) only when a python or torch receiver of this
+        agent writes them: without one every lookup would miss, and launches keep the cheapest path."""
         return self.config.nesting and bool(self.ctx.thread_ctx_writers)
 
     def cflags(self) -> list[str]:
@@ -236,7 +246,8 @@ class CudaReceiver(BpfReceiver):
         return [f"-DCUDA_MAX_INFLIGHT={c.max_inflight}", f"-DCUDA_MAX_THREADS={c.max_threads}",
                 f"-DCUDA_MAX_LAUNCH_KEYS={c.max_launch_keys}",
                 f"-DCUDA_LAUNCH_SAMPLE_EVERY={c.launch_sample_every}",
-                f"-DCUDA_LAUNCH_CONTEXT={1 if self.thread_context and c.launch_context else 0}",
+                f"-DCUDA_CALL_CONTEXT={1 if self.call_context else 0}",
+                f"-DCUDA_LAUNCH_CONTEXT={1 if self.call_context and c.launch_context else 0}",
                 f"-DCUDA_LAUNCH_FUNC={1 if c.kernel_names else 0}",
                 f"-DCUDA_MAX_CALL_KEYS={c.max_call_keys}", f"-DCUDA_SPAN_RATE={c.span_rate_limit}",
                 f"-DCUDA_SPAN_SLOW_NS={round(c.always_span_slower_than * 1e9)}",
@@ -256,18 +267,19 @@ class CudaReceiver(BpfReceiver):
         call = _CALL_EVENTS.get(etype)
         if call is not None:
             fmt, cls = call
-            _, api, kind, device, pid, tid, start, end, rc, cstart, croot, *rest = fmt.unpack_from(raw)
+            _, api, kind, captured, device, pid, tid, start, end, rc, cstart, croot, *rest = fmt.unpack_from(raw)
             to_epoch = self.clock.to_epoch_ns
             event: object = cls(pid, tid, _SYMBOLS[api], device, to_epoch(start), to_epoch(end), rc, *rest,
-                                enclosing=self._enclosing(kind, cstart, croot))
+                                enclosing=self._enclosing(kind, cstart, croot), captured=bool(captured))
             return event
         if etype == LAUNCH.etype:
-            (_, api, kind, device, pid, tid, ts, func, gx, gy, gz, bx, by, bz, smem, stream,
+            (_, api, kind, captured, device, pid, tid, ts, func, gx, gy, gz, bx, by, bz, smem, stream,
              seq, cstart, croot) = LAUNCH.fmt.unpack_from(raw)
             return KernelLaunch(pid, tid, _SYMBOLS[api], device, self.clock.to_epoch_ns(ts), func,
                                 (gx, gy, gz), (bx, by, bz), smem, stream, seq,
                                 enclosing=self._enclosing(kind, cstart, croot),
-                                kernel=self._kernels.name(pid, func) if self.config.kernel_names else "")
+                                kernel=self._kernels.name(pid, func) if self.config.kernel_names else "",
+                                captured=bool(captured))
         if etype == KERNEL.etype:
             _, api, pid, handle, host_fun, name = KERNEL.fmt.unpack_from(raw)
             if api >= len(_SYMBOLS):
@@ -316,7 +328,7 @@ class CudaReceiver(BpfReceiver):
         now_ns = time.time_ns()
         nd = len(DUR_BOUNDS_NS) + 1
         return [CallStats(k[0], _SYMBOLS[k[3]], k[1], k[2], k[4], d[0], d[1], d[2], d[3], d[4:4 + nd], d[4 + nd:],
-                          now_ns)
+                          now_ns, bool(k[5]))
                 for k, d in self._calls.moved(self.bpf["call_stats"])]
 
     def read_launch_stats(self) -> list[KernelLaunchStats]:
@@ -332,7 +344,7 @@ class CudaReceiver(BpfReceiver):
         return [KernelLaunchStats(k[0], k[1], k[2], k[3], d[0], now_ns,
                                   (threadctx.op_name(self.ctx, k[0], k[4]) or "") if k[4] else "",
                                   _SYMBOLS[k[5]] if k[5] < len(_SYMBOLS) else "",
-                                  names.name(k[0], k[6]) if k[6] else "")
+                                  names.name(k[0], k[6]) if k[6] else "", bool(k[7]))
                 for k, d in moved]
 
     # ---- a thread's current device, for the other components (core.services.CudaThreads) ----------

@@ -179,7 +179,9 @@ class NcclCommInfo:
 @dataclass(frozen=True, slots=True)
 class NcclCollective:
     """A collective's host-side call (entry to return). ``op`` is the NCCL name without the
-    prefix (``AllReduce``); ``redop``/``root`` are None for ops without one."""
+    prefix (``AllReduce``); ``redop``/``root`` are None for ops without one. ``captured``: made during a CUDA
+    stream capture of its thread (the cuda receiver keeps them), so recorded into a graph, not run: it runs at
+    each replay of the graph, which no NCCL call shows."""
 
     pid: int
     tid: int
@@ -195,12 +197,13 @@ class NcclCollective:
     seq: int | None
     group: int
     rc: int
+    captured: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class NcclP2P:
     """ncclSend (``op`` "Send") or ncclRecv ("Recv") to/from ``peer``; ``seq`` counts per
-    (communicator, peer, direction)."""
+    (communicator, peer, direction). ``captured`` as in :class:`NcclCollective`."""
 
     pid: int
     tid: int
@@ -215,13 +218,15 @@ class NcclP2P:
     seq: int | None
     group: int
     rc: int
+    captured: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class NcclGroup:
     """An outermost ncclGroupStart..ncclGroupEnd on one thread, with ``members`` calls inside, ``p2p``
     of them ncclSend/ncclRecv. ``simulated``: closed by ncclGroupSimulateEnd, so nothing was launched
-    (its members' calls did no work)."""
+    (its members' calls did no work). ``captured``: closed during a CUDA stream capture (as in
+    :class:`NcclCollective`)."""
 
     pid: int
     tid: int
@@ -232,3 +237,4 @@ class NcclGroup:
     rc: int
     p2p: int = 0
     simulated: bool = False
+    captured: bool = False

@@ -1,6 +1,12 @@
 /* NCCL receiver: uprobes/uretprobes on libnccl.so.2's host API (NCCL 2.x, checked on 2.32.3).
  * common.bpf.c is prepended (traced set, ring buffer "events", drops[]); records in nccl.h.
  *
+ * Captured calls: a collective, send/recv or group made while its thread has a CUDA stream capture open
+ * (oe_thread_ctx.capture, kept by the cuda program of the same agent: common.bpf.c) is recorded into a CUDA
+ * graph, not run (NCCL 2.28.9 src/enqueue.cc: ncclLaunchPrepare makes a persistent plan when the stream is
+ * capturing, and each cudaGraphLaunch runs it); its record carries NCCL_F_CAPTURED / NCCL_GROUP_F_CAPTURED.
+ * Without the cuda receiver nothing keeps captures, and no call is marked.
+ *
  * Entry probes save the arguments per thread (calls/inits/ctls, keyed by pid_tgid); return
  * probes pair them with the return code and submit one record, so a record always has both
  * times. Arguments follow the x86-64 SysV ABI: integer args in rdi, rsi, rdx, rcx, r8, r9,
@@ -414,6 +420,8 @@ static __always_inline int nccl_submit_p2p(struct nccl_call *c, u64 id, s32 rc, 
             e->flags = NCCL_F_SEQ;
         }
     }
+    if (oe_capture_depth((u32)id))
+        e->flags |= NCCL_F_CAPTURED;
     events.ringbuf_submit(e, oe_wakeup_flags());
     return 0;
 }
@@ -447,6 +455,8 @@ static __always_inline int nccl_submit_coll(struct nccl_call *c, u64 id, s32 rc,
         e->seq = st ? __sync_fetch_and_add(&st->seq, 1) : c->seq;
         e->flags = NCCL_F_SEQ;
     }
+    if (oe_capture_depth((u32)id))
+        e->flags |= NCCL_F_CAPTURED;
     events.ringbuf_submit(e, oe_wakeup_flags());
     return 0;
 }
@@ -528,6 +538,8 @@ int nccl_group_end_return(struct pt_regs *ctx)
         __builtin_memset(e, 0, sizeof(*e));
         e->type = NCCL_EV_GROUP;
         e->flags = (g->sim && rc == 0) ? NCCL_GROUP_F_SIMULATED : 0;
+        if (oe_capture_depth((u32)id))
+            e->flags |= NCCL_GROUP_F_CAPTURED;
         e->pid = id >> 32;
         e->tid = (u32)id;
         e->rc = rc;

@@ -55,7 +55,9 @@
 
 /* flags */
 #define NCCL_F_SEQ 1  /* seq is valid: the communicator's creation was seen and the call was issued */
+#define NCCL_F_CAPTURED 2  /* made during a CUDA stream capture of its thread: recorded into a graph, not run */
 #define NCCL_GROUP_F_SIMULATED 1  /* nccl_group.flags: closed by ncclGroupSimulateEnd, nothing launched */
+#define NCCL_GROUP_F_CAPTURED 2   /* nccl_group.flags: closed during a stream capture (as NCCL_F_CAPTURED) */
 
 struct nccl_comm_init {
     u8 type;

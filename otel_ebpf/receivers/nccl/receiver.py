@@ -56,7 +56,9 @@ OPS = ("AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AlltoA
 INIT_FUNCTIONS = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable")
 INFO_KINDS = ("nranks", "rank", "device")
 F_SEQ = 1
+F_CAPTURED = 2  # NCCL_F_CAPTURED
 GROUP_F_SIMULATED = 1
+GROUP_F_CAPTURED = 2
 SHRINK_MAX = 64  # NCCL_SHRINK_MAX
 SWEEP_INTERVAL_S = 10.0
 
@@ -149,6 +151,7 @@ class NcclReceiver(BpfReceiver):
     library_key = "nccl"
     lib_pattern = "libnccl.so"
     probes: Sequence[Probe] = PROBES
+    thread_context = True  # reads the open CUDA stream captures the cuda program keeps in oe_thread_ctx
 
     def __init__(self, ctx: Context, next_: Consumer, config: Config | None = None) -> None:
         self.config = config or Config()
@@ -246,18 +249,18 @@ class NcclReceiver(BpfReceiver):
          group) = COLL.struct.unpack_from(raw)
         return NcclCollective(pid, tid, self._ns(t0), self._ns(t1), OPS[op], comm, count, dtype,
                               redop if redop >= 0 else None, root if root >= 0 else None, stream,
-                              seq if flags & F_SEQ else None, group, rc)
+                              seq if flags & F_SEQ else None, group, rc, bool(flags & F_CAPTURED))
 
     def _p2p(self, raw: bytes) -> NcclP2P:
         (_, op, flags, pid, tid, rc, dtype, peer, t0, t1, count, comm, stream, seq,
          group) = P2P.struct.unpack_from(raw)
         return NcclP2P(pid, tid, self._ns(t0), self._ns(t1), OPS[op], comm, count, dtype, peer, stream,
-                       seq if flags & F_SEQ else None, group, rc)
+                       seq if flags & F_SEQ else None, group, rc, bool(flags & F_CAPTURED))
 
     def _group(self, raw: bytes) -> NcclGroup:
         _, flags, pid, tid, rc, members, p2p, t0, t1, group = GROUP.struct.unpack_from(raw)
         return NcclGroup(pid, tid, self._ns(t0), self._ns(t1), group, members, rc, p2p,
-                         bool(flags & GROUP_F_SIMULATED))
+                         bool(flags & GROUP_F_SIMULATED), bool(flags & GROUP_F_CAPTURED))
 
     def _comm_shrink(self, raw: bytes) -> NcclCommShrink:
         v = COMM_SHRINK.struct.unpack_from(raw)

@@ -224,6 +224,20 @@ def test_unrelated_spans_p2p_and_other_events_pass_through_unchanged(sink, clock
     assert join.ctx.telemetry.get("otel_ebpf.collective_join.unjoined", reason="bad_rank") == 1
 
 
+def test_captured_rank_and_p2p_spans_pass_through_unjoined(sink, clock):
+    """Work recorded into a CUDA graph during a stream capture (``nccl.captured``) has no arrival to join."""
+    join = make(sink, clock)
+    captured = [ReadableSpan(s.name, context=s.context, parent=s.parent, resource=s.resource,
+                             attributes={**s.attributes, "nccl.captured": True}, start_time=s.start_time,
+                             end_time=s.end_time) for s in (rank_span(3, r, 0) for r in range(4))]
+    send = ReadableSpan("ncclSend", context=SpanContext(3, 4, False, SAMPLED), resource=NODES["node-a"],
+                        attributes={"nccl.comm.id": COMM, "nccl.seq": 1, "nccl.peer": 1, "nccl.rank": 0,
+                                    "nccl.captured": True}, start_time=T0, end_time=T0 + 1)
+    join.consume([*captured, send])
+    assert sink.take() == [*captured, send]
+    assert join.store.get((COMM, 3)) is None
+
+
 def test_shutdown_releases_pending_as_partial_and_is_safe_twice(sink, clock):
     join = make(sink, clock)
     join.consume([rank_span(8, 0, 0)])

@@ -551,3 +551,29 @@ def test_operator_names_of_launch_counters_come_from_the_torch_receiver_of_the_s
     finally:
         threadctx.unregister_ops(ctx)
     assert threadctx.op_name(ctx, PID, 0x4000) is None
+
+
+# ---- stream capture: recorded into a graph, not run ------------------------------------------
+def test_captured_launches_are_counted_apart_and_out_of_the_launch_shape_histograms() -> None:
+    out = Rig().run(KernelLaunchStats(PID, 0, 4, 128, 7, T0, api="cudaLaunchKernel", captured=True),
+                    KernelLaunchStats(PID, 0, 4, 128, 2, T0, api="cudaLaunchKernel"))
+    calls = {m.attributes.get("cuda.graph.captured", False): m.value
+             for m in metrics(out, "gpu.cuda.kernel.launch.calls")}
+    assert calls == {True: 7, False: 2}
+    (grid,) = metrics(out, "gpu.cuda.kernel.grid.size")
+    assert grid.count == 2 and "cuda.graph.captured" not in grid.attributes
+
+
+def test_captured_calls_mark_their_spans_and_metrics() -> None:
+    import dataclasses
+
+    copy = dataclasses.replace(memcpy(), captured=True)
+    stats = dataclasses.replace(call_stats(), captured=True)
+    out = Rig().run(copy, stats, memcpy())
+    marked = [s.attributes.get("cuda.graph.captured") for s in spans(out)]
+    assert marked == [True, None]
+    (copies,) = metrics(out, "gpu.cuda.memory.copies")
+    assert copies.attributes["cuda.graph.captured"] is True
+    begin = call_stats("cudaStreamBeginCapture", sizes=(0,))
+    (counted,) = metrics(Rig().run(begin), "gpu.cuda.api.calls")
+    assert counted.attributes["cuda.api"] == "cudaStreamBeginCapture" and counted.value == 1

@@ -122,3 +122,26 @@ def test_a_non_blocking_shrink_binds_its_child_by_the_address_it_is_published_at
                if s.name == "ncclAllReduce"]
     assert (call.attributes["nccl.rank"], call.attributes["nccl.nranks"]) == (1, 2)
     assert call.attributes["nccl.comm.id"] == span.attributes["nccl.comm.id"]
+
+
+def test_captured_calls_keep_their_numbers_are_marked_counted_apart_and_never_joined() -> None:
+    """A collective made during a CUDA stream capture (torch.cuda.graph around an all_reduce) is recorded into
+    the graph, not run: it keeps its number (every rank captures it), gets no join ids, and counts as captured."""
+    import dataclasses
+
+    h = Harness()
+    h.feed(init(100, 0, 2))
+    out = h.feed(dataclasses.replace(coll(100, 0), captured=True), coll(100, 1, start=20_000))
+    spans = [r for r in out if isinstance(r, SpanRecord) and r.name == "ncclAllReduce"]
+    captured, ran = sorted(spans, key=lambda s: s.start_ns)
+    assert captured.attributes["nccl.captured"] is True and captured.attributes["nccl.seq"] == 0
+    assert captured.trace_id is None and captured.span_id is None
+    assert "nccl.captured" not in ran.attributes and ran.trace_id == collective_ids(
+        ran.attributes["nccl.comm.id"], 1, 0)[0]
+    h.proc.shutdown()
+    flushed = h.sink.take() + out
+    assert calls_metric(flushed) == 1
+    assert sum(m.value for m in flushed if isinstance(m, MetricRecord) and m.name == "nccl.captured.calls") == 1
+    grp = dataclasses.replace(group(100, 9, 0), captured=True)
+    (g,) = [s for s in h.spans(grp) if s.name == "ncclGroup"]
+    assert g.attributes["nccl.captured"] is True

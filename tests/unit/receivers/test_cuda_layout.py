@@ -149,16 +149,20 @@ def test_decode_call_records_into_typed_events_with_epoch_times() -> None:
     r = _receiver()
     off = r.clock.offset_ns
     memcpy_id = [a.symbol for a in APIS].index("cudaMemcpyAsync_ptsz")
-    raw = MEMCPY.fmt.pack(16, memcpy_id, 0, 1, 10, 11, 1000, 2000, 0, 0, 0, 0xD, 0x5, 4096, 0x77, 2)
+    raw = MEMCPY.fmt.pack(16, memcpy_id, 0, 0, 1, 10, 11, 1000, 2000, 0, 0, 0, 0xD, 0x5, 4096, 0x77, 2)
     assert r.decode(16, raw) == MemcpyCall(10, 11, "cudaMemcpyAsync_ptsz", 1, 1000 + off, 2000 + off, 0,
                                            0xD, 0x5, 4096, 0x77, 2)
-    raw = ALLOC.fmt.pack(17, 8, 0, -1, 10, 11, 5, 6, 35, 0, 0, 0, 1 << 20, 0, 0)
+    raw = ALLOC.fmt.pack(17, 8, 0, 0, -1, 10, 11, 5, 6, 35, 0, 0, 0, 1 << 20, 0, 0)
     assert r.decode(17, raw) == AllocCall(10, 11, "cudaMalloc", -1, 5 + off, 6 + off, 35, 0, 1 << 20, 0, 0)
-    raw = SET_DEVICE.fmt.pack(20, 19, 0, 3, 10, 11, 5, 6, 0, 0, 0, 3)
+    raw = SET_DEVICE.fmt.pack(20, 19, 0, 0, 3, 10, 11, 5, 6, 0, 0, 0, 3)
     assert r.decode(20, raw) == SetDeviceCall(10, 11, "cudaSetDevice", 3, 5 + off, 6 + off, 0, 3)
-    raw = LAUNCH.fmt.pack(21, 2, 0, 0, 10, 11, 7, 0x4010, 5, 1, 1, 64, 1, 1, 512, 0, 9, 0, 0)
+    raw = LAUNCH.fmt.pack(21, 2, 0, 0, 0, 10, 11, 7, 0x4010, 5, 1, 1, 64, 1, 1, 512, 0, 9, 0, 0)
     assert r.decode(21, raw) == KernelLaunch(10, 11, "cudaLaunchKernelExC", 0, 7 + off, 0x4010, (5, 1, 1),
                                              (64, 1, 1), 512, 0, 9)
+    # recorded into a graph during a stream capture: the record's captured byte
+    raw = MEMCPY.fmt.pack(16, memcpy_id, 0, 1, 1, 10, 11, 1000, 2000, 0, 0, 0, 0xD, 0x5, 4096, 0x77, 2)
+    assert r.decode(16, raw) == MemcpyCall(10, 11, "cudaMemcpyAsync_ptsz", 1, 1000 + off, 2000 + off, 0,
+                                           0xD, 0x5, 4096, 0x77, 2, captured=True)
 
 
 def test_decode_carries_the_enclosing_python_or_torch_call_in_epoch_time(c_layout: dict[str, int]) -> None:
@@ -166,10 +170,10 @@ def test_decode_carries_the_enclosing_python_or_torch_call_in_epoch_time(c_layou
     off = r.clock.offset_ns
     memcpy_id = [a.symbol for a in APIS].index("cudaMemcpy")
     python, torch = c_layout["ctx PYTHON"], c_layout["ctx TORCH"]
-    raw = MEMCPY.fmt.pack(16, memcpy_id, python, 0, 10, 11, 1000, 2000, 0, 900, 500, 0xD, 0x5, 64, 0, 1)
+    raw = MEMCPY.fmt.pack(16, memcpy_id, python, 0, 0, 10, 11, 1000, 2000, 0, 900, 500, 0xD, 0x5, 64, 0, 1)
     ev = r.decode(16, raw)
     assert isinstance(ev, MemcpyCall) and ev.enclosing == EnclosingCall("python", 900 + off, 500 + off)
-    raw = LAUNCH.fmt.pack(21, 0, torch, 0, 10, 11, 7, 0x4010, 5, 1, 1, 64, 1, 1, 512, 0, 9, 6, 3)
+    raw = LAUNCH.fmt.pack(21, 0, torch, 0, 0, 10, 11, 7, 0x4010, 5, 1, 1, 64, 1, 1, 512, 0, 9, 6, 3)
     ev = r.decode(21, raw)
     assert isinstance(ev, KernelLaunch) and ev.enclosing == EnclosingCall("torch", 6 + off, 3 + off)
 
@@ -186,8 +190,8 @@ def test_receivers_of_one_process_convert_kernel_time_alike() -> None:
     assert cuda.clock is python.clock and cuda.clock.to_epoch_ns(123) == python.clock.to_epoch_ns(123)
 
 
-@pytest.mark.parametrize("raw", [b"\x10" + bytes(10), MEMCPY.fmt.pack(16, 200, *([0] * 14)),
-                                 MEMCPY.fmt.pack(16, 4, 7, *([0] * 13))],
+@pytest.mark.parametrize("raw", [b"\x10" + bytes(10), MEMCPY.fmt.pack(16, 200, *([0] * 15)),
+                                 MEMCPY.fmt.pack(16, 4, 7, 0, *([0] * 13))],
                          ids=["short", "bad_api", "bad_context_kind"])
 def test_malformed_records_are_counted_not_raised(raw: bytes) -> None:
     r = _receiver()
@@ -206,13 +210,14 @@ def test_receiver_config_defaults_reach_the_program_as_macros() -> None:
         assert flag in flags
     off = CudaReceiver(build(Config, {"nesting": False}), Context(thread_ctx_writers={"torch"}),
                        ListConsumer()).program_cflags()
-    assert "-DOE_THREAD_CTX=1" not in off and "-DCUDA_LAUNCH_CONTEXT=0" in off
+    # the map stays (it keeps stream captures); the call slots are not read
+    assert "-DOE_THREAD_CTX=1" in off and "-DCUDA_CALL_CONTEXT=0" in off and "-DCUDA_LAUNCH_CONTEXT=0" in off
     fast = CudaReceiver(build(Config, {"launch_context": False}), Context(thread_ctx_writers={"python"}),
                         ListConsumer()).program_cflags()
-    assert "-DOE_THREAD_CTX=1" in fast and "-DCUDA_LAUNCH_CONTEXT=0" in fast
+    assert "-DCUDA_CALL_CONTEXT=1" in fast and "-DCUDA_LAUNCH_CONTEXT=0" in fast
     # nesting on, but no python/torch receiver writes the map: no lookup on any call
     alone = CudaReceiver(build(Config, {}), Context(), ListConsumer()).program_cflags()
-    assert "-DOE_THREAD_CTX=1" not in alone and "-DCUDA_LAUNCH_CONTEXT=0" in alone
+    assert "-DCUDA_CALL_CONTEXT=0" in alone and "-DCUDA_LAUNCH_CONTEXT=0" in alone
     assert r.library_key == "cudart" and factory.type == "cuda" and factory.config_class is Config
 
 
