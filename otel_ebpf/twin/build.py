@@ -27,7 +27,8 @@ __all__ = ["CFLAGS", "build", "default_cache_dir"]
 
 HERE = Path(__file__).resolve().parent
 CFLAGS = ["-O2", "-fno-omit-frame-pointer", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"]
-CUDART_SOURCES = ["cudart.c", "cudart_streams.c", "cudart_kernels.c"]
+CUDART_SOURCES = ["cudart.c", "cudart_streams.c", "cudart_stream_api.c", "cudart_capture.c", "cudart_graphs.c",
+                  "cudart_kernels.c"]
 NCCL_SOURCES = ["nccl_comm.c", "nccl_coll.c", "nccl_group.c", "nccl_mem.c"]
 COMPLETE = ".complete"
 

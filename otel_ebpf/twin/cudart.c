@@ -33,8 +33,9 @@
  *   no stream time: only copies, memsets, host functions and NCCL's work occupy a stream.
  * - Work on an idle stream whose dependencies are met runs inside the call, on the calling thread (the same
  *   observable order; no thread hand-off for the common case).
- * - Graph capture, CUDA IPC and driver entry points are refused (cudaErrorNotSupported /
- *   cudaErrorSymbolNotFound), which torch handles as "not available".
+ * - Stream capture and graphs are modelled (cudart_capture.c, cudart_graphs.c): captured work becomes graph
+ *   nodes, a graph launch runs them in capture order on its stream.  CUDA IPC and driver entry points are
+ *   refused (cudaErrorNotSupported / cudaErrorSymbolNotFound), which torch handles as "not available".
  * - A stream's worker thread, once started, lives until the process exits; a destroyed stream's struct is
  *   kept (events may still point at it).  Streams are not safe across fork(), as CUDA contexts are not.
  *
@@ -178,6 +179,17 @@ API const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorOperatingSystem: return "cudaErrorOperatingSystem";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureMerge: return "cudaErrorStreamCaptureMerge";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     default: snprintf(buf, sizeof(buf), "cudaError_%d", (int)e); return buf;
     }
 }
@@ -315,9 +327,15 @@ API cudaError_t cudaDeviceCanAccessPeer(int *can, int d, int peer) { (void)d; (v
 API cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) { (void)peer; (void)flags; return cudaSuccess; }
 
 /* ---- memory ---- */
+/* cudaMalloc, cudaMallocManaged, cudaHostAlloc, cudaFree and cudaFreeHost are "potentially unsafe" during a
+ * capture: refused as the thread's capture mode says (cudart_capture.c capture_unsafe_call; torch 2.11's
+ * CUDACachingAllocator cudaMallocMaybeCapturing switches to cudaStreamCaptureModeRelaxed around its cudaMalloc). */
 API cudaError_t cudaMalloc(void **p, size_t n)
 {
+    cudaError_t rc;
     T();
+    if ((rc = capture_unsafe_call()) != cudaSuccess)
+        return rc;
     *p = do_alloc(n, 0);
     return *p != NULL ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
@@ -325,18 +343,31 @@ API cudaError_t cudaMalloc(void **p, size_t n)
  * behavior"); here every stream of the process, since a buffer may be in use on any of them. */
 API cudaError_t cudaFree(void *p)
 {
+    cudaError_t rc;
     T();
+    if ((rc = capture_unsafe_call()) != cudaSuccess)
+        return rc;
     if (p != NULL)
         drain(-1, 0, NULL);
     return do_free(p);
 }
-API cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) { (void)s; return cudaMalloc(p, n); }
+/* Not stream-ordered here: the memory is mapped at once (not a graph allocation node when captured: torch's
+ * default allocator does not call it). */
+API cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s)
+{
+    (void)s;
+    *p = do_alloc(n, 0);
+    return *p != NULL ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
 /* Managed memory is addressable from host and device: here all device memory is. torch does not import it; it is
  * exported because the real runtime does and tracers probe it (the cuda receiver does). */
 API cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int flags)
 {
+    cudaError_t rc;
     T();
     (void)flags;
+    if ((rc = capture_unsafe_call()) != cudaSuccess)
+        return rc;
     *p = do_alloc(n, 0);
     return *p != NULL ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
@@ -352,14 +383,20 @@ API cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
 }
 API cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
 {
+    cudaError_t rc;
     T();
     (void)flags;
+    if ((rc = capture_unsafe_call()) != cudaSuccess)
+        return rc;
     *p = do_alloc(n, 1);
     return *p != NULL ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
 API cudaError_t cudaFreeHost(void *p)
 {
+    cudaError_t rc;
     T();
+    if ((rc = capture_unsafe_call()) != cudaSuccess)
+        return rc;
     if (p != NULL)
         drain(-1, 0, NULL);
     return do_free(p);

@@ -1,6 +1,7 @@
 /*
- * Stand-in libcudart.so.13 for the twin, part 3: kernel launches (counted, never run), the module registration
- * nvcc's generated code makes, graphs and capture (refused), driver entry points (none).  Not NVIDIA's library.
+ * Stand-in libcudart.so.13 for the twin, part 6: kernel launches (counted, never run; on a capturing stream,
+ * recorded as kernel nodes: cudart_capture.c), the module registration nvcc's generated code makes, driver
+ * entry points (none).  Not NVIDIA's library.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -10,42 +11,6 @@
 #include <unistd.h>
 
 #include "cudart_twin.h"
-
-/* ---- capture and graphs: never capturing; instantiating a graph is refused ---- */
-API cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *st)
-{
-    (void)s;
-    *st = cudaStreamCaptureStatusNone;
-    return cudaSuccess;
-}
-API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, enum cudaStreamCaptureStatus *st, unsigned long long *id,
-                                         cudaGraph_t *g, const cudaGraphNode_t **deps, const cudaGraphEdgeData **ed,
-                                         size_t *nd)
-{
-    (void)s;
-    if (st != NULL) *st = cudaStreamCaptureStatusNone;
-    if (id != NULL) *id = 0;
-    if (g != NULL) *g = NULL;
-    if (deps != NULL) *deps = NULL;
-    if (ed != NULL) *ed = NULL;
-    if (nd != NULL) *nd = 0;
-    return cudaSuccess;
-}
-API cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *m) { (void)m; return cudaSuccess; }
-API cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode m) { T(); (void)s; (void)m; return fail(cudaErrorNotSupported); }
-API cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) { T(); (void)s; (void)g; return fail(cudaErrorNotSupported); }
-API cudaError_t cudaGraphDestroy(cudaGraph_t g) { (void)g; return cudaSuccess; }
-API cudaError_t cudaGraphExecDestroy(cudaGraphExec_t g) { (void)g; return cudaSuccess; }
-API cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *n, size_t *nn) { (void)g; (void)n; if (nn != NULL) *nn = 0; return cudaSuccess; }
-API cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t n, cudaGraphNode_t *d, cudaGraphEdgeData *e, size_t *nd)
-{
-    (void)n; (void)d; (void)e;
-    if (nd != NULL) *nd = 0;
-    return cudaSuccess;
-}
-API cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long f) { (void)e; (void)g; (void)f; return fail(cudaErrorNotSupported); }
-API cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) { (void)e; (void)s; return fail(cudaErrorNotSupported); }
-API cudaError_t cudaGraphDebugDotPrint(cudaGraph_t g, const char *p, unsigned int f) { (void)g; (void)p; (void)f; return fail(cudaErrorNotSupported); }
 
 /* ---- kernels: launch configuration kept as nvcc's generated stubs expect; launches are counted ---- */
 struct launch_cfg { dim3 g, b; size_t shm; void *st; };
@@ -76,10 +41,10 @@ API cudaError_t __cudaPopCallConfiguration(dim3 *g, dim3 *b, size_t *shm, void *
 /* noinline: inlined, its `lock add` became the first instruction of cudaLaunchKernelExC, which a uprobe cannot
  * take (x86 uprobes refuse LOCK-prefixed instructions: "Failed to attach BPF to uprobe"); the real entries start
  * with `push %rbp` */
-__attribute__((noinline)) static cudaError_t count_launch(void)
+__attribute__((noinline)) static cudaError_t count_launch(cudaStream_t st)
 {
     __atomic_add_fetch(&n_launch, 1, __ATOMIC_RELAXED);
-    return cudaSuccess;
+    return capture_launch(st); /* every launch counts; one on a capturing stream is also a node of its graph */
 }
 /* __cudaGetKernel(&handle, hostFun) (CUDA 13.0; CUPTI names it __cudaGetKernel_v13000): the cudaKernel_t of a host
  * function, an opaque runtime object (cuda_runtime_api.h: `struct CUkern_st *`), not the host function itself, so a
@@ -117,8 +82,8 @@ API cudaError_t __cudaGetKernel(cudaKernel_t *k, const void *fun)
 API __attribute__((noinline)) cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t shm,
                                                            cudaStream_t st)
 {
-    (void)f; (void)g; (void)b; (void)args; (void)shm; (void)st;
-    return count_launch();
+    (void)f; (void)g; (void)b; (void)args; (void)shm;
+    return count_launch(st);
 }
 /* nvcc 13's <<<>>> stubs call this with the cudaKernel_t of __cudaGetKernel (torch 2.11's libtorch_cuda imports
  * it, not cudaLaunchKernel).  In CUDA 13.0's libcudart.so.13 it is `push %rbp; mov %rsp,%rbp; pop %rbp; jmp
@@ -130,13 +95,13 @@ API cudaError_t __cudaLaunchKernel(cudaKernel_t k, dim3 g, dim3 b, void **args, 
 }
 API cudaError_t cudaLaunchCooperativeKernel(const void *f, dim3 g, dim3 b, void **args, size_t shm, cudaStream_t st)
 {
-    (void)f; (void)g; (void)b; (void)args; (void)shm; (void)st;
-    return count_launch(); /* its own entry in the real library, not cudaLaunchKernel's */
+    (void)f; (void)g; (void)b; (void)args; (void)shm;
+    return count_launch(st); /* its own entry in the real library, not cudaLaunchKernel's */
 }
 API cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *c, const void *f, void **args)
 {
-    (void)c; (void)f; (void)args;
-    return count_launch();
+    (void)f; (void)args;
+    return count_launch(c != NULL ? c->stream : NULL);
 }
 API cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *a, const void *f)
 {
@@ -196,7 +161,9 @@ API cudaError_t cudaProfilerStart(void) { return cudaSuccess; }
 API cudaError_t cudaProfilerStop(void) { return cudaSuccess; }
 
 /* At exit: the launch count on stderr (OTEL_EBPF_TWIN_TRACE=1), and in $OTEL_EBPF_TWIN_STATS/cudart-<pid>.txt as
- * "kernel_launches N", "memsets N", "event_records N", "stream_waits N" lines when that directory is given (tests compare it with what a tracer counted). */
+ * "kernel_launches N", "memsets N", "event_records N", "stream_waits N", "captured_launches N", "graph_launches N",
+ * "graph_kernels N" lines when that directory is given (tests compare it with what a tracer counted, and with
+ * what a program captured and replayed). */
 __attribute__((destructor)) static void report_launches(void)
 {
     const char *dir = getenv("OTEL_EBPF_TWIN_STATS");
@@ -209,6 +176,9 @@ __attribute__((destructor)) static void report_launches(void)
         if ((f = fopen(path, "w")) != NULL) {
             fprintf(f, "kernel_launches %ld\nmemsets %ld\nevent_records %ld\nstream_waits %ld\n", n_launch,
                     twin_counts[TWIN_MEMSETS], twin_counts[TWIN_EVENT_RECORDS], twin_counts[TWIN_STREAM_WAITS]);
+            fprintf(f, "captured_launches %ld\ngraph_launches %ld\ngraph_kernels %ld\n",
+                    twin_counts[TWIN_CAPTURED_LAUNCHES], twin_counts[TWIN_GRAPH_LAUNCHES],
+                    twin_counts[TWIN_GRAPH_KERNELS]);
             fclose(f);
         }
     }

@@ -186,11 +186,25 @@ static void group_reset(void)
     group_error = ncclSuccess;
 }
 
-/* One launched group: its operations, run later by the stream's worker (cudart_streams.c __cudaTwinLaunch). */
+/* One launched group: its operations, run later by the stream's worker (cudart_streams.c __cudaTwinLaunch).  A
+ * captured group is persistent (NCCL 2.28.9 src/enqueue.cc: a plan made while the stream captures): the graph
+ * runs it at each replay and owns it; it is freed when the last graph or graph exec holding it goes, as NCCL's
+ * persistentDestructor (ncclCudaGraphAddDestructor) frees such plans. */
 struct group_job {
+    int persistent; /* written by __cudaTwinLaunch before the job can run */
+    int holds;      /* the launching call, plus its run (launched) or its graph (captured): the last frees it */
     int n;
     struct twin_task tasks[];
 };
+
+static void group_job_release(struct group_job *j)
+{
+    if (__atomic_sub_fetch(&j->holds, 1, __ATOMIC_ACQ_REL) == 0)
+        free(j);
+}
+
+/* The graph's destructor of a captured job (cudart_graphs.c, with the last graph or exec holding it). */
+static void group_job_free(void *arg) { group_job_release(arg); }
 
 /* Runs a launched group on the stream's worker: collectives first in call order, then every send and recv
  * together.  A group with an operation on an aborted comm does nothing (NCCL's kernels exit on the abort
@@ -201,9 +215,11 @@ static void group_job_run(void *arg)
 {
     struct group_job *j = arg;
     ncclResult_t rc = ncclSuccess;
-    for (int i = 0; i < j->n; i++)
+    for (int i = 0; i < j->n; i++) {
+        j->tasks[i].done = 0; /* a replay's sends and recvs start over */
         if (__atomic_load_n(&j->tasks[i].comm->aborted, __ATOMIC_ACQUIRE))
             rc = ncclRemoteError;
+    }
     for (int i = 0; i < j->n && rc == ncclSuccess; i++)
         if (j->tasks[i].kind == TWIN_COLL)
             rc = j->tasks[i].run(&j->tasks[i]);
@@ -214,22 +230,52 @@ static void group_job_run(void *arg)
         ncclResult_t ok = ncclSuccess;
         if (rc != ncclSuccess && rc != ncclRemoteError)
             __atomic_compare_exchange_n(&c->async_result, &ok, rc, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-        __atomic_sub_fetch(&c->pending, 1, __ATOMIC_ACQ_REL);
+        if (!j->persistent)
+            __atomic_sub_fetch(&c->pending, 1, __ATOMIC_ACQ_REL);
     }
-    free(j);
+    if (!j->persistent)
+        group_job_release(j); /* a graph's job is released by group_job_free, with the graph */
+}
+
+/* Each operation's comm has one more launch pending until the operation has run (group_job_run takes it back);
+ * d = -1 takes them back here, for a group that was not launched, or was captured. */
+static void pending_add(struct group_job *j, int d)
+{
+    for (int i = 0; i < j->n; i++)
+        __atomic_add_fetch(&j->tasks[i].comm->pending, d, __ATOMIC_ACQ_REL);
+}
+
+/* Launches j (the calling thread's hold on it is dropped here) onto `streams` after `orders`; the CUDA error. */
+static cudaError_t group_launch(struct group_job *j, const cudaStream_t *streams, int nstreams,
+                                struct twin_order *const *orders, int norders)
+{
+    cudaError_t crc;
+    j->persistent = 0;
+    j->holds = 2;
+    pending_add(j, 1);
+    crc = __cudaTwinLaunch(streams, nstreams, orders, norders, group_job_run, j, group_job_free, &j->persistent);
+    if (crc != cudaSuccess || j->persistent)
+        pending_add(j, -1);
+    if (crc != cudaSuccess)
+        j->holds--; /* neither a run nor a graph holds it */
+    group_job_release(j);
+    return crc;
 }
 
 /* The outermost ncclGroupEnd: the group's operations go onto their streams as one piece of work and the call
  * returns, as NCCL 2.28.9 does once its kernel is enqueued (src/group.cc groupLaunch -> doLaunches ->
  * ncclLaunchKernel).  Every user stream of the group waits for the others' prior work and for the group, and
- * the group runs after the last work launched on each of its comms (cudart_streams.c __cudaTwinLaunch).  Nothing waits here for peers: a rank that is late or dead shows as work
- * that does not complete on the stream (cudaEventQuery: cudaErrorNotReady), as on a GPU. */
+ * the group runs after the last work launched on each of its comms (cudart_streams.c __cudaTwinLaunch).  Nothing
+ * waits here for peers: a rank that is late or dead shows as work that does not complete on the stream
+ * (cudaEventQuery: cudaErrorNotReady), as on a GPU.  On capturing streams the group becomes a node of the graph
+ * and runs at each replay (persistent, above), not now; it holds no launch pending on its comms. */
 static ncclResult_t group_run(void)
 {
     struct group_job *j;
     cudaStream_t *streams;
     struct twin_order **orders;
     int nstreams = 0, norders = 0;
+    cudaError_t crc;
     if (group_len == 0)
         return ncclSuccess;
     j = malloc(sizeof(*j) + sizeof(struct twin_task) * (size_t)group_len);
@@ -255,21 +301,20 @@ static ncclResult_t group_run(void)
             seen |= orders[k] == &group_tasks[i].comm->order;
         if (!seen)
             orders[norders++] = &group_tasks[i].comm->order;
-        __atomic_add_fetch(&group_tasks[i].comm->pending, 1, __ATOMIC_ACQ_REL);
     }
     group_reset();
-    if (__cudaTwinLaunch(streams, nstreams, orders, norders, group_job_run, j) != cudaSuccess) {
-        for (int i = 0; i < j->n; i++)
-            __atomic_sub_fetch(&j->tasks[i].comm->pending, 1, __ATOMIC_ACQ_REL);
-        free(j);
-        free(streams);
-        free(orders);
-        twin_set_last_error("otel-ebpf twin: the CUDA runtime refused the group's stream");
-        return ncclUnhandledCudaError;
-    }
+    crc = group_launch(j, streams, nstreams, orders, norders);
     free(streams);
     free(orders);
-    return ncclSuccess;
+    if (crc == cudaSuccess)
+        return ncclSuccess;
+    if (crc == cudaErrorStreamCaptureIsolation) { /* NCCL 2.28.9 src/enqueue.cc, checking the planner's streams */
+        twin_set_last_error("Streams given to a communicator within a NCCL group must either be all uncaptured or "
+                            "all captured by the same graph.");
+        return ncclInvalidUsage;
+    }
+    twin_set_last_error("otel-ebpf twin: the CUDA runtime refused the group's stream");
+    return ncclUnhandledCudaError;
 }
 
 ncclResult_t twin_submit(const struct twin_task *t)

@@ -92,10 +92,13 @@ struct twin_task {
 ncclResult_t twin_submit(const struct twin_task *t);
 
 /* The twin's libcudart.so.13 (cudart_streams.c): runs fn(arg) on streams[0]'s worker after every stream's prior
- * work and after each comm's last launched work (`orders`, updated), and makes the others wait for it.  Not
- * a CUDA API. */
+ * work and after each comm's last launched work (`orders`, updated), and makes the others wait for it;
+ * *captured = 0.  When the streams capture, fn(arg) becomes a host node of the capture's graph instead, run at
+ * each replay: *captured = 1 (written before the node exists), `orders` stay, and the graph owns `arg`, freed
+ * by destroy(arg) with the last graph or graph exec holding it.  Streams not all in one capture (or none):
+ * cudaErrorStreamCaptureIsolation.  Not a CUDA API. */
 cudaError_t __cudaTwinLaunch(const cudaStream_t *streams, int n, struct twin_order *const *orders, int norders,
-                             void (*fn)(void *), void *arg);
+                             void (*fn)(void *), void *arg, void (*destroy)(void *), int *captured);
 /* Bytes of the point-to-point mailboxes after the collective slots of a comm's staging area. */
 size_t twin_mailbox_bytes(int nranks);
 
