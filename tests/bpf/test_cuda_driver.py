@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_ebpf.core.events import MetricRecord, SpanRecord
+from otel_ebpf.core.events import MetricRecord, ProcessExit, SpanRecord
 from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.cuda import Config as ProcessorConfig
 from otel_ebpf.processors.cuda import CudaProcessor
@@ -71,9 +71,14 @@ def test_driver_launches_are_counted_and_runtime_launches_once(bpf_ready: None, 
         # kernel names: the runtime's launches pass the host function (CUDA 12's <<<>>>), named from the
         # program's symbol table; the driver's pass the CUfunction that cuModuleGetFunction made for a name
         named = {(s.api, s.kernel): s.count for s in t.events(KernelLaunchStats)}
+        # a fresh-clone CI run (session 11) once found the runtime launches unnamed; this says why if it recurs
+        why = (f"stats read: {[(s.api, s.kernel, s.count, s.time_ns) for s in t.events(KernelLaunchStats)]}; "
+               f"sampled: {[(k.api, k.kernel, k.time_ns) for k in t.events(KernelLaunch)]}; "
+               f"exit at {[e.time_ns for e in t.events(ProcessExit)]}; "
+               f"maps held: {t.pid in t.receiver._kernels._symbols._maps}")
         assert named == {("cudaLaunchKernel", "fake_kernel"): 2, ("cuLaunchKernel", "triton_poi_fused_add_0"): 3,
                          ("cudaLaunchKernelExC", "fake_kernel"): 1, ("cuLaunchKernelEx", "triton_poi_fused_add_0"): 1,
-                         ("cuLaunchKernel_ptsz", "triton_poi_fused_add_0"): 1}, named
+                         ("cuLaunchKernel_ptsz", "triton_poi_fused_add_0"): 1}, why
         assert {k.kernel for k in t.events(KernelLaunch)} == {"fake_kernel", "triton_poi_fused_add_0"}
         graphs = [(g.api, g.exec, g.stream) for g in t.events(GraphLaunchCall)]
         assert graphs == [("cudaGraphLaunch", 0x7000, 0x63), ("cuGraphLaunch", 0x7001, 0x63)]
