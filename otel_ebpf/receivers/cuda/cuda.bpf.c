@@ -195,13 +195,16 @@ BPF_HASH(launch_seq, u32, u64, OE_MAX_PIDS);
 #endif
 
 /* 1 when thread `tid` has a stream capture open: its launches and calls are recorded into a graph. */
-static __always_inline u8 cuda_captured(u32 tid)
+static __always_inline int capture_any_open(void)
 {
     int zero = 0;
     s64 *open = capture_open.lookup(&zero);
-    if (!open || *open <= 0)
-        return 0;
-    return oe_capture_depth(tid) > 0;
+    return open && *open > 0;
+}
+
+static __always_inline u8 cuda_captured(u32 tid)
+{
+    return capture_any_open() && oe_capture_depth(tid) > 0;
 }
 
 static __always_inline s32 cuda_device(u32 tid)
@@ -584,36 +587,13 @@ static __always_inline void capture_open_add(s64 delta)
         __sync_fetch_and_add(open, delta);
 }
 
-/* cudaStreamBeginCapture(stream, mode), cudaStreamBeginCaptureToGraph(stream, graph, deps, data, n, mode): counted;
- * on success the capture is open on this thread until its end. */
-static __always_inline int capture_begin_return(struct pt_regs *ctx, u32 api)
-{
-    struct cuda_call_key key = {};
-    u64 id = bpf_get_current_pid_tgid();
-    key.tid = (u32)id;
-    key.api = api;
-    struct cuda_call_state *st = inflight.lookup(&key);
-    if (!st)
-        return 0;
-    u64 stream = st->arg[0];
-    int rv = count_return(ctx, api); /* counted before the capture opens: the call itself is run */
-    if (PT_REGS_RC(ctx) == 0) {
-        struct cuda_capture_key ck = {};
-        capture_key(&ck, id, stream, api);
-        u32 tid = (u32)id;
-        if (capture_streams.update(&ck, &tid) != 0)
-            oe_drop(OE_DROP_STATEMAP);
-        else if (oe_capture_add(tid, 1))
-            capture_open_add(1);
-    }
-    return rv;
-}
-
-/* cudaStreamEndCapture(stream, &graph): counted; the capture ends (on the thread that began it) when the call
- * succeeds or reports the capture invalidated (cudaErrorStreamCaptureInvalidated 901, ...Unjoined 904: CUDA
+/* cudaStreamBeginCapture(stream, mode), cudaStreamBeginCaptureToGraph(stream, graph, deps, data, n, mode) (`opens`)
+ * and cudaStreamEndCapture(stream, &graph): counted, the call itself before the capture opens (it runs on the
+ * host). A successful begin opens the capture on this thread. The capture ends (on the thread that began it) when
+ * the end succeeds or reports the capture invalidated (cudaErrorStreamCaptureInvalidated 901, ...Unjoined 904: CUDA
  * Runtime API 13.0, cudaStreamEndCapture and driver_types.h), not when it refused to end it (not capturing, wrong
  * stream or thread). */
-static __always_inline int capture_end_return(struct pt_regs *ctx, u32 api)
+static __always_inline int capture_return(struct pt_regs *ctx, u32 api, int opens)
 {
     struct cuda_call_key key = {};
     u64 id = bpf_get_current_pid_tgid();
@@ -623,11 +603,16 @@ static __always_inline int capture_end_return(struct pt_regs *ctx, u32 api)
     if (!st)
         return 0;
     s32 rc = (s32)PT_REGS_RC(ctx);
-    u64 stream = st->arg[0];
-    int rv = count_return(ctx, api);
-    if (rc == 0 || rc == 901 || rc == 904) {
-        struct cuda_capture_key ck = {};
-        capture_key(&ck, id, stream, api);
+    struct cuda_capture_key ck = {};
+    capture_key(&ck, id, st->arg[0], api);
+    count_return(ctx, api); /* frees st */
+    if (opens && rc == 0) {
+        u32 tid = (u32)id;
+        if (capture_streams.update(&ck, &tid) != 0)
+            oe_drop(OE_DROP_STATEMAP);
+        else if (oe_capture_add(tid, 1))
+            capture_open_add(1);
+    } else if (!opens && (rc == 0 || rc == 901 || rc == 904)) {
         u32 *began = capture_streams.lookup(&ck);
         if (began) {
             u32 tid = *began;
@@ -636,8 +621,11 @@ static __always_inline int capture_end_return(struct pt_regs *ctx, u32 api)
                 capture_open_add(-1);
         }
     }
-    return rv;
+    return 0;
 }
+
+static __always_inline int capture_begin_return(struct pt_regs *ctx, u32 api) { return capture_return(ctx, api, 1); }
+static __always_inline int capture_end_return(struct pt_regs *ctx, u32 api) { return capture_return(ctx, api, 0); }
 
 /* Commits the thread -> device binding before filling, so the record carries the new device. */
 static __always_inline int set_device_return(struct pt_regs *ctx, u32 api)
@@ -791,9 +779,7 @@ static __always_inline u64 launch_next_seq(u32 pid)
  * thread to a stream that only joined a capture (through an event) is not marked. */
 static __always_inline u8 launch_captured(u64 id, struct cuda_launch_args *a, u64 sp, u32 smem_at)
 {
-    int zero = 0;
-    s64 *open = capture_open.lookup(&zero);
-    if (!open || *open <= 0)
+    if (!capture_any_open())
         return 0;
     if (oe_capture_depth((u32)id))
         return 1;
