@@ -21,7 +21,7 @@ so each implementation is thread-safe and never raises from these methods (hot p
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 __all__ = ["AppContext", "CudaThreads", "GpuTable", "HostTimeline", "KernelTime", "ProcessResources"]
@@ -88,6 +88,15 @@ class HostTimeline(Protocol):
 
     def watch(self, pid: int, tid: int) -> None:
         """Ask the feeders to sample thread ``tid`` from now on."""
+        ...
+
+    def set_sampler(self, sampler: Callable[[int, int], None] | None) -> None:
+        """A feeder's reader of one thread's counters now (``sampler(pid, tid)``), or None."""
+        ...
+
+    def fresh(self, pid: int, tid: int, time_ns: int) -> None:
+        """Have thread ``tid`` sampled now if its newest sample is older than ``time_ns`` and a
+        feeder can read it on demand."""
         ...
 
     def watched(self) -> list[tuple[int, int]]:

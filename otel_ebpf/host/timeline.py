@@ -21,9 +21,18 @@ per counter (older ones age out; a sample on the line between its neighbours is 
 the window is ``max_samples`` changes of rate, at least ``max_samples`` x the feeder's interval);
 ``max_watched`` threads watched (least recently asked first out, counted as ``watch_evicted``).
 
-Thread safety: every method may be called from any thread (one lock). The store only reads
-what feeders pushed: it calls no feeder code, so a processor asking on the pipeline thread
-never runs a receiver's map reads (feeders sample on their own threads).
+Fresh figures: a step that ends after the newest sample of its thread would be extrapolated
+from a sample up to one feeder interval old (more when the feeder's thread is starved: on a
+loaded 2-CPU host a 100 ms step once read 43 ms). A feeder that can read one thread's counters
+at any time registers that reader with :meth:`HostStats.set_sampler`; :meth:`HostStats.fresh`
+(called by :class:`StepTracker` before each step's figures) runs it when the thread's newest
+sample is older than the step's end, so the step's end is interpolated between two samples.
+The reader runs on the asking thread, outside the store's lock, must be thread-safe and must
+not block (the sched receiver's reads one BPF map entry); its failures are counted as
+``otel_ebpf.events.dropped{receiver=host_stats, reason=sample_error}``.
+
+Thread safety: every method may be called from any thread (one lock, never held while a
+feeder's reader runs).
 """
 from __future__ import annotations
 
@@ -31,7 +40,7 @@ import bisect
 import statistics
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from otel_ebpf.core.services import HostTimeline
@@ -103,6 +112,7 @@ class HostStats:
         self._watched: OrderedDict[Key, None] = OrderedDict()
         self._max_keys, self._max_samples, self._max_watched = max_keys, max_samples, max_watched
         self._extrapolate_ns = extrapolate_ns
+        self._sampler: Callable[[int, int], None] | None = None
         self.telemetry = telemetry
 
     def _dropped(self, reason: str) -> None:
@@ -141,6 +151,28 @@ class HostStats:
                 if a is not None and b is not None:
                     out[name] = max(0.0, b - a)
         return out
+
+    def set_sampler(self, sampler: Callable[[int, int], None] | None) -> None:
+        """The feeder's reader of one thread's counters now (``sampler(pid, tid)`` calls
+        :meth:`add`), or None to unregister (the feeder stops)."""
+        self._sampler = sampler
+
+    def fresh(self, pid: int, tid: int, time_ns: int) -> None:
+        """Make sure thread ``tid`` has a sample at or after ``time_ns`` if a reader can give
+        one: runs the registered sampler when the thread's newest sample is older (see the
+        module doc). Never raises."""
+        sampler = self._sampler
+        if sampler is None or not tid:
+            return
+        with self._lock:
+            series = self._series.get((pid, tid))
+            newest = max((s.times[-1] for s in series.values() if s.times), default=None) if series else None
+        if newest is not None and newest >= time_ns:
+            return
+        try:
+            sampler(pid, tid)
+        except Exception:
+            self._dropped("sample_error")
 
     def watch(self, pid: int, tid: int) -> None:
         """Ask feeders to sample this thread from now on (bounded, most recent kept)."""
@@ -211,6 +243,7 @@ class StepTracker:
             stats.watch(pid, tid)
             if prev is None or start_ns < prev:
                 return {}
+            stats.fresh(pid, tid, start_ns)
             return _attrs(stats.delta(pid, prev, start_ns, tid=tid),
                           stats.delta(pid, prev, start_ns), start_ns - prev)
         except Exception:

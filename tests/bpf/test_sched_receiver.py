@@ -85,6 +85,7 @@ def _sum_stats(events: list[object], pids: set[int]) -> dict[str, int]:
 
 SPIN_SLEEP = """
 import os, sys, time
+print("up", flush=True); sys.stdin.readline()
 def spin(s):
     c = time.process_time()
     while time.process_time() < c + s:
@@ -100,13 +101,18 @@ sys.stdin.readline()
 def test_spin_then_sleep_gives_on_and_off_cpu_time_and_per_thread_step_figures(bpf_ready: None) -> None:
     with traced(f"exec {sys.executable} -c '{SPIN_SLEEP}'", stats_interval=0.1) as run:
         pid = run.child.pid
-        run.ctx.host_stats.watch(pid, pid)
-        assert run.child.stdout is not None
+        stats = run.ctx.host_stats
+        assert run.child.stdout is not None and run.child.stdin is not None and stats is not None
+        assert run.child.stdout.readline() == "up\n"
+        stats.watch(pid, pid)
+        stats.fresh(pid, pid, time.time_ns())  # a sample before t0, however late the poll thread is
+        assert "on_cpu_ns" in stats.delta(pid, time.time_ns(), time.time_ns(), tid=pid)
+        run.child.stdin.write("\n")
+        run.child.stdin.flush()
         t0, t1, t2, t3, cpu_ns = map(int, run.child.stdout.readline().split())
-        time.sleep(0.1)  # a sample after t3
+        stats.fresh(pid, pid, t3)  # a sample after t3
         spin = run.ctx.host_stats.delta(pid, t0, t1, tid=pid)
         sleep = run.ctx.host_stats.delta(pid, t1, t2, tid=pid)
-        assert run.child.stdin is not None
         run.child.stdin.write("\n")
         run.child.stdin.flush()
     assert spin["on_cpu_ns"] == pytest.approx(0.25e9, rel=0.2)

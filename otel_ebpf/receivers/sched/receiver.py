@@ -18,6 +18,7 @@ import ctypes as ct
 import logging
 import re
 import struct
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -86,6 +87,8 @@ class SchedReceiver(BpfReceiver):
         self._next_sample = 0.0
         self._final_read = False
         self._offsets: tuple[int, int] | None = None
+        self._on_demand = threading.Lock()  # an asking thread's read vs shutdown's cleanup
+        self._on_demand_open = False
 
     def cflags(self) -> list[str]:
         if self._offsets is None:
@@ -116,6 +119,9 @@ class SchedReceiver(BpfReceiver):
                 self.shutdown()
                 raise err from None
             log.warning("%s: %s: forks and new threads are not seen", self.name, err)
+        if self.ctx.host_stats is not None:
+            self._on_demand_open = True
+            self.ctx.host_stats.set_sampler(self._sample_on_demand)
 
     # ---- ring-buffer records ----------------------------------------------------------
     def decode(self, etype: int, raw: bytes) -> object | None:
@@ -162,7 +168,8 @@ class SchedReceiver(BpfReceiver):
     def sample_thread(self, pid: int, tid: int) -> None:
         """Add thread ``tid``'s cumulative figures now (with the on/off-CPU slice in progress)
         to ``ctx.host_stats``, with the counter growing then (``growing``). Nothing when it is not
-        (or no longer) a thread of ``pid``. Poll thread only (it reads the threads map)."""
+        (or no longer) a thread of ``pid``. The poll thread, or an asking thread through
+        :meth:`_sample_on_demand` (a map lookup is one bpf() call: thread-safe)."""
         bpf, stats = self.bpf, self.ctx.host_stats
         if bpf is None or stats is None or not tid:
             return
@@ -232,7 +239,19 @@ class SchedReceiver(BpfReceiver):
                 _delete(table, key)
                 self._cpu_totals.pop(k, None)
 
+    def _sample_on_demand(self, pid: int, tid: int) -> None:
+        """HostStats' reader (otel_ebpf.host.timeline, "Fresh figures"): one thread's counters
+        now, from whichever thread asks; nothing once shutdown has begun."""
+        with self._on_demand:
+            if self._on_demand_open:
+                self.sample_thread(pid, tid)
+
     def shutdown(self) -> None:
+        stats = self.ctx.host_stats
+        with self._on_demand:  # a read in progress ends before the program is unloaded
+            if self._on_demand_open and stats is not None:
+                stats.set_sampler(None)
+            self._on_demand_open = False
         self._final_read = True  # the base's last drain reads the counters one more time
         super().shutdown()
 

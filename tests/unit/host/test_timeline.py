@@ -140,3 +140,33 @@ def test_steady_rates_are_merged_so_the_window_outlives_max_samples() -> None:
         hs.add(1, t, tid=2, on_cpu_ns=max(0, t - 500 * MS), off_cpu_sleep_ns=min(t, 500 * MS))
     assert hs.delta(1, 0, 999 * MS, tid=2) == {"on_cpu_ns": 499 * MS, "off_cpu_sleep_ns": 500 * MS}
     assert hs.delta(1, 100 * MS, 600 * MS, tid=2) == {"on_cpu_ns": 100 * MS, "off_cpu_sleep_ns": 400 * MS}
+
+
+def test_a_step_ending_after_the_newest_sample_asks_the_feeder_for_a_fresh_one() -> None:
+    """The spin the stale sample missed: sampled at 20 ms while runnable (not growing on-CPU),
+    then on CPU until the step's end at 100 ms; the on-demand read at 110 ms has it all."""
+    telemetry = Telemetry()
+    hs = HostStats(telemetry)
+    asked: list[tuple[int, int]] = []
+
+    def sampler(pid: int, tid: int) -> None:
+        asked.append((pid, tid))
+        hs.add(pid, 110 * MS, tid=tid, on_cpu_ns=90 * MS)
+
+    hs.add(5, 0, tid=6, on_cpu_ns=0)
+    hs.add(5, 20 * MS, tid=6, on_cpu_ns=10 * MS, growing="runq_ns")
+    steps = StepTracker(hs)
+    steps.attributes("comm", 5, 6, 0, 0)
+    hs.set_sampler(sampler)
+    a = steps.attributes("comm", 5, 6, 100 * MS, 101 * MS)
+    assert asked == [(5, 6)]
+    # interpolated between 20 ms (10) and 110 ms (90): 10 + 80 x 80/90; without the read: 10
+    assert a["ml.step.on_cpu.duration"] == pytest.approx((10 + 80 * 80 / 90) / 1e3)
+    steps.attributes("comm", 5, 6, 105 * MS, 106 * MS)  # 110 ms sample covers 105 ms: no read
+    assert asked == [(5, 6)]
+    hs.set_sampler(lambda pid, tid: 1 / 0)
+    steps.attributes("comm", 5, 6, 200 * MS, 201 * MS)
+    assert telemetry.get(DROPPED, receiver="host_stats", reason="sample_error") == 1
+    hs.set_sampler(None)
+    steps.attributes("comm", 5, 6, 300 * MS, 301 * MS)
+    assert telemetry.get(DROPPED, receiver="host_stats", reason="sample_error") == 1
