@@ -57,12 +57,13 @@ from typing import Any
 from otel_ebpf.core.events import AttrValue, SpanEventRecord
 from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, collective_ids, collective_root_span_id
 from otel_ebpf.core.pipeline import Consumer, Context
-from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
+from otel_ebpf.core.processing import EventProcessor, handles
 from otel_ebpf.core.readable import ReadableSpan, SpanMaker, resource_attribute, with_changes
 from otel_ebpf.host.identity import gateway_resource_attributes
 from otel_ebpf.host.timeline import straggler_attributes
 
 from .config import Config
+from .metrics import METRICS, ranges_text
 from .p2p import P2PJoin, is_p2p
 from .splits import SplitBook, split_call
 from .store import Collective, Front, Store
@@ -72,30 +73,7 @@ __all__ = ["METRICS", "SCOPE", "CollectiveJoin", "create"]
 log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.collective_join"
 _SIG = ("nccl.op", "nccl.count", "nccl.datatype")
-# name -> (kind, unit, description); the counters are summed per batch (EventProcessor.sums)
-METRICS: dict[str, MetricSpec] = {
-    "nccl.straggler.count": ("counter", "{collective}", "Complete collectives in which this rank started last."),
-    "nccl.desync.count": ("counter", "{collective}",
-                          "Collectives reported as hung: ranks missing after desync_timeout."),
-    "nccl.join.released": ("counter", "{collective}", "Collectives released by the join, by outcome."),
-    "nccl.join.p2p.released": ("counter", "{instance}", "Grouped send/recv instances released, by outcome."),
-    "nccl.join.late": ("counter", "{span}", "Spans that arrived after their collective was released."),
-    "nccl.collective.skew": ("histogram", "s", "First to last rank arrival (start) of each collective."),
-}
 Out = list[object]
-
-
-def _ranges(ranks: Sequence[int], limit: int = 32) -> str:
-    """[0, 1, 2, 5] -> '0-2,5' (at most ``limit`` runs, then '...')."""
-    runs: list[str] = []
-    i = 0
-    while i < len(ranks) and len(runs) < limit:
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        runs.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ",".join(runs) + (",..." if i < len(ranks) else "")
 
 
 class CollectiveJoin(EventProcessor[Config]):
@@ -307,12 +285,12 @@ class CollectiveJoin(EventProcessor[Config]):
         by_seq: dict[int, list[int]] = {}
         for r, s in enumerate(last):
             by_seq.setdefault(s, []).append(r)
-        fronts = "; ".join(f"{'never' if s < 0 else s}: ranks {_ranges(rs)}"
+        fronts = "; ".join(f"{'never' if s < 0 else s}: ranks {ranges_text(rs)}"
                            for s, rs in sorted(by_seq.items(), reverse=True)[:16])
         quieted = self._warned[comm][1]
         self._warned[comm][1] = 0
         log.warning("NCCL desync: comm %s seq %d (%s) has waited %.1fs for ranks %s of %d (hosts: %s); "
-                    "last seq per rank: %s%s", comm, seq, op, now - entry.first, _ranges(missing), entry.nranks,
+                    "last seq per rank: %s%s", comm, seq, op, now - entry.first, ranges_text(missing), entry.nranks,
                     ", ".join(hosts[:16]) or "unknown", fronts,
                     f" ({quieted} more hung collectives of this communicator not logged)" if quieted else "")
 
