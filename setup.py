@@ -1,9 +1,12 @@
-"""Packages and the optional C extension; everything else lives in pyproject.toml.
+"""Packages and the optional C extensions; everything else lives in pyproject.toml.
 
 Every package is under ``otel_ebpf/`` (receivers and processors included: the top-level folders
 mapped with ``package-dir`` hid them from import-linter, docs/architecture.md "Code layout").
 """
+import os
+
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
 
 packages = find_packages(include=["otel_ebpf", "otel_ebpf.*"])
 
@@ -11,4 +14,33 @@ packages = find_packages(include=["otel_ebpf", "otel_ebpf.*"])
 oetp = Extension("otel_ebpf.tracepoints._oetp", sources=["otel_ebpf/tracepoints/_oetp.c"], extra_compile_args=["-O2"],
                  optional=True)  # without it every tracepoint stays disabled (otel_ebpf.tracepoints.AVAILABLE)
 
-setup(packages=packages, ext_modules=[oetp])
+# The NCCL profiler plugin (docs/nccl-profiler.md): a plain shared library NCCL dlopens, not a Python module, so it
+# keeps NCCL's file name libnccl-profiler-otel_ebpf.so (NCCL_PROFILER_PLUGIN=otel_ebpf finds it on the loader path)
+# next to otel_ebpf/nccl_profiler/__init__.py, which locates it. Also needs sys/sdt.h; without it plugin_path() is None.
+NCCL_PLUGIN = "libnccl-profiler-otel_ebpf"
+nccl_plugin = Extension(
+    f"otel_ebpf.nccl_profiler.{NCCL_PLUGIN}",
+    sources=["otel_ebpf/nccl_profiler/plugin.c", "otel_ebpf/nccl_profiler/chain.c"],
+    depends=["otel_ebpf/nccl_profiler/chain.h", "otel_ebpf/nccl_profiler/probes.h",
+             "otel_ebpf/nccl_profiler/nccl/profiler.h"],
+    extra_compile_args=["-O2", "-fno-omit-frame-pointer", "-fno-strict-aliasing", "-fvisibility=hidden",
+                        "-std=gnu11"],
+    libraries=["dl"],  # dlopen/dlsym: in libc since glibc 2.34, libdl before
+    optional=True,
+)
+
+
+class BuildExt(build_ext):
+    """build_ext that names the plugin NCCL's way (no Python ABI suffix, no PyInit_ export)."""
+
+    def get_ext_filename(self, fullname: str) -> str:
+        parts = fullname.split(".")
+        if parts[-1] == NCCL_PLUGIN:
+            return os.path.join(*parts[:-1], NCCL_PLUGIN + ".so")
+        return super().get_ext_filename(fullname)
+
+    def get_export_symbols(self, ext: Extension) -> list[str]:
+        return [] if ext is nccl_plugin else super().get_export_symbols(ext)
+
+
+setup(packages=packages, ext_modules=[oetp, nccl_plugin], cmdclass={"build_ext": BuildExt})
