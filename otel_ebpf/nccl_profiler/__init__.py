@@ -32,7 +32,7 @@ NCCL_ENV = "NCCL_PROFILER_PLUGIN"
 CHAIN_ENV = "OTEL_EBPF_NCCL_PROFILER_CHAIN"
 #: the USDT provider and probe names, as in probes.h (the contract with the NCCL receiver)
 PROVIDER = "otel_ebpf_nccl"
-PROBES = ("comm_init", "comm_finalize", "group_start", "coll_start", "p2p_start", "kernel_ch_start",
+PROBES = ("comm_init", "comm_finalize", "group_start", "api_start", "coll_start", "p2p_start", "kernel_ch_start",
           "kernel_ch_stop", "event_stop")
 PROBES_HEADER = Path(__file__).with_name("probes.h")
 

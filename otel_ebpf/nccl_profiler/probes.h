@@ -39,7 +39,11 @@
 #ifndef OE_NCCL_PROBES_H
 #define OE_NCCL_PROBES_H
 
+/* BCC compiles BPF C with the kernel's headers (__BPF_TRACING__), whose linux/types.h already
+ * has uint64_t, int32_t, uint8_t; user space takes them from stdint.h. */
+#ifndef __BPF_TRACING__
 #include <stdint.h>
+#endif
 
 #define OE_NCCL_PROBES_VERSION 1
 #define OE_NCCL_STR 24
