@@ -26,6 +26,11 @@ __all__ = [
     "NcclCommSplit",
     "NcclGroup",
     "NcclP2P",
+    "NcclProfColl",
+    "NcclProfComm",
+    "NcclProfCommEnd",
+    "NcclProfGpu",
+    "NcclProfP2P",
     "datatype_name",
     "datatype_size",
     "redop_name",
@@ -198,6 +203,7 @@ class NcclCollective:
     group: int
     rc: int
     captured: bool = False
+    api: int = 0  # the profiler plugin's CollApi handle started inside this call (NcclProfColl.api), 0: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +225,7 @@ class NcclP2P:
     group: int
     rc: int
     captured: bool = False
+    api: int = 0  # the profiler plugin's P2pApi handle started inside this call (NcclProfP2P.api), 0: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,3 +245,91 @@ class NcclGroup:
     p2p: int = 0
     simulated: bool = False
     captured: bool = False
+
+
+# ---- from otel-ebpf's NCCL profiler plugin (receivers/nccl/profiler.py; otel_ebpf/nccl_profiler/probes.h) ----
+# Handles and contexts are the plugin's ids, unique per process while the event or communicator lives.
+
+
+@dataclass(frozen=True, slots=True)
+class NcclProfComm:
+    """NCCL initialised a communicator (or the plugin re-announced a live one when the agent attached):
+    ``context`` is the plugin's id for it in this process; ``comm_hash`` is NCCL's commHash, the same on every
+    rank; ``rank``/``nranks``/``nnodes`` as NCCL has them (split children included)."""
+
+    pid: int
+    tid: int
+    time_ns: int
+    context: int
+    comm_hash: int
+    rank: int
+    nranks: int
+    nnodes: int
+    name: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class NcclProfCommEnd:
+    """NCCL finalised the communicator ``context``."""
+
+    pid: int
+    tid: int
+    time_ns: int
+    context: int
+
+
+@dataclass(frozen=True, slots=True)
+class NcclProfColl:
+    """NCCL planned a collective (ncclProfileColl): ``seq`` is NCCL's per-function number on the communicator
+    (comm->seqNumber[func]), ``func`` NCCL's name ("AllReduce"), ``algo``/``proto`` ("RING", "SIMPLE") and
+    ``nchannels`` what NCCL chose; ``api`` the CollApi handle of the application call it came from."""
+
+    pid: int
+    tid: int
+    time_ns: int
+    handle: int
+    context: int
+    group: int
+    api: int
+    seq: int
+    func: str
+    count: int
+    datatype: str
+    root: int
+    algo: str
+    proto: str
+    nchannels: int
+    nwarps: int
+
+
+@dataclass(frozen=True, slots=True)
+class NcclProfP2P:
+    """NCCL planned a send or recv (ncclProfileP2p) with ``peer``; ``api`` as in :class:`NcclProfColl`."""
+
+    pid: int
+    tid: int
+    time_ns: int
+    handle: int
+    context: int
+    group: int
+    api: int
+    func: str
+    count: int
+    datatype: str
+    peer: int
+    nchannels: int
+
+
+@dataclass(frozen=True, slots=True)
+class NcclProfGpu:
+    """Every kernel channel of the collective/p2p ``handle`` stopped: ``gpu_start``/``gpu_stop`` are the first
+    channel's start and the last channel's stop as NCCL read them from the GPU (%globaltimer ns, pTimer:
+    converted by the processor); ``time_ns`` is when the agent saw the last stop."""
+
+    pid: int
+    time_ns: int
+    handle: int
+    gpu_start: int
+    gpu_stop: int
+    channels: int

@@ -90,6 +90,7 @@ struct nccl_call {
     s32 peer;
     u8 op;
     u8 _pad[7];
+    u64 api;  /* the profiler plugin's CollApi/P2pApi handle started inside this call (nccl_prof.bpf.c) */
 };
 
 struct nccl_init_call {
@@ -413,6 +414,7 @@ static __always_inline int nccl_submit_p2p(struct nccl_call *c, u64 id, s32 rc, 
     e->comm = c->comm;
     e->stream = c->stream;
     e->group = c->group;
+    e->api = c->api;
     if (c->gen && nccl_issued(rc)) {
         u64 seq = nccl_p2p_next(id >> 32, c->gen, c->peer, c->op == NCCL_OP_RECV);
         if (seq != (u64)-1) {
@@ -449,6 +451,7 @@ static __always_inline int nccl_submit_coll(struct nccl_call *c, u64 id, s32 rc,
     e->comm = c->comm;
     e->stream = c->stream;
     e->group = c->group;
+    e->api = c->api;
     if (c->gen && nccl_issued(rc)) {
         /* st NULL: the communicator ended (ncclCommAbort from another thread) while this call was inside:
          * the number it would have taken at entry (one thread at a time uses a communicator) */

@@ -12,6 +12,8 @@
 #ifndef OE_NCCL_H
 #define OE_NCCL_H
 
+#include "../../nccl_profiler/probes.h"
+
 #define NCCL_EV_COMM_INIT 32      /* ncclCommInitRank / ...Config / ...Scalable returned */
 #define NCCL_EV_COMM_INIT_ALL 33  /* ncclCommInitAll returned */
 #define NCCL_EV_COMM_SPLIT 34     /* ncclCommSplit returned */
@@ -176,6 +178,7 @@ struct nccl_coll {
     u64 stream;
     u64 seq;     /* per (process, communicator) collective number, from 0 */
     u64 group;   /* the enclosing group's id, 0 outside a group */
+    u64 api;     /* the NCCL profiler plugin's CollApi handle started inside this call, 0: none (nccl_prof.bpf.c) */
 };
 
 struct nccl_p2p {
@@ -195,6 +198,7 @@ struct nccl_p2p {
     u64 stream;
     u64 seq;     /* per (process, communicator, peer, direction) number, from 0 */
     u64 group;
+    u64 api;     /* the plugin's P2pApi handle started inside this call, 0: none */
 };
 
 struct nccl_group {
@@ -209,6 +213,69 @@ struct nccl_group {
     u64 ts_start; /* outermost ncclGroupStart entry */
     u64 ts_end;   /* outermost ncclGroupEnd return */
     u64 group;
+};
+
+/* ---- records from otel-ebpf's NCCL profiler plugin (USDT otel_ebpf_nccl:*, nccl_prof.bpf.c) ---- */
+
+#define NCCL_EV_PROF_COMM 42      /* comm_init: the plugin's context for a communicator */
+#define NCCL_EV_PROF_COMM_END 43  /* comm_finalize */
+#define NCCL_EV_PROF_COLL 44      /* coll_start: NCCL planned a collective (seq, algo, proto, channels) */
+#define NCCL_EV_PROF_P2P 45       /* p2p_start */
+#define NCCL_EV_PROF_GPU 46       /* every kernel channel of a collective/p2p stopped: its GPU time */
+
+struct nccl_prof_comm {
+    u8 type;
+    u8 _pad[3];
+    u32 pid;
+    u32 tid;
+    u32 _pad2;
+    u64 ts;
+    u64 context;
+    struct oe_nccl_comm_rec rec;
+};
+
+struct nccl_prof_comm_end {
+    u8 type;
+    u8 _pad[3];
+    u32 pid;
+    u32 tid;
+    u32 _pad2;
+    u64 ts;
+    u64 context;
+};
+
+struct nccl_prof_coll {
+    u8 type;
+    u8 _pad[3];
+    u32 pid;
+    u32 tid;
+    u32 _pad2;
+    u64 ts;
+    u64 handle;
+    struct oe_nccl_coll_rec rec;
+};
+
+struct nccl_prof_p2p {
+    u8 type;
+    u8 _pad[3];
+    u32 pid;
+    u32 tid;
+    u32 _pad2;
+    u64 ts;
+    u64 handle;
+    struct oe_nccl_p2p_rec rec;
+};
+
+struct nccl_prof_gpu {
+    u8 type;
+    u8 _pad[3];
+    u32 pid;
+    u32 channels;  /* kernel channels that stopped */
+    u32 _pad2;
+    u64 ts;        /* host time of the last channel's stop record */
+    u64 handle;    /* the collective's / p2p's handle (nccl_prof_coll / _p2p) */
+    u64 gpu_start; /* first channel start, GPU %globaltimer ns (pTimer) */
+    u64 gpu_stop;  /* last channel stop */
 };
 
 #endif /* OE_NCCL_H */

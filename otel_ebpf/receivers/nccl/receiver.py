@@ -24,15 +24,22 @@ Thread safety: :meth:`NcclReceiver.decode` runs on the poll thread only (see Bpf
 """
 from __future__ import annotations
 
+import logging
+import os
 import struct
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from otel_ebpf.bpf.attach import claim_library
 from otel_ebpf.bpf.receiver import BpfReceiver, Probe
+from otel_ebpf.bpf.usdt import UsdtError
+from otel_ebpf.core.errors import AttachError
 from otel_ebpf.core.pipeline import Consumer, Context
+from otel_ebpf.host.libraries import mapped_libraries
 from otel_ebpf.host.procfs import process_gone
 
+from . import profiler as prof
 from .config import Config
 from .events import (
     NcclCollective,
@@ -49,7 +56,9 @@ from .events import (
 
 __all__ = ["INFO_KINDS", "INIT_FUNCTIONS", "LAYOUTS", "OPS", "PROBES", "Layout", "NcclReceiver"]
 
+log = logging.getLogger(__name__)
 SRC = Path(__file__).with_name("nccl.bpf.c")
+PROF_SRC = Path(__file__).with_name("nccl_prof.bpf.c")
 # NCCL_OP_* in nccl.h, by value
 OPS = ("AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AlltoAll", "Gather",
        "Scatter", "Send", "Recv")
@@ -93,10 +102,10 @@ COMM_INFO = Layout("nccl_comm_info", 36, ("type", "B"), ("kind", "B"), ("_pad", 
 COLL = Layout("nccl_coll", 37, ("type", "B"), ("op", "B"), ("flags", "B"), ("_pad", "x"), *_HEAD,
               ("datatype", "i"), ("redop", "i"), ("root", "i"), ("_pad2", "4x"), ("ts_start", "Q"),
               ("ts_end", "Q"), ("count", "Q"), ("comm", "Q"), ("stream", "Q"), ("seq", "Q"),
-              ("group", "Q"))
+              ("group", "Q"), ("api", "Q"))
 P2P = Layout("nccl_p2p", 38, ("type", "B"), ("op", "B"), ("flags", "B"), ("_pad", "x"), *_HEAD,
              ("datatype", "i"), ("peer", "i"), ("ts_start", "Q"), ("ts_end", "Q"), ("count", "Q"),
-             ("comm", "Q"), ("stream", "Q"), ("seq", "Q"), ("group", "Q"))
+             ("comm", "Q"), ("stream", "Q"), ("seq", "Q"), ("group", "Q"), ("api", "Q"))
 GROUP = Layout("nccl_group", 39, ("type", "B"), ("flags", "B"), ("_pad", "2x"), *_HEAD, ("members", "I"),
                ("p2p", "I"), ("ts_start", "Q"), ("ts_end", "Q"), ("group", "Q"))
 COMM_SHRINK = Layout("nccl_comm_shrink", 40, ("type", "B"), ("_pad", "3x"), *_HEAD, ("nexcluded", "i"),
@@ -104,7 +113,15 @@ COMM_SHRINK = Layout("nccl_comm_shrink", 40, ("type", "B"), ("_pad", "3x"), *_HE
                      ("newcomm", "Q"), ("excluded", f"{SHRINK_MAX}i"))
 COMM_BIND = Layout("nccl_comm_bind", 41, ("type", "B"), ("_pad", "3x"), ("pid", "I"), ("tid", "I"), ("_pad2", "4x"),
                    ("ts", "Q"), ("comm", "Q"), ("newcomm", "Q"))
-LAYOUTS = (COMM_INIT, COMM_INIT_ALL, COMM_SPLIT, COMM_END, COMM_INFO, COLL, P2P, GROUP, COMM_SHRINK, COMM_BIND)
+_PROF_HEAD = (("type", "B"), ("_pad", "3x"), ("pid", "I"), ("tid", "I"), ("_pad2", "4x"), ("ts", "Q"))
+PROF_COMM = Layout("nccl_prof_comm", 42, *_PROF_HEAD, ("context", "Q"), ("rec", f"{prof.COMM_REC.size}s"))
+PROF_COMM_END = Layout("nccl_prof_comm_end", 43, *_PROF_HEAD, ("context", "Q"))
+PROF_COLL = Layout("nccl_prof_coll", 44, *_PROF_HEAD, ("handle", "Q"), ("rec", f"{prof.COLL_REC.size}s"))
+PROF_P2P = Layout("nccl_prof_p2p", 45, *_PROF_HEAD, ("handle", "Q"), ("rec", f"{prof.P2P_REC.size}s"))
+PROF_GPU = Layout("nccl_prof_gpu", 46, ("type", "B"), ("_pad", "3x"), ("pid", "I"), ("channels", "I"),
+                  ("_pad2", "4x"), ("ts", "Q"), ("handle", "Q"), ("gpu_start", "Q"), ("gpu_stop", "Q"))
+LAYOUTS = (COMM_INIT, COMM_INIT_ALL, COMM_SPLIT, COMM_END, COMM_INFO, COLL, P2P, GROUP, COMM_SHRINK, COMM_BIND,
+           PROF_COMM, PROF_COMM_END, PROF_COLL, PROF_P2P, PROF_GPU)
 
 
 def _coll(symbol: str, entry: str, optional: bool = False) -> tuple[Probe, ...]:
@@ -149,7 +166,7 @@ class NcclReceiver(BpfReceiver):
     name = "nccl"
     src_file = SRC
     library_key = "nccl"
-    lib_pattern = "libnccl.so"
+    lib_pattern = "libnccl"  # the kernel's openat match: libnccl.so.* and NCCL plugins (libnccl-profiler-*.so)
     probes: Sequence[Probe] = PROBES
     thread_context = True  # reads the open CUDA stream captures the cuda program keeps in oe_thread_ctx
 
@@ -163,15 +180,79 @@ class NcclReceiver(BpfReceiver):
             COMM_SPLIT.etype: self._comm_split, COMM_END.etype: self._comm_end,
             COMM_INFO.etype: self._comm_info, COLL.etype: self._coll, P2P.etype: self._p2p,
             GROUP.etype: self._group, COMM_SHRINK.etype: self._comm_shrink, COMM_BIND.etype: self._comm_bind,
+            PROF_COMM.etype: self._prof(prof.decode_comm), PROF_COMM_END.etype: self._prof(prof.decode_comm_end),
+            PROF_COLL.etype: self._prof(prof.decode_coll), PROF_P2P.etype: self._prof(prof.decode_p2p),
+            PROF_GPU.etype: self._prof(prof.decode_gpu),
         }
+        self._plugin = prof.PluginProbes()
         self._unreadable_seen = [0, 0, 0]  # counters[] as last read; only [2] is reported
         self._last_sweep = time.monotonic()
 
     def start(self) -> None:
         first = self.bpf is None
+        if first:
+            for lib in self._plugin_libraries():
+                try:
+                    self._plugin.learn(lib)  # its probes' argument readers are compiled with the program
+                except (UsdtError, OSError) as exc:
+                    log.debug("%s: %s is no otel-ebpf NCCL profiler plugin: %s", self.name, lib, exc)
         super().start()
         if first:
             self.bpf.attach_tracepoint(tp="sched:sched_process_exit", fn_name="nccl_thread_exit")
+
+    def source(self) -> str:
+        """nccl.bpf.c, then the profiler plugin's handlers and the generated readers (BCC rewrites map calls in
+        the program text only, not in files it includes)."""
+        return (f"{super().source()}\n// ---- {PROF_SRC.name}\n#line 1 \"{PROF_SRC}\"\n{PROF_SRC.read_text()}\n"
+                f"// ---- generated: profiler plugin probe readers\n{self._plugin.source()}\n")
+
+    def initial_libraries(self) -> list[str]:
+        found = super().initial_libraries()
+        return found + [p for p in self._plugin_libraries() if p not in found]
+
+    def _plugin_libraries(self) -> list[str]:
+        """The agent's own profiler plugin, plugins named in ``libraries``, and those mapped by traced processes."""
+        paths = [p for p in (prof.own_plugin(), *self.config.libraries) if p and prof.is_plugin(p)]
+        for pid in self.ctx.target_pids:
+            paths += [p for p in mapped_libraries(pid, prof.PLUGIN_PREFIX) if prof.is_plugin(p)]
+        out: list[str] = []
+        for p in paths:
+            if os.path.isfile(p) and os.path.realpath(p) not in {os.path.realpath(q) for q in out}:
+                out.append(p)
+        return out
+
+    def probes_for(self, path: str) -> Sequence[Probe]:
+        """NCCL's own library gets the uprobes; its plugins (net, tuner, profiler: libnccl-*.so), which the
+        kernel's openat match also reports, none (the profiler plugin is attached by :meth:`attach_library`)."""
+        return () if os.path.basename(path).startswith("libnccl-") else self.probes
+
+    def attach_library(self, path: str) -> int:
+        """libnccl: the base's uprobes. An NCCL profiler plugin: its USDT probes (profiler.py), one log line."""
+        if not prof.is_plugin(path):
+            return super().attach_library(path)
+        with self._attach_lock:
+            real = claim_library(self._attached, path, self.bpf is not None)
+            if real is None:
+                return 0
+            try:
+                n = self._plugin.attach(self.bpf, real)
+            except UsdtError as exc:  # another plugin (NCCL Inspector, a user's), or a copy built differently
+                log.info("%s: profiler plugin %s not attached: %s", self.name, real, exc)
+                return 0
+            except OSError as exc:
+                self.ctx.telemetry.add("otel_ebpf.probes.failed", 1, receiver=self.name,
+                                       library=os.path.basename(real))
+                if self.ctx.strict:
+                    raise AttachError(real, "otel_ebpf_nccl probes", str(exc)) from None
+                log.warning("%s: profiler plugin %s: %s", self.name, real, exc)
+                return 0
+        self.ctx.telemetry.add("otel_ebpf.probes.attached", n, receiver=self.name, library=os.path.basename(real))
+        log.info("%s: attached %d profiler probes to %s", self.name, n, real)
+        return n
+
+    def shutdown(self) -> None:
+        self._plugin.close()  # the semaphores drop: the plugins narrow NCCL's mask at their next group
+        super().shutdown()
 
     def poll_maps(self) -> list[object]:
         for name, grown in self._array_deltas("counters", ("", "", "pending_unreadable"), self._unreadable_seen):
@@ -216,6 +297,9 @@ class NcclReceiver(BpfReceiver):
     def _ns(self, ts: int) -> int:
         return self.clock.to_epoch_ns(ts)
 
+    def _prof(self, decode: Callable[[bytes, Callable[[int], int]], object]) -> Callable[[bytes], object]:
+        return lambda raw: decode(raw, self.clock.to_epoch_ns)
+
     def _comm_init(self, raw: bytes) -> NcclCommInit:
         _, kind, pid, tid, rc, nranks, rank, t0, t1, comm, uid = COMM_INIT.struct.unpack_from(raw)
         return NcclCommInit(pid, tid, self._ns(t0), self._ns(t1), INIT_FUNCTIONS[kind], comm, nranks,
@@ -246,16 +330,16 @@ class NcclReceiver(BpfReceiver):
 
     def _coll(self, raw: bytes) -> NcclCollective:
         (_, op, flags, pid, tid, rc, dtype, redop, root, t0, t1, count, comm, stream, seq,
-         group) = COLL.struct.unpack_from(raw)
+         group, api) = COLL.struct.unpack_from(raw)
         return NcclCollective(pid, tid, self._ns(t0), self._ns(t1), OPS[op], comm, count, dtype,
                               redop if redop >= 0 else None, root if root >= 0 else None, stream,
-                              seq if flags & F_SEQ else None, group, rc, bool(flags & F_CAPTURED))
+                              seq if flags & F_SEQ else None, group, rc, bool(flags & F_CAPTURED), api)
 
     def _p2p(self, raw: bytes) -> NcclP2P:
         (_, op, flags, pid, tid, rc, dtype, peer, t0, t1, count, comm, stream, seq,
-         group) = P2P.struct.unpack_from(raw)
+         group, api) = P2P.struct.unpack_from(raw)
         return NcclP2P(pid, tid, self._ns(t0), self._ns(t1), OPS[op], comm, count, dtype, peer, stream,
-                       seq if flags & F_SEQ else None, group, rc, bool(flags & F_CAPTURED))
+                       seq if flags & F_SEQ else None, group, rc, bool(flags & F_CAPTURED), api)
 
     def _group(self, raw: bytes) -> NcclGroup:
         _, flags, pid, tid, rc, members, p2p, t0, t1, group = GROUP.struct.unpack_from(raw)

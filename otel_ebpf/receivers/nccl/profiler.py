@@ -1,0 +1,171 @@
+"""The NCCL receiver's side of otel-ebpf's NCCL profiler plugin (otel_ebpf/nccl_profiler, docs/nccl-profiler.md).
+
+A process that loaded ``libnccl-profiler-otel_ebpf.so`` (NCCL_PROFILER_PLUGIN) fires the USDT probes of
+``probes.h``. :class:`PluginProbes` reads every location of the probes the receiver uses from the plugin's ELF
+notes, generates one BPF function per distinct argument layout that reads the arguments and calls the handler
+of ``nccl_prof.bpf.c``, and attaches each location as a uprobe with the probe's semaphore as reference counter
+(otel_ebpf/bpf/refctr.py): while the agent runs, the plugin in every process that maps that file sees the
+semaphores raised and asks NCCL for its events; when the agent stops they drop back and NCCL stops calling.
+
+The functions are compiled with the program, so the argument layouts must be known at start: those of the
+agent's own plugin (always) and of any copy named in ``libraries`` or mapped by a traced process then. A copy
+opened later with a layout no compiled function reads is not attached (a warning, ``otel_ebpf.probes.failed``).
+
+``group_start`` is not attached: the receiver needs no group events (the uprobes give the application's
+groups), and an unattached probe's semaphore stays 0, so the plugin does not fire it.
+
+Records -> events: :func:`decode_comm`, :func:`decode_coll`, ... (poll thread). Not thread-safe by itself:
+the receiver calls :meth:`PluginProbes.attach` under its attach lock.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from typing import Any
+
+from otel_ebpf.bpf.refctr import RefCtrUprobes
+from otel_ebpf.bpf.usdt import ArgLoc, Site, UsdtError, arg_reader, find_site
+from otel_ebpf.nccl_profiler import PROVIDER, plugin_path
+
+from .events import NcclProfColl, NcclProfComm, NcclProfCommEnd, NcclProfGpu, NcclProfP2P
+
+__all__ = [
+    "HANDLERS",
+    "PluginProbes",
+    "decode_coll",
+    "decode_comm",
+    "decode_comm_end",
+    "decode_gpu",
+    "decode_p2p",
+    "is_plugin",
+    "own_plugin",
+]
+
+log = logging.getLogger(__name__)
+
+PLUGIN_PREFIX = "libnccl-profiler-"
+# probe -> (handler in nccl_prof.bpf.c, number of arguments)
+HANDLERS: dict[str, tuple[str, int]] = {
+    "comm_init": ("nprof_comm_init", 2), "comm_finalize": ("nprof_comm_finalize", 1),
+    "api_start": ("nprof_api_start", 2), "coll_start": ("nprof_coll_start", 2), "p2p_start": ("nprof_p2p_start", 2),
+    "kernel_ch_start": ("nprof_kernel_ch_start", 4), "kernel_ch_stop": ("nprof_kernel_ch_stop", 2),
+    "event_stop": ("nprof_event_stop", 2),
+}
+
+_FUNC = """
+int nprof_{k}(struct pt_regs *ctx)
+{{
+{reads}
+    return {handler}({args});
+}}
+"""
+
+
+def is_plugin(path: str) -> bool:
+    """Whether ``path`` names an NCCL profiler plugin (NCCL's libnccl-profiler-NAME.so naming)."""
+    return os.path.basename(path).startswith(PLUGIN_PREFIX)
+
+
+class PluginProbes:
+    """The plugin probes of one receiver: generated functions, attached locations, semaphores held."""
+
+    def __init__(self) -> None:
+        self._refctr = RefCtrUprobes()
+        self._variants: dict[tuple[str, tuple[ArgLoc, ...]], int] = {}
+        self._sites: dict[str, dict[str, list[Site]]] = {}
+
+    def learn(self, path: str) -> None:
+        """Read ``path``'s probe locations so that the program compiles a reader for each layout (before
+        start). Raises UsdtError when it is not our plugin (no otel_ebpf_nccl probes)."""
+        for probe, sites in self._sites_of(path).items():
+            for site in sites:
+                self._variants.setdefault((probe, site.args), len(self._variants))
+
+    def source(self) -> str:
+        """The generated functions, one per (probe, argument layout) learnt."""
+        parts = []
+        for (probe, args), k in self._variants.items():
+            handler, nargs = HANDLERS[probe]
+            site = Site("", 0, 0, args)
+            reads = "\n".join(f"    u64 t{i} = 0;\n    {arg_reader(site, i, f't{i}')}" for i in range(nargs))
+            parts.append(_FUNC.format(k=k, reads=reads, handler=handler,
+                                      args=", ".join(f"t{i}" for i in range(nargs))))
+        return "\n".join(parts)
+
+    def attach(self, bpf: Any, path: str) -> int:
+        """Attach every location of the receiver's probes in ``path``; returns how many. Raises UsdtError
+        (not our plugin, or a layout no compiled function reads) or OSError (the kernel refused)."""
+        import bcc
+
+        n = 0
+        for probe, sites in self._sites_of(path).items():
+            for site in sites:
+                k = self._variants.get((probe, site.args))
+                if k is None:
+                    raise UsdtError(f"{path}: {PROVIDER}:{probe} operands differ from every compiled variant "
+                                    "(a plugin built differently); restart the agent to include it")
+                fn = bpf.load_func(f"nprof_{k}", bcc.BPF.KPROBE)
+                self._refctr.attach(fn.fd, path, site.offset, site.semaphore_offset)
+                n += 1
+        return n
+
+    def close(self) -> None:
+        """Detach everything: the semaphores drop back to 0 in every process (idempotent)."""
+        self._refctr.close()
+
+    def _sites_of(self, path: str) -> dict[str, list[Site]]:
+        real = os.path.realpath(path)
+        if real not in self._sites:
+            self._sites[real] = {probe: find_site(path, PROVIDER, probe) for probe in HANDLERS}
+        return self._sites[real]
+
+
+# ---- records (nccl.h nccl_prof_*; the rec structs of probes.h) ----------------------------------------
+_STR = 24  # OE_NCCL_STR
+PROF_HEAD = struct.Struct("<B3xII4xQQ")  # type, pid, tid, ts, context/handle
+COMM_REC = struct.Struct("<QiiiI64s")  # oe_nccl_comm_rec
+COLL_REC = struct.Struct(f"<QQQQQQiBB2x{_STR}s{_STR}s{_STR}s{_STR}sQ")  # oe_nccl_coll_rec
+P2P_REC = struct.Struct(f"<QQQQiB3x{_STR}s{_STR}sQ")  # oe_nccl_p2p_rec
+GPU = struct.Struct("<B3xII4xQQQQ")  # nccl_prof_gpu: type, pid, channels, ts, handle, gpu_start, gpu_stop
+
+
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+def decode_comm(raw: bytes, to_epoch: Any) -> NcclProfComm:
+    _, pid, tid, ts, context = PROF_HEAD.unpack_from(raw)
+    comm_hash, rank, nranks, nnodes, version, name = COMM_REC.unpack_from(raw, PROF_HEAD.size)
+    return NcclProfComm(pid, tid, to_epoch(ts), context, comm_hash, rank, nranks, nnodes, _text(name), version)
+
+
+def decode_comm_end(raw: bytes, to_epoch: Any) -> NcclProfCommEnd:
+    _, pid, tid, ts, context = PROF_HEAD.unpack_from(raw)
+    return NcclProfCommEnd(pid, tid, to_epoch(ts), context)
+
+
+def decode_coll(raw: bytes, to_epoch: Any) -> NcclProfColl:
+    _, pid, tid, ts, handle = PROF_HEAD.unpack_from(raw)
+    (context, parent, seq, count, _send, _recv, root, nchannels, nwarps, func, datatype, algo, proto,
+     api) = COLL_REC.unpack_from(raw, PROF_HEAD.size)
+    return NcclProfColl(pid, tid, to_epoch(ts), handle, context, parent, api, seq, _text(func), count,
+                        _text(datatype), root, _text(algo), _text(proto), nchannels, nwarps)
+
+
+def decode_p2p(raw: bytes, to_epoch: Any) -> NcclProfP2P:
+    _, pid, tid, ts, handle = PROF_HEAD.unpack_from(raw)
+    context, parent, count, _buff, peer, nchannels, func, datatype, api = P2P_REC.unpack_from(raw, PROF_HEAD.size)
+    return NcclProfP2P(pid, tid, to_epoch(ts), handle, context, parent, api, _text(func), count, _text(datatype),
+                       peer, nchannels)
+
+
+def decode_gpu(raw: bytes, to_epoch: Any) -> NcclProfGpu:
+    _, pid, channels, ts, handle, gpu_start, gpu_stop = GPU.unpack_from(raw)
+    return NcclProfGpu(pid, to_epoch(ts), handle, gpu_start, gpu_stop, channels)
+
+
+def own_plugin() -> str | None:
+    """The agent's own built plugin, when there is one."""
+    path = plugin_path()
+    return str(path) if path is not None else None
