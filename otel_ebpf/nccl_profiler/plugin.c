@@ -117,13 +117,10 @@ static __attribute__((noinline)) void group_api_slow(struct oe_ctx *ctx, unsigne
         announce_all();
 }
 
-/* Every GroupApi start: with no agent, no chain and the mask narrow, one branch. */
-static inline void group_api(struct oe_ctx *ctx)
+/* No agent, no chain, the mask narrow: a GroupApi start has nothing to do (one branch, before any prologue). */
+static inline int quiet(void)
 {
-    unsigned recording = recording_sems();
-    unsigned short ci = SEM(comm_init);
-    if (UNLIKELY(recording | ci | __atomic_load_n(&g_wide, __ATOMIC_RELAXED) | chain_on()))
-        group_api_slow(ctx, recording, ci);
+    return !(recording_sems() | SEM(comm_init) | __atomic_load_n(&g_wide, __ATOMIC_RELAXED) | chain_on());
 }
 
 /* Whether an event of this type fires its start probe now; only Group, CollApi, P2pApi, Coll, P2p and KernelCh
@@ -195,7 +192,8 @@ static void fire_start(struct oe_ctx *ctx, uint64_t h, const ncclProfilerEventDe
     }
 }
 
-static ncclResult_t start_event(void *context, void **eHandle, const ncclProfilerEventDescr_v5_t *d, size_t dsize)
+static __attribute__((noinline)) ncclResult_t start_event(void *context, void **eHandle,
+                                                          const ncclProfilerEventDescr_v5_t *d, size_t dsize)
 {
     struct oe_ctx *ctx = context;
     uint64_t type = d->type, h = 0;
@@ -203,7 +201,7 @@ static ncclResult_t start_event(void *context, void **eHandle, const ncclProfile
     if (UNLIKELY(!ctx || type == 0 || type > ncclProfileCeBatch))
         return ncclSuccess;
     if (type == ncclProfileGroupApi)
-        group_api(ctx);
+        group_api_slow(ctx, recording_sems(), SEM(comm_init));
     int rec = recorded(type);
     unsigned idx = (unsigned)__builtin_ctzll(type);
     if (UNLIKELY(chain_on())) {
@@ -221,12 +219,20 @@ static ncclResult_t start_event(void *context, void **eHandle, const ncclProfile
 
 static ncclResult_t start_v5(void *context, void **eHandle, ncclProfilerEventDescr_v5_t *d)
 {
+    if (d->type == ncclProfileGroupApi && __builtin_expect(quiet(), 1)) {
+        *eHandle = NULL;
+        return ncclSuccess;
+    }
     return start_event(context, eHandle, d, sizeof *d);
 }
 
 /* v6 descriptors are v5's with the CE members appended to the union (nccl/profiler.h asserts it). */
 static ncclResult_t start_v6(void *context, void **eHandle, ncclProfilerEventDescr_v6_t *d)
 {
+    if (d->type == ncclProfileGroupApi && __builtin_expect(quiet(), 1)) {
+        *eHandle = NULL;
+        return ncclSuccess;
+    }
     return start_event(context, eHandle, (const ncclProfilerEventDescr_v5_t *)(const void *)d, sizeof *d);
 }
 

@@ -49,7 +49,9 @@ static __always_inline struct ev *fresh(u32 probe)
 /* BCC rewrites bpf_usdt_readarg per attached function and not inside macros: one function per probe. */
 static __always_inline int submit(struct pt_regs *ctx, struct ev *e)
 {
+#ifndef BENCH_NO_OUTPUT /* bench/nccl_profiler.py: the probe hits without the perf buffer */
     events.perf_submit(ctx, e, sizeof(*e));
+#endif
     return 0;
 }
 
