@@ -23,13 +23,17 @@ from otel_ebpf.twin import stubs
 from otel_ebpf.twin.env import TwinEnv, find_env
 from otel_ebpf.twin.errors import TwinBuildError
 
-__all__ = ["CFLAGS", "build", "default_cache_dir"]
+__all__ = ["CFLAGS", "PLUGIN_INCLUDE", "build", "default_cache_dir"]
 
 HERE = Path(__file__).resolve().parent
 CFLAGS = ["-O2", "-fno-omit-frame-pointer", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"]
 CUDART_SOURCES = ["cudart.c", "cudart_streams.c", "cudart_stream_api.c", "cudart_capture.c", "cudart_graphs.c",
                   "cudart_kernels.c"]
-NCCL_SOURCES = ["nccl_comm.c", "nccl_coll.c", "nccl_group.c", "nccl_mem.c"]
+NCCL_SOURCES = ["nccl_comm.c", "nccl_coll.c", "nccl_group.c", "nccl_mem.c", "nccl_profiler.c", "nccl_prof_api.c",
+                "nccl_prof_plan.c", "nccl_prof_proxy.c"]
+# The profiler plugin API's headers as NCCL 2.28.9 gives them to plugin writers (ext-profiler/example/nccl/ of
+# NVIDIA/nccl v2.28.9-1, unchanged, with NCCL's LICENSE.txt): the wheel ships no profiler header.
+PLUGIN_INCLUDE = HERE / "include"
 COMPLETE = ".complete"
 
 
@@ -50,7 +54,7 @@ def _gcc() -> str:
 
 def _digest(env: TwinEnv, gcc: str) -> str:
     h = hashlib.sha256()
-    for path in sorted(HERE.glob("*.[ch]")) + sorted(HERE.glob("*.py")):
+    for path in sorted(HERE.glob("*.[ch]")) + sorted(HERE.glob("*.py")) + sorted(PLUGIN_INCLUDE.glob("nccl/*.h")):
         h.update(path.name.encode() + path.read_bytes())
     for header in (env.cuda_include / "cuda_runtime_api.h", env.nccl_include / "nccl.h"):
         h.update(header.read_bytes())
@@ -92,9 +96,9 @@ def _build_into(out: Path, env: TwinEnv, gcc: str) -> None:
               "-Wl,-soname,libcudart.so.13", f"-Wl,--version-script={out / 'cudart.map'}", "-lpthread"],
         "libcudart.so.13 (cudart*.c)")
     # Real NCCL links cudart statically; here it shares torch's stand-in, so the current device is one state.
-    _cc(gcc, ["-fvisibility=hidden", f"-I{env.nccl_include}", cuda, "-o", str(out / "libnccl.so.2"),
-              *(str(HERE / s) for s in NCCL_SOURCES), "-Wl,-soname,libnccl.so.2", f"-L{out}", "-l:libcudart.so.13",
-              "-lpthread"], "libnccl.so.2 (nccl_*.c)")
+    _cc(gcc, ["-fvisibility=hidden", f"-I{env.nccl_include}", cuda, f"-I{PLUGIN_INCLUDE}", "-o",
+              str(out / "libnccl.so.2"), *(str(HERE / s) for s in NCCL_SOURCES), "-Wl,-soname,libnccl.so.2",
+              f"-L{out}", "-l:libcudart.so.13", "-lpthread", "-ldl"], "libnccl.so.2 (nccl_*.c)")
     plan = stubs.plan_stubs(env.torch_dir)
     overrides = (HERE / "stub_overrides.c").read_text()
     for soname, source, script in stubs.write_stub_sources(plan, overrides, out):

@@ -336,6 +336,19 @@ API cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStat
     return rc == cudaSuccess ? cudaSuccess : fail(rc);
 }
 
+/* Private to the twin's libnccl.so.2 (nccl_twin.h): whether s is in an active capture, with no error kept for
+ * cudaGetLastError, so the stand-in NCCL can tell its profiler (graphCaptured) without touching torch's view. */
+API int __cudaTwinStreamCapturing(cudaStream_t s)
+{
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    struct twin_capture *c;
+    pthread_mutex_lock(&q_mu);
+    if (capture_status_locked(s, &st, &c) != cudaSuccess)
+        st = cudaStreamCaptureStatusNone;
+    pthread_mutex_unlock(&q_mu);
+    return st == cudaStreamCaptureStatusActive;
+}
+
 /* The id, graph and dependency set are given only while the capture is active; the set is the stream's own
  * array, valid until the next call that works on the stream, as the real one is. */
 API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, enum cudaStreamCaptureStatus *st, unsigned long long *id,

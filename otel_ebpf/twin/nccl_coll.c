@@ -301,7 +301,8 @@ static void trace_call(const struct ncclComm *c, const char *fn, size_t count)
 }
 
 #define STEP(call) do { ncclResult_t rc_ = (call); if (rc_ != ncclSuccess) return rc_; } while (0)
-#define COLL(fn, ...) twin_submit(&(struct twin_task){ .kind = TWIN_COLL, .run = fn, __VA_ARGS__ })
+#define COLL(fn, f, ...) \
+    twin_submit(&(struct twin_task){ .kind = TWIN_COLL, .run = fn, .func = TWIN_F_##f, __VA_ARGS__ })
 
 static ncclResult_t run_all_reduce(const struct twin_task *t)
 {
@@ -323,8 +324,8 @@ NCCL_API(ncclResult_t, ncclAllReduce, const void *sendbuff, void *recvbuff, size
     if (!args_ok(comm, sendbuff, recvbuff, count, datatype) || !op_ok(op))
         return ncclInvalidArgument;
     trace_call(comm, __func__, count);
-    return COLL(run_all_reduce, .send = sendbuff, .recv = recvbuff, .count = count, .type = datatype, .op = op,
-                .comm = comm, .stream = stream);
+    return COLL(run_all_reduce, ALLREDUCE, .send = sendbuff, .recv = recvbuff, .count = count, .type = datatype,
+                .op = op, .comm = comm, .stream = stream);
 }
 
 /* Only the root's recvbuff is written (nccl.h: "recvbuff ... only used on the root rank"). */
@@ -349,7 +350,7 @@ NCCL_API(ncclResult_t, ncclReduce, const void *sendbuff, void *recvbuff, size_t 
     if (!args_ok(comm, sendbuff, sendbuff, count, datatype) || !op_ok(op) || root < 0 || root >= comm->nranks)
         return ncclInvalidArgument;
     trace_call(comm, __func__, count);
-    return COLL(run_reduce, .send = sendbuff, .recv = recvbuff, .count = count, .type = datatype, .op = op,
+    return COLL(run_reduce, REDUCE, .send = sendbuff, .recv = recvbuff, .count = count, .type = datatype, .op = op,
                 .root = root, .comm = comm, .stream = stream);
 }
 
@@ -377,8 +378,8 @@ NCCL_API(ncclResult_t, ncclBroadcast, const void *sendbuff, void *recvbuff, size
         || (comm->rank == root && count > 0 && sendbuff == NULL))
         return ncclInvalidArgument;
     trace_call(comm, __func__, count);
-    return COLL(run_broadcast, .send = sendbuff, .recv = recvbuff, .count = count, .type = datatype, .root = root,
-                .comm = comm, .stream = stream);
+    return COLL(run_broadcast, BROADCAST, .send = sendbuff, .recv = recvbuff, .count = count, .type = datatype,
+                .root = root, .comm = comm, .stream = stream);
 }
 
 /* Legacy in-place broadcast (nccl.h: ncclBcast is ncclBroadcast with sendbuff == recvbuff). */
@@ -410,7 +411,7 @@ NCCL_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size
     if (!args_ok(comm, sendbuff, recvbuff, sendcount, datatype))
         return ncclInvalidArgument;
     trace_call(comm, __func__, sendcount);
-    return COLL(run_all_gather, .send = sendbuff, .recv = recvbuff, .count = sendcount, .type = datatype,
+    return COLL(run_all_gather, ALLGATHER, .send = sendbuff, .recv = recvbuff, .count = sendcount, .type = datatype,
                 .comm = comm, .stream = stream);
 }
 
@@ -438,8 +439,8 @@ NCCL_API(ncclResult_t, ncclReduceScatter, const void *sendbuff, void *recvbuff, 
     if (!args_ok(comm, sendbuff, recvbuff, recvcount, datatype) || !op_ok(op))
         return ncclInvalidArgument;
     trace_call(comm, __func__, recvcount);
-    return COLL(run_reduce_scatter, .send = sendbuff, .recv = recvbuff, .count = recvcount, .type = datatype,
-                .op = op, .comm = comm, .stream = stream);
+    return COLL(run_reduce_scatter, REDUCESCATTER, .send = sendbuff, .recv = recvbuff, .count = recvcount,
+                .type = datatype, .op = op, .comm = comm, .stream = stream);
 }
 
 /* Block d of rank r's sendbuff goes to block r of rank d's recvbuff (nccl.h ncclAlltoAll). */
@@ -467,7 +468,7 @@ NCCL_API(ncclResult_t, ncclAlltoAll, const void *sendbuff, void *recvbuff, size_
     if (!args_ok(comm, sendbuff, recvbuff, count, datatype))
         return ncclInvalidArgument;
     trace_call(comm, __func__, count);
-    return COLL(run_all_to_all, .send = sendbuff, .recv = recvbuff, .count = count, .type = datatype,
+    return COLL(run_all_to_all, ALLTOALL, .send = sendbuff, .recv = recvbuff, .count = count, .type = datatype,
                 .comm = comm, .stream = stream);
 }
 

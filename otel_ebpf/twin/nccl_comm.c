@@ -78,31 +78,49 @@ static int blocking_of(const ncclConfig_t *config, int inherited)
     return config->blocking == NCCL_CONFIG_UNDEF_INT ? 1 : config->blocking != 0;
 }
 
-static struct ncclComm *alloc_comm(uint64_t hash, int nranks, int rank, int device, int blocking)
+/* config.commName (src/init.cc parseCommConfig; a split without a config copies the parent's), owned by the comm. */
+static char *name_of(const ncclConfig_t *config, const char *inherited)
+{
+    const char *name = inherited;
+    if (config != NULL)
+        name = config->size >= offsetof(ncclConfig_t, commName) + sizeof(config->commName) ? config->commName : NULL;
+    return name != NULL ? strdup(name) : NULL;
+}
+
+/* `id`: NCCL's commHash and commName for the profiler (nccl_profiler.c); the comm owns id->name. */
+static struct ncclComm *alloc_comm(uint64_t hash, int nranks, int rank, int device, int blocking,
+                                   const struct twin_prof_comm *id)
 {
     struct ncclComm *c = calloc(1, sizeof(*c));
     if (c != NULL)
         *c = (struct ncclComm){ .magic = TWIN_COMM_MAGIC, .hash = hash, .rank = rank, .nranks = nranks,
-                                .device = device, .blocking = blocking, .async_result = ncclSuccess };
+                                .device = device, .blocking = blocking, .async_result = ncclSuccess, .prof = *id };
+    else
+        free(id->name);
     return c;
 }
 
+/* The staging area, then the profiler's init (src/init.cc initTransportsRank: before the proxy thread). */
 static ncclResult_t open_comm(struct ncclComm *c)
 {
     ncclResult_t rc = twin_shm_open(c);
     if (rc == ncclSuccess && twin_trace_on())
         fprintf(stderr, "[twin nccl %d] comm %p hash %016llx rank %d/%d%s\n", (int)getpid(), (void *)c,
                 (unsigned long long)c->hash, c->rank, c->nranks, c->blocking ? "" : " (non-blocking)");
+    if (rc == ncclSuccess)
+        twin_prof_init(c);
     return rc;
 }
 
-static ncclResult_t new_comm(ncclComm_t *out, uint64_t hash, int nranks, int rank, int device, int blocking)
+static ncclResult_t new_comm(ncclComm_t *out, uint64_t hash, int nranks, int rank, int device, int blocking,
+                             const struct twin_prof_comm *id)
 {
-    struct ncclComm *c = alloc_comm(hash, nranks, rank, device, blocking);
+    struct ncclComm *c = alloc_comm(hash, nranks, rank, device, blocking, id);
     ncclResult_t rc;
     if (c == NULL)
         return ncclSystemError;
     if ((rc = open_comm(c)) != ncclSuccess) {
+        twin_prof_comm_free(c);
         free(c);
         return rc;
     }
@@ -197,15 +215,18 @@ NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t *comm, int nranks, ncc
 {
     uint64_t hash = twin_hash(0xcbf29ce484222325ULL, &commId, sizeof(commId));
     int blocking = blocking_of(config, 1);
+    struct twin_prof_comm id = { .hash = twin_nccl_hash(commId.internal, NCCL_UNIQUE_ID_BYTES) };
     struct ncclComm *c;
     if (comm == NULL || nranks < 1 || rank < 0 || rank >= nranks)
         return ncclInvalidArgument;
+    id.name = name_of(config, NULL);
     if (blocking)
-        return new_comm(comm, hash, nranks, rank, current_device(), 1);
-    if ((c = alloc_comm(hash, nranks, rank, current_device(), 0)) == NULL)
+        return new_comm(comm, hash, nranks, rank, current_device(), 1, &id);
+    if ((c = alloc_comm(hash, nranks, rank, current_device(), 0, &id)) == NULL)
         return ncclSystemError;
     c->async_result = ncclInProgress;
     if (start_job(init_job, c) != ncclSuccess) {
+        twin_prof_comm_free(c);
         free(c);
         return ncclSystemError;
     }
@@ -240,6 +261,7 @@ struct split_job {
     struct ncclComm *parent;
     int color, key, split_count, blocking;
     ncclComm_t *newcomm;
+    char *name; /* config.commName at the call, taken by the child */
 };
 
 /*
@@ -256,11 +278,14 @@ static ncclResult_t split_run(const struct split_job *j)
     uint64_t hacc;
     ncclResult_t rc;
 
-    if ((all = calloc((size_t)comm->nranks, sizeof(mine))) == NULL)
+    if ((all = calloc((size_t)comm->nranks, sizeof(mine))) == NULL) {
+        free(j->name);
         return ncclSystemError;
+    }
     rc = twin_allgather_bytes(comm, mine, all, sizeof(mine));
     if (rc != ncclSuccess || j->color == NCCL_SPLIT_NOCOLOR) {
         free(all);
+        free(j->name);
         return rc;
     }
     for (int r = 0; r < comm->nranks; r++) {
@@ -278,7 +303,9 @@ static ncclResult_t split_run(const struct split_job *j)
     if (twin_trace_on())
         fprintf(stderr, "[twin nccl %d] split rank %d/%d color %d key %d -> rank %d/%d\n", (int)getpid(),
                 comm->rank, comm->nranks, j->color, j->key, myrank, nranks);
-    rc = new_comm(&child, hacc, nranks, myrank, comm->device, j->blocking);
+    struct twin_prof_comm id = { .hash = twin_nccl_child_hash(comm->prof.hash, j->split_count, j->color),
+                                 .name = j->name };
+    rc = new_comm(&child, hacc, nranks, myrank, comm->device, j->blocking, &id);
     if (rc == ncclSuccess)
         __atomic_store_n(j->newcomm, child, __ATOMIC_RELEASE);
     return rc;
@@ -304,15 +331,19 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
         return ncclInvalidArgument;
     *newcomm = NULL; /* "*newcomm should be NCCL_COMM_NULL until comm split fully complete" */
     /* every split gives a new comm, NOCOLOR ranks count it too (job->splitCount = ++comm->splitCount) */
-    struct split_job job = { comm, color, key, ++comm->split_count, blocking_of(config, comm->blocking), newcomm };
+    struct split_job job = { comm, color, key, ++comm->split_count, blocking_of(config, comm->blocking), newcomm,
+                             name_of(config, comm->prof.name) };
     if (comm->blocking)
         return split_run(&job);
-    if ((j = malloc(sizeof(*j))) == NULL)
+    if ((j = malloc(sizeof(*j))) == NULL) {
+        free(job.name);
         return ncclSystemError;
+    }
     *j = job;
     __atomic_store_n(&comm->async_result, ncclInProgress, __ATOMIC_RELEASE);
     if (start_job(split_job_main, j) != ncclSuccess) {
         __atomic_store_n(&comm->async_result, ncclSuccess, __ATOMIC_RELEASE);
+        free(j->name);
         free(j);
         return ncclSystemError;
     }
@@ -325,12 +356,16 @@ struct shrink_job {
     uint64_t hash;
     int nranks, rank, blocking;
     ncclComm_t *newcomm;
+    char *name; /* taken by the new comm */
 };
 
+/* commHash of (parent hash, split count 0, color 0): a shrink's job counts no split (src/init.cc
+ * ncclCommInitChildComm).  commName: the config's, else the parent's, read when the shrink was called. */
 static ncclResult_t shrink_run(const struct shrink_job *j)
 {
     struct ncclComm *child = NULL;
-    ncclResult_t rc = new_comm(&child, j->hash, j->nranks, j->rank, j->parent->device, j->blocking);
+    struct twin_prof_comm id = { .hash = twin_nccl_child_hash(j->parent->prof.hash, 0, 0), .name = j->name };
+    ncclResult_t rc = new_comm(&child, j->hash, j->nranks, j->rank, j->parent->device, j->blocking, &id);
     if (rc == ncclSuccess)
         __atomic_store_n(j->newcomm, child, __ATOMIC_RELEASE);
     return rc;
@@ -382,15 +417,18 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, i
     hacc = twin_hash(comm->hash, excludeRanksList, sizeof(int) * (size_t)excludeRanksCount);
     hacc = twin_hash(hacc, "shrink", 6);
     job = (struct shrink_job){ comm, hacc, comm->nranks - excludeRanksCount, comm->rank - below,
-                               blocking_of(config, comm->blocking), newcomm };
+                               blocking_of(config, comm->blocking), newcomm, name_of(config, comm->prof.name) };
     if (comm->blocking)
         return shrink_run(&job);
-    if ((j = malloc(sizeof(*j))) == NULL)
+    if ((j = malloc(sizeof(*j))) == NULL) {
+        free(job.name);
         return ncclSystemError;
+    }
     *j = job;
     __atomic_store_n(&comm->async_result, ncclInProgress, __ATOMIC_RELEASE);
     if (start_job(shrink_job_main, j) != ncclSuccess) {
         __atomic_store_n(&comm->async_result, ncclSuccess, __ATOMIC_RELEASE);
+        free(j->name);
         free(j);
         return ncclSystemError;
     }
@@ -426,8 +464,10 @@ NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm)
     flush(comm);
     if (__atomic_load_n(&comm->aborted, __ATOMIC_ACQUIRE))
         return ncclSuccess; /* aborted meanwhile: the abort keeps the struct (see ncclCommAbort) */
+    twin_prof_finalize(comm);
     comm->magic = 0;
     twin_shm_close(comm);
+    twin_prof_comm_free(comm);
     free(comm);
     return ncclSuccess;
 }
@@ -443,6 +483,7 @@ NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm)
     if (comm->magic != TWIN_COMM_MAGIC)
         return ncclInvalidArgument;
     __atomic_store_n(&comm->aborted, 1, __ATOMIC_RELEASE);
+    twin_prof_finalize(comm); /* src/init.cc commReclaim -> commFree, on abort too */
     return ncclSuccess;
 }
 

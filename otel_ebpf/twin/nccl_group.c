@@ -124,7 +124,7 @@ static int p2p_progress(struct twin_task *t)
  * (recvs) to (from) one peer on one comm share a ring, so they move in call order: one starts when the one
  * before it is complete (NCCL 2.28.9 src/enqueue.cc p2pTaskAppend queues them per peer, in order), or a later
  * recv would read an earlier message's bytes, and a later send would write into the middle of one. */
-static ncclResult_t run_p2p(struct twin_task *tasks, int ntasks)
+static ncclResult_t run_p2p(struct twin_task *tasks, int ntasks, struct twin_prof_job *prof)
 {
     int left = 0;
     for (int i = 0; i < ntasks; i++) {
@@ -133,6 +133,7 @@ static ncclResult_t run_p2p(struct twin_task *tasks, int ntasks)
         if (t->kind == TWIN_COLL)
             continue;
         left++;
+        twin_prof_stamp(prof, i, 0); /* the kernel's channels start the p2p phase together */
         for (int j = i - 1; j >= 0 && t->after < 0; j--)
             if (tasks[j].kind == t->kind && tasks[j].comm == t->comm && tasks[j].root == t->root)
                 t->after = j;
@@ -158,6 +159,7 @@ static ncclResult_t run_p2p(struct twin_task *tasks, int ntasks)
             if (st == 1) {
                 t->done = SIZE_MAX;
                 left--;
+                twin_prof_stamp(prof, i, 1);
             }
         }
         idle = moved ? 0 : idle + 1;
@@ -184,6 +186,7 @@ static void group_reset(void)
 {
     group_len = 0;
     group_error = ncclSuccess;
+    twin_prof_group_reset();
 }
 
 /* One launched group: its operations, run later by the stream's worker (cudart_streams.c __cudaTwinLaunch).  A
@@ -194,13 +197,16 @@ struct group_job {
     int persistent; /* written by __cudaTwinLaunch before the job can run */
     int holds;      /* the launching call, plus its run (launched) or its graph (captured): the last frees it */
     int n;
+    struct twin_prof_job *prof; /* the profiler's kernel-channel stamps and replays (nccl_prof_*.c), or NULL */
     struct twin_task tasks[];
 };
 
 static void group_job_release(struct group_job *j)
 {
-    if (__atomic_sub_fetch(&j->holds, 1, __ATOMIC_ACQ_REL) == 0)
+    if (__atomic_sub_fetch(&j->holds, 1, __ATOMIC_ACQ_REL) == 0) {
+        twin_prof_job_free(j->prof);
         free(j);
+    }
 }
 
 /* The graph's destructor of a captured job (cudart_graphs.c, with the last graph or exec holding it). */
@@ -215,16 +221,22 @@ static void group_job_run(void *arg)
 {
     struct group_job *j = arg;
     ncclResult_t rc = ncclSuccess;
+    if (j->persistent)
+        twin_prof_replay(j->prof); /* a captured plan's hostStreamPlanTask, at each replay */
     for (int i = 0; i < j->n; i++) {
         j->tasks[i].done = 0; /* a replay's sends and recvs start over */
         if (__atomic_load_n(&j->tasks[i].comm->aborted, __ATOMIC_ACQUIRE))
             rc = ncclRemoteError;
     }
     for (int i = 0; i < j->n && rc == ncclSuccess; i++)
-        if (j->tasks[i].kind == TWIN_COLL)
+        if (j->tasks[i].kind == TWIN_COLL) {
+            twin_prof_stamp(j->prof, i, 0);
             rc = j->tasks[i].run(&j->tasks[i]);
+            twin_prof_stamp(j->prof, i, 1);
+        }
     if (rc == ncclSuccess)
-        rc = run_p2p(j->tasks, j->n);
+        rc = run_p2p(j->tasks, j->n, j->prof);
+    twin_prof_stamp_rest(j->prof); /* stopped early: profiler(FINI) on the way out */
     for (int i = 0; i < j->n; i++) {
         struct ncclComm *c = j->tasks[i].comm;
         ncclResult_t ok = ncclSuccess;
@@ -245,15 +257,17 @@ static void pending_add(struct group_job *j, int d)
         __atomic_add_fetch(&j->tasks[i].comm->pending, d, __ATOMIC_ACQ_REL);
 }
 
-/* Launches j (the calling thread's hold on it is dropped here) onto `streams` after `orders`; the CUDA error. */
+/* Launches j (the calling thread's hold on it is dropped here) onto `streams` after `orders`; the CUDA error,
+ * and in *persistent whether it became a graph's node. */
 static cudaError_t group_launch(struct group_job *j, const cudaStream_t *streams, int nstreams,
-                                struct twin_order *const *orders, int norders)
+                                struct twin_order *const *orders, int norders, int *persistent)
 {
     cudaError_t crc;
     j->persistent = 0;
     j->holds = 2;
     pending_add(j, 1);
     crc = __cudaTwinLaunch(streams, nstreams, orders, norders, group_job_run, j, group_job_free, &j->persistent);
+    *persistent = j->persistent;
     if (crc != cudaSuccess || j->persistent)
         pending_add(j, -1);
     if (crc != cudaSuccess)
@@ -272,9 +286,10 @@ static cudaError_t group_launch(struct group_job *j, const cudaStream_t *streams
 static ncclResult_t group_run(void)
 {
     struct group_job *j;
+    struct twin_prof_group *plans;
     cudaStream_t *streams;
     struct twin_order **orders;
-    int nstreams = 0, norders = 0;
+    int nstreams = 0, norders = 0, n = group_len, persistent = 0;
     cudaError_t crc;
     if (group_len == 0)
         return ncclSuccess;
@@ -290,6 +305,7 @@ static ncclResult_t group_run(void)
     }
     j->n = group_len;
     memcpy(j->tasks, group_tasks, sizeof(struct twin_task) * (size_t)group_len);
+    plans = twin_prof_prepare(&j->prof); /* the profiler's kernel plans (src/enqueue.cc ncclLaunchPrepare) */
     for (int i = 0; i < group_len; i++) {
         int seen = 0;
         for (int k = 0; k < nstreams; k++)
@@ -303,7 +319,11 @@ static ncclResult_t group_run(void)
             orders[norders++] = &group_tasks[i].comm->order;
     }
     group_reset();
-    crc = group_launch(j, streams, nstreams, orders, norders);
+    twin_prof_launch_begin(plans); /* doLaunches: the launch inside the first plan's KernelLaunch event */
+    crc = group_launch(j, streams, nstreams, orders, norders, &persistent);
+    twin_prof_launch_end(plans, crc == cudaSuccess, persistent);
+    if (crc == cudaSuccess)
+        twin_prof_seq(group_tasks, n, persistent);
     free(streams);
     free(orders);
     if (crc == cudaSuccess)
@@ -317,18 +337,31 @@ static ncclResult_t group_run(void)
     return ncclUnhandledCudaError;
 }
 
+static ncclResult_t group_end(ncclSimInfo_t *sim);
+
+/* As src/enqueue.cc ncclEnqueueCheck: the call is a group of its own (ncclGroupStartInternal, taskAppend,
+ * ncclGroupEndInternal), run at once outside a user's group; the profiler's API events come with the task. */
 ncclResult_t twin_submit(const struct twin_task *t)
 {
+    ncclResult_t rc = ncclSuccess, end;
+    twin_prof_enqueue();
+    group_depth++;
     if (group_len == group_cap) {
         int cap = group_cap ? 2 * group_cap : 64;
         struct twin_task *grown = realloc(group_tasks, sizeof(*grown) * (size_t)cap);
         if (grown == NULL)
-            return group_depth > 0 ? (group_error = ncclSystemError) : ncclSystemError;
-        group_tasks = grown;
-        group_cap = cap;
+            rc = group_error = ncclSystemError;
+        else
+            group_tasks = grown;
+        group_cap = grown != NULL ? cap : group_cap;
     }
-    group_tasks[group_len++] = *t;
-    return group_depth > 0 ? ncclSuccess : group_run(); /* outside a group: a group of one */
+    if (rc == ncclSuccess) {
+        group_tasks[group_len] = *t;
+        group_tasks[group_len].prof_ops = twin_prof_append(t, group_len, group_depth);
+        group_len++;
+    }
+    end = group_end(NULL);
+    return rc != ncclSuccess ? rc : end;
 }
 
 NCCL_API(ncclResult_t, ncclGroupStart)
@@ -337,29 +370,34 @@ NCCL_API(ncclResult_t, ncclGroupStart)
     return ncclSuccess;
 }
 
-/* ncclInvalidUsage for an End without a Start; inner Ends only count down (src/group.cc ncclGroupEndInternal). */
+/* ncclInvalidUsage for an End without a Start; inner Ends only count down (src/group.cc ncclGroupEndInternal).
+ * Every way out stops the group API event if the profiler's depth is back to 0. */
 static ncclResult_t group_end(ncclSimInfo_t *sim)
 {
-    ncclResult_t rc;
+    ncclResult_t rc = ncclSuccess;
     if (group_depth == 0) {
         twin_set_last_error("ncclGroupEnd: not in a group call.");
+        twin_prof_group_api_stop();
         return ncclInvalidUsage;
     }
-    if (--group_depth > 0)
-        return ncclSuccess;
-    if ((rc = group_error) != ncclSuccess) {
+    twin_prof_group_end();
+    if (--group_depth > 0) {
+        rc = ncclSuccess;
+    } else if ((rc = group_error) != ncclSuccess) {
         group_reset();
-        return rc;
+    } else if (sim == NULL) {
+        rc = group_run();
+    } else {
+        group_reset(); /* simulated: nothing launched, the operations are dropped */
+        if (sim->magic != SIM_MAGIC) {
+            twin_set_last_error("ncclSimInfo_t argument not initialized via NCCL_SIM_INFO_INITIALIZER");
+            rc = ncclInvalidArgument;
+        } else {
+            sim->estimatedTime = 0.0f; /* no model of algorithms or link speeds */
+        }
     }
-    if (sim == NULL)
-        return group_run();
-    group_reset(); /* simulated: nothing launched, the operations are dropped */
-    if (sim->magic != SIM_MAGIC) {
-        twin_set_last_error("ncclSimInfo_t argument not initialized via NCCL_SIM_INFO_INITIALIZER");
-        return ncclInvalidArgument;
-    }
-    sim->estimatedTime = 0.0f; /* no model of algorithms or link speeds */
-    return ncclSuccess;
+    twin_prof_group_api_stop();
+    return rc;
 }
 
 NCCL_API(ncclResult_t, ncclGroupEnd)
@@ -380,7 +418,8 @@ NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t *simInfo)
 static ncclResult_t p2p_submit(enum twin_kind kind, const void *buf, size_t count, ncclDataType_t type, int peer,
                                ncclComm_t comm, cudaStream_t stream)
 {
-    struct twin_task t = { .kind = kind, .count = count, .type = type, .root = peer, .comm = comm, .stream = stream };
+    struct twin_task t = { .kind = kind, .func = kind == TWIN_SEND ? TWIN_F_SEND : TWIN_F_RECV, .count = count,
+                           .type = type, .root = peer, .comm = comm, .stream = stream };
     if (!twin_comm_ok(comm) || twin_type_size(type) == 0 || peer < 0 || peer >= comm->nranks
         || (count > 0 && buf == NULL)) {
         if (group_depth > 0)

@@ -1,7 +1,8 @@
 /*
  * Internal header of the twin's stand-in libnccl.so.2 (nccl_comm.c: communicators; nccl_coll.c: data
- * movement).  The public prototypes come from the real nccl.h of the NCCL torch 2.11.0 pins
- * (nvidia-nccl-cu13 2.28.9; scripts/setup.sh extracts it), so each definition is checked against them.
+ * movement; nccl_group.c: groups and p2p; nccl_profiler.c, nccl_prof_*.c: the profiler plugin).  The public
+ * prototypes come from the real nccl.h of the NCCL torch 2.11.0 pins (nvidia-nccl-cu13 2.28.9; scripts/setup.sh
+ * extracts it), so each definition is checked against them.
  */
 #ifndef OTEL_EBPF_TWIN_NCCL_H
 #define OTEL_EBPF_TWIN_NCCL_H
@@ -29,6 +30,29 @@ struct twin_shm {
  * order, as NCCL's per-comm device stream orders it (comm->sharedRes->deviceStream). */
 struct twin_order { void *stream; uint64_t pos; };
 
+/* NCCL 2.28.9 src/include/nccl_common.h ncclFunc_t: the profiler's function names and seqNumber's index. */
+enum twin_func {
+    TWIN_F_BROADCAST, TWIN_F_REDUCE, TWIN_F_ALLGATHER, TWIN_F_REDUCESCATTER, TWIN_F_ALLREDUCE, TWIN_F_SENDRECV,
+    TWIN_F_SEND, TWIN_F_RECV, TWIN_F_ALLTOALL, TWIN_F_SCATTER, TWIN_F_GATHER, TWIN_NFUNCS
+};
+/* The channels of the twin's "topology" (comm->nChannels, comm->p2pnChannels): two, as NCCL gives two GPUs on
+ * one PCIe switch; nccl_prof_plan.c picks each operation's channels among them. */
+#define TWIN_NCHANNELS 2
+
+/* A comm's profiler state (nccl_profiler.c, nccl_prof_*.c), NCCL 2.28.9 struct ncclComm's commHash,
+ * profilerContext, seqNumber[] and profiler.workCounter[], and its proxy thread (src/proxy.cc). */
+struct twin_prof_proxy;
+struct twin_prof_comm {
+    uint64_t hash;        /* commHash: getHash(commId) or, for a child, digestHash(parent hash, split count, color) */
+    char *name;           /* config.commName (owned), NULL if none */
+    void *ctx;            /* profilerContext, as the plugin's init set it */
+    int state;            /* 0: init not called, 1: called, 2: finalized */
+    int nnodes;
+    uint64_t seq[TWIN_NFUNCS];
+    uint64_t wc[TWIN_NCHANNELS];
+    struct twin_prof_proxy *proxy;
+};
+
 struct ncclComm {
     uint64_t magic;
     uint64_t hash;     /* NCCL's commHash: root = hash(unique id), child = hash(parent, split count, color) */
@@ -43,6 +67,7 @@ struct ncclComm {
     struct twin_order order;
     int pending;          /* launched groups holding one of its operations, not yet run (nccl_group.c) */
     uint32_t node;        /* OTEL_EBPF_TWIN_NODE of this rank, for dead-peer detection (twin_peer_lost) */
+    struct twin_prof_comm prof;
 };
 
 int twin_comm_ok(const struct ncclComm *c);
@@ -76,6 +101,8 @@ size_t twin_type_size(ncclDataType_t t);
 enum twin_kind { TWIN_COLL, TWIN_SEND, TWIN_RECV };
 struct twin_task {
     enum twin_kind kind;
+    int func;     /* enum twin_func */
+    int prof_ops; /* NCCL tasks the profiler made of it (nccl_prof_api.c), 0 when none */
     ncclResult_t (*run)(const struct twin_task *t); /* TWIN_COLL only */
     const void *send;
     void *recv;
@@ -101,5 +128,48 @@ cudaError_t __cudaTwinLaunch(const cudaStream_t *streams, int n, struct twin_ord
                              void (*fn)(void *), void *arg, void (*destroy)(void *), int *captured);
 /* Bytes of the point-to-point mailboxes after the collective slots of a comm's staging area. */
 size_t twin_mailbox_bytes(int nranks);
+/* The twin's libcudart.so.13 (cudart_capture.c): 1 when the stream is in an active capture, else 0, recording no
+ * error (NCCL's ncclCudaGetCapturingGraph asks cudaStreamGetCaptureInfo).  Not a CUDA API. */
+int __cudaTwinStreamCapturing(cudaStream_t stream);
+
+/* ---- the profiler plugin (NCCL 2.28.9 src/plugin/profiler.cc); every hook is a branch when none is loaded ---- */
+
+/* NCCL's getHash / digestHash (src/include/bitops.h): a root comm's commHash of its unique id, a child's. */
+uint64_t twin_nccl_hash(const void *bytes, size_t n);
+uint64_t twin_nccl_child_hash(uint64_t parent, int split_count, int color);
+/* ncclProfilerPluginInit: loads the plugin (first comm) and calls its init for c, on the thread that sets c up;
+ * with a plugin, an allgather over c of its ranks' nodes gives nNodes. */
+void twin_prof_init(struct ncclComm *c);
+/* ncclProfilerPluginFinalize (src/init.cc commFree, after the proxy thread): once per comm, from destroy or abort. */
+void twin_prof_finalize(struct ncclComm *c);
+void twin_prof_comm_free(struct ncclComm *c);
+
+/* The calling thread's API events (src/enqueue.cc ncclEnqueueCheck, taskAppend; src/group.cc ncclGroupEndInternal). */
+void twin_prof_enqueue(void);                          /* profilerGroupDepth++ when a group API event is open */
+int twin_prof_append(const struct twin_task *t, int index, int group_depth); /* the NCCL tasks made, 0 if none */
+void twin_prof_group_end(void);                        /* profilerGroupDepth--, ncclProfilerGroupEndApiStart */
+void twin_prof_group_api_stop(void);                   /* ncclProfilerStopGroupApiEvent */
+void twin_prof_group_reset(void);                      /* a group dropped without launching */
+
+/* The outermost group end (nccl_group.c group_run): the thread's NCCL tasks become kernel plans, one per comm
+ * (src/enqueue.cc ncclLaunchPrepare); *job gets what the stream engine needs (NULL when nothing is profiled). */
+struct twin_prof_group;
+struct twin_prof_job;
+struct twin_prof_group *twin_prof_prepare(struct twin_prof_job **job);
+/* ncclLaunchKernel's KernelLaunch start for the first plan, before the group's one launch; then, after it, the
+ * rest of src/group.cc doLaunches: each plan's KernelLaunch and hostStreamPlanTask (Group, Coll, P2p events and
+ * seqNumber), or, for a captured plan with proxy ops, nothing until each replay (twin_prof_replay).  Frees g. */
+void twin_prof_launch_begin(struct twin_prof_group *g);
+void twin_prof_launch_end(struct twin_prof_group *g, int launched, int persistent);
+/* seqNumber for collectives no NCCL task of the profiler's stands for (no plugin when they were appended). */
+void twin_prof_seq(const struct twin_task *tasks, int n, int persistent);
+
+/* The stream engine's side (nccl_group.c group_job_run): a replay's hostStreamPlanTask, and the kernel's
+ * per-channel start and end of work (src/device/common.h profiler(START/STOP), the "GPU globaltimer" being
+ * CLOCK_REALTIME in ns when the twin's stream worker starts and finishes the task).  NULL job: nothing. */
+void twin_prof_replay(struct twin_prof_job *job);
+void twin_prof_stamp(struct twin_prof_job *job, int task, int stop);
+void twin_prof_stamp_rest(struct twin_prof_job *job);
+void twin_prof_job_free(struct twin_prof_job *job);
 
 #endif
