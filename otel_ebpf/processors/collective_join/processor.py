@@ -5,7 +5,8 @@ Input: finished SDK spans (``ReadableSpan``, read through its API; new spans are
 
 * Rank span: attributes ``nccl.comm.id``, ``nccl.seq``, ``nccl.rank``, ``nccl.nranks`` and neither
   ``nccl.peer`` (send/recv spans: see below) nor ``nccl.captured`` (recorded into a CUDA graph: passed on as it
-  is). Root span (sent by the process that is rank 0):
+  is). A rank's GPU span (``nccl.timing = "gpu"``, the child of its rank span: processors/nccl/gpu.py) passes
+  on. Root span (sent by the process that is rank 0):
   ``nccl.comm.id`` and ``nccl.seq``, no ``nccl.rank``, no parent, and span id
   :func:`otel_ebpf.core.ids.collective_root_span_id` (the contract shared with the agents' nccl processor).
 * Held per (comm id, seq) in a bounded :class:`~.store.Store` until all ``nranks`` rank spans
@@ -150,8 +151,8 @@ class CollectiveJoin(EventProcessor[Config]):
                 for waited in self.splits.take(child):
                     self._span(waited, out)
             return
-        if attrs.get("nccl.captured"):  # recorded into a CUDA graph, not run: no arrival to join
-            out.append(span)
+        if attrs.get("nccl.captured") or attrs.get("nccl.timing") == "gpu":
+            out.append(span)  # recorded into a CUDA graph (no arrival to join), or a call's GPU span (a child)
             return
         if (ranked := self._split_ranked(span, attrs, now)) is None:
             return

@@ -50,6 +50,8 @@ METRICS: dict[str, MetricSpec] = {
     "nccl.comm.destroys": ("counter", "{communicator}", "Communicators destroyed or aborted."),
     "nccl.errors": ("counter", "{call}", "NCCL calls that returned an error."),
     "nccl.enqueue.duration": ("histogram", "s", "Host-side time inside NCCL calls (enqueue, not GPU execution)."),
+    "nccl.gpu.duration": ("histogram", "s", "GPU time of NCCL collectives and send/recv, first kernel channel "
+                          "start to last stop (from otel-ebpf's NCCL profiler plugin)."),
 }
 Out = list[object]
 _CommCall = NcclCommInit | NcclCommInitAll | NcclCommSplit | NcclCommShrink  # the calls that make communicators

@@ -65,11 +65,21 @@ from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.core.processing import handles
 from otel_ebpf.host.timeline import StepTracker
 from otel_ebpf.receivers.nccl import events as ev_mod
-from otel_ebpf.receivers.nccl.events import NcclCollective, NcclGroup, NcclP2P
+from otel_ebpf.receivers.nccl.events import (
+    NcclCollective,
+    NcclGroup,
+    NcclP2P,
+    NcclProfColl,
+    NcclProfComm,
+    NcclProfCommEnd,
+    NcclProfGpu,
+    NcclProfP2P,
+)
 
 from .comms import Comm, group_ids, p2p_ids
 from .communicators import METRICS, SCOPE, NcclCommunicators, Out
 from .config import Config
+from .gpu import GpuBook, HostCall
 from .groups import GroupBook
 
 __all__ = ["METRICS", "SCOPE", "NcclProcessor"]
@@ -86,6 +96,7 @@ class NcclProcessor(NcclCommunicators):
         self.groups = GroupBook(config.max_held_calls, int(config.split_wait * 1e9), config.max_comms)
         self._ungrouping = False  # re-dispatching a group's members: never hold them again
         self._simulated = False  # ... of a group closed by ncclGroupSimulateEnd
+        self.gpu = GpuBook(config.max_comms, ctx.telemetry)  # the profiler plugin's records (.gpu)
 
     def shutdown(self) -> None:
         """Emits the calls still held (unresolved) to the next stage, then forgets everything."""
@@ -128,6 +139,7 @@ class NcclProcessor(NcclCommunicators):
                 self._emit_held(self.splits.expired(self._now_ns, ev.pid), out)
                 self.comms.forget_process(ev.pid)
                 self.groups.forget_process(ev.pid)
+                self.gpu.forget_process(ev.pid)
                 self.splits.forget_process(ev.pid)
                 if self._gpus is not None:
                     self._gpus.forget(ev.pid)
@@ -261,6 +273,7 @@ class NcclProcessor(NcclCommunicators):
                               span_id=span, parent_span_id=parent, error=error,
                               links=self._group_links(ev)))
         self._op_metrics(ev, attrs, out)
+        self._host_done(ev, attrs, trace, span, comm, out)
 
     def _root_span(self, ev: NcclCollective, attrs: dict[str, AttrValue], trace: int, span: int) -> SpanRecord:
         root = {k: attrs[k] for k in COLLECTIVE_ROOT_ATTRIBUTES if k in attrs}
@@ -295,6 +308,7 @@ class NcclProcessor(NcclCommunicators):
         out.append(SpanRecord(ev.pid, "nccl" + ev.op, ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
                               span_id=span, error=error, links=links))
         self._op_metrics(ev, attrs, out)
+        self._host_done(ev, attrs, trace, span, comm, out)
 
     @handles(NcclGroup)
     def _group(self, ev: NcclGroup, out: Out) -> None:
@@ -310,6 +324,50 @@ class NcclProcessor(NcclCommunicators):
             attrs["nccl.captured"] = True
         out.append(SpanRecord(ev.pid, "ncclGroup", ev.start_ns, ev.end_ns, attrs, SCOPE, trace_id=trace,
                               span_id=span, error=self._error(ev.pid, "ncclGroupEnd", ev.rc)))
+
+    # ---- GPU time from the profiler plugin (.gpu) ----------------------------------------------------
+    @handles(NcclProfComm)
+    def _prof_comm(self, ev: NcclProfComm, out: Out) -> None:
+        self.gpu.comm(ev)
+
+    @handles(NcclProfCommEnd)
+    def _prof_comm_end(self, ev: NcclProfCommEnd, out: Out) -> None:
+        self.gpu.comm_end(ev.pid, ev.context)
+
+    @handles(NcclProfColl, NcclProfP2P)
+    def _prof_op(self, ev: NcclProfColl | NcclProfP2P, out: Out) -> None:
+        self.gpu.op(ev)
+
+    @handles(NcclProfGpu)
+    def _prof_gpu(self, ev: NcclProfGpu, out: Out) -> None:
+        found = self.gpu.gpu(ev)
+        if found is None:
+            self.ctx.telemetry.dropped("nccl", "gpu_op_unknown")  # planned before the agent attached
+            return
+        op, call = found
+        if call is not None:
+            self._gpu_span(ev.pid, op, call, ev, out)
+
+    def _host_done(self, ev: _Op, attrs: dict[str, AttrValue], trace: int | None, span: int | None,
+                   comm: Comm | None, out: Out) -> None:
+        """A host call made inside a profiler plugin's api event: its GPU span now if its GPU time came
+        first, else when it comes."""
+        if not ev.api:
+            return
+        call = HostCall("nccl" + ev.op, ev.end_ns, attrs, trace, span, comm.nranks if comm is not None else None)
+        found = self.gpu.host(ev.pid, ev.api, call)
+        if found is not None:
+            self._gpu_span(ev.pid, found[0], call, found[1], out)
+
+    def _gpu_span(self, pid: int, op: NcclProfColl | NcclProfP2P, call: HostCall, g: NcclProfGpu,
+                  out: Out) -> None:
+        start, end, attrs = self.gpu.gpu_attributes(op, call, g)
+        out.append(SpanRecord(pid, call.name + " gpu", start, end, attrs, SCOPE, trace_id=call.trace_id,
+                              parent_span_id=call.span_id))
+        dims: dict[str, AttrValue] = {k: attrs[k] for k in ("nccl.op", "nccl.comm.id", "nccl.algo", "nccl.proto",
+                                                             "hw.id") if k in attrs}
+        self.metric(out, pid, "nccl.gpu.duration", (end - start) / 1e9, dims)
+
 
 def create(config: Config, ctx: Context, next_: Consumer) -> NcclProcessor:
     return NcclProcessor(config, ctx, next_)

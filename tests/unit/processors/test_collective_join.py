@@ -277,3 +277,17 @@ def test_factory_and_config_validation():
         build(Config, {"timeout": "1s", "desync_timeout": "2s"}, "processors.collective_join")
     with pytest.raises(ConfigError, match=r"processors\.collective_join\.max_pending"):
         build(Config, {"max_pending": 0}, "processors.collective_join")
+
+
+def test_a_ranks_gpu_span_passes_through_and_the_collective_still_joins(sink, clock):
+    join = make(sink, clock)
+    gpu = rank_span(8, 1, 500)
+    gpu = ReadableSpan("ncclAllReduce gpu", context=SpanContext(gpu.context.trace_id, 0x77, False, SAMPLED),
+                       parent=gpu.context, resource=gpu.resource,
+                       attributes={**gpu.attributes, "nccl.timing": "gpu"}, start_time=gpu.start_time,
+                       end_time=gpu.end_time, instrumentation_scope=gpu.instrumentation_scope)
+    join.consume([gpu])
+    assert spans(sink.take()) == [gpu]  # not taken as rank 1's arrival
+    join.consume([rank_span(8, r, 100 * r) for r in range(4)])
+    out = sink.take()
+    assert metric(out, "nccl.join.released", outcome="complete") == 1

@@ -1,0 +1,167 @@
+"""GPU-side time of NCCL calls, from otel-ebpf's NCCL profiler plugin (receivers/nccl/profiler.py).
+
+The plugin's records tie to the application's call by the CollApi/P2pApi handle NCCL starts inside it: the
+call's uprobe record carries it (``api``), and so does the plugin's coll/p2p record (its parent). One
+collective or p2p is then:
+
+* the host call's span (``ncclAllReduce``, host enqueue time: as without the plugin, emitted at once), and
+* its GPU span, ``ncclAllReduce gpu``, a child of the host span in the same trace, from the first kernel
+  channel's start to the last one's stop, with ``nccl.timing = "gpu"``, ``nccl.gpu.duration_ns``,
+  ``nccl.algo``, ``nccl.proto``, ``nccl.nchannels``, ``nccl.busbw`` (bytes/s) and ``nccl.algbw``, NCCL's
+  ``nccl.gpu.seq`` (its per-function number) and ``nccl.comm.hash`` (its commHash, the id NCCL's own logs,
+  RAS and Inspector use), plus the host span's identity attributes.
+
+Why a child span and not attributes on the host span: the GPU time is known only when the kernel ends. Holding
+the host span until then would hide every rank that entered a hung collective from the gateway's desync
+report (their spans would never leave), so the host span goes at once and the GPU span follows.
+
+GPU clock: NCCL's pTimer is the GPU's %globaltimer (ns). The driver keeps it on the host's realtime clock,
+so :func:`gpu_epoch_ns` takes it as Unix epoch ns; when a span's GPU start is more than
+``MAX_CLOCK_SKEW_NS`` away from its host call, the clock is taken as not synced: the GPU span then starts at
+the host call's end, keeps the measured duration and says ``nccl.gpu.clock = "unsynced"``.
+
+Bus bandwidth follows nccl-tests (doc/PERFORMANCE.md): algbw = S / t with S the operation's total size
+(AllGather, ReduceScatter, AlltoAll: count x datatype x nranks; the rest: count x datatype), busbw = algbw x
+2(n-1)/n for AllReduce, (n-1)/n for AllGather, ReduceScatter and AlltoAll, 1 otherwise.
+
+Bounded: every table holds ``max_entries`` (least recently used out, counted as
+``otel_ebpf.events.dropped{receiver=nccl, reason=gpu_table_full}``). Single-threaded (the processor's).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from otel_ebpf.core.events import AttrValue
+from otel_ebpf.receivers.nccl.events import NcclProfColl, NcclProfComm, NcclProfGpu, NcclProfP2P
+
+__all__ = ["MAX_CLOCK_SKEW_NS", "GpuBook", "HostCall", "bus_factor", "gpu_epoch_ns"]
+
+MAX_CLOCK_SKEW_NS = 60_000_000_000  # a GPU start a minute away from its host call: the clocks are not synced
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def gpu_epoch_ns(ptimer: int, host_ns: int) -> int | None:
+    """``ptimer`` (GPU %globaltimer ns) as epoch ns, or None when it cannot be (see the module doc)."""
+    return ptimer if abs(ptimer - host_ns) <= MAX_CLOCK_SKEW_NS else None
+
+
+def bus_factor(op: str, nranks: int) -> tuple[int, float]:
+    """(size multiplier over count x datatype, busbw factor over algbw) of ``op`` on ``nranks`` ranks."""
+    n = max(1, nranks)
+    if op == "AllReduce":
+        return 1, 2 * (n - 1) / n
+    if op in ("AllGather", "ReduceScatter", "AlltoAll"):
+        return n, (n - 1) / n
+    return 1, 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class HostCall:
+    """What the GPU span needs from its host call: span name, identity attributes, parent ids."""
+
+    name: str
+    end_ns: int
+    attributes: dict[str, AttrValue]
+    trace_id: int | None
+    span_id: int | None
+    nranks: int | None
+
+
+class _Lru(Generic[K, V]):
+    def __init__(self, limit: int, on_evict: Any) -> None:
+        self.items: OrderedDict[K, V] = OrderedDict()
+        self._limit, self._on_evict = limit, on_evict
+
+    def put(self, key: K, value: V) -> None:
+        self.items[key] = value
+        self.items.move_to_end(key)
+        while len(self.items) > self._limit:
+            self.items.popitem(last=False)
+            self._on_evict()
+
+    def pop(self, key: K) -> V | None:
+        return self.items.pop(key, None)
+
+    def forget(self, pid: int) -> None:
+        for key in [k for k in self.items if k[0] == pid]:  # type: ignore[index]
+            del self.items[key]
+
+
+_IDENTITY = ("nccl.op", "nccl.comm.id", "nccl.rank", "nccl.nranks", "nccl.seq", "nccl.count", "nccl.datatype",
+             "nccl.bytes", "nccl.peer", "nccl.root", "nccl.device", "hw.id", "nccl.stream", "nccl.group.id")
+
+
+class GpuBook:
+    """Plugin records per process, matched to host calls by their api handle."""
+
+    def __init__(self, max_entries: int, telemetry: Any) -> None:
+        def full() -> None:
+            telemetry.dropped("nccl", "gpu_table_full")
+
+        self.comms: _Lru[tuple[int, int], NcclProfComm] = _Lru(max_entries, full)
+        self.ops: _Lru[tuple[int, int], NcclProfColl | NcclProfP2P] = _Lru(max_entries, full)
+        self.hosts: _Lru[tuple[int, int], HostCall] = _Lru(max_entries, full)  # by (pid, api)
+        self.ready: _Lru[tuple[int, int], tuple[NcclProfColl | NcclProfP2P, NcclProfGpu]] = _Lru(max_entries, full)
+
+    def comm(self, ev: NcclProfComm) -> None:
+        self.comms.put((ev.pid, ev.context), ev)
+
+    def comm_end(self, pid: int, context: int) -> None:
+        self.comms.pop((pid, context))
+
+    def op(self, ev: NcclProfColl | NcclProfP2P) -> None:
+        self.ops.put((ev.pid, ev.handle), ev)
+
+    def host(self, pid: int, api: int, call: HostCall) -> tuple[NcclProfColl | NcclProfP2P, NcclProfGpu] | None:
+        """A host call made inside the plugin's api event ``api``: its GPU result if it came first, else
+        remembered for :meth:`gpu`."""
+        found = self.ready.pop((pid, api))
+        if found is None:
+            self.hosts.put((pid, api), call)
+        return found
+
+    def gpu(self, ev: NcclProfGpu) -> tuple[NcclProfColl | NcclProfP2P, HostCall | None] | None:
+        """The op whose kernel channels all stopped and its host call (None: not seen yet, kept for
+        :meth:`host`); None when the op is unknown (planned before the agent attached)."""
+        op = self.ops.pop((ev.pid, ev.handle))
+        if op is None:
+            return None
+        call = self.hosts.pop((ev.pid, op.api)) if op.api else None
+        if call is None and op.api:
+            self.ready.put((ev.pid, op.api), (op, ev))
+        return op, call
+
+    def forget_process(self, pid: int) -> None:
+        for table in (self.comms, self.ops, self.hosts, self.ready):
+            table.forget(pid)
+
+    def gpu_attributes(self, op: NcclProfColl | NcclProfP2P, call: HostCall, g: NcclProfGpu
+                       ) -> tuple[int, int, dict[str, AttrValue]]:
+        """(start epoch ns, end epoch ns, attributes) of the GPU span of ``op``."""
+        attrs: dict[str, AttrValue] = {k: v for k, v in call.attributes.items() if k in _IDENTITY}
+        duration = max(0, g.gpu_stop - g.gpu_start)
+        start = gpu_epoch_ns(g.gpu_start, call.end_ns)
+        attrs["nccl.timing"] = "gpu"
+        if start is None:
+            attrs["nccl.gpu.clock"] = "unsynced"
+            start = call.end_ns
+        attrs["nccl.gpu.duration_ns"] = duration
+        attrs["nccl.nchannels"] = op.nchannels
+        attrs["nccl.gpu.channels"] = g.channels
+        comm = self.comms.items.get((op.pid, op.context))
+        if comm is not None:
+            attrs["nccl.comm.hash"] = format(comm.comm_hash, "016x")
+        nranks = comm.nranks if comm is not None else call.nranks
+        if isinstance(op, NcclProfColl):
+            attrs["nccl.algo"], attrs["nccl.proto"], attrs["nccl.gpu.seq"] = op.algo, op.proto, op.seq
+        nbytes = call.attributes.get("nccl.bytes")  # count x datatype size
+        if duration > 0 and isinstance(nbytes, int) and nranks:
+            mult, factor = bus_factor(str(call.attributes.get("nccl.op", "")), nranks)
+            algbw = nbytes * mult / (duration / 1e9)
+            attrs["nccl.algbw"] = algbw
+            attrs["nccl.busbw"] = algbw * factor
+        return start, start + duration, attrs
+
