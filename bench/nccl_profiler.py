@@ -1,4 +1,4 @@
-"""NCCL profiler plugin cost per collective: ``.venv/bin/python bench/nccl_profiler.py [--rounds 7]`` (as root).
+"""NCCL profiler plugin cost per collective: ``.venv/bin/python bench/nccl_profiler.py [--rounds 15]`` (as root).
 
 The driver of tests/nccl_profiler (driver.c, nccl_sim.c: NCCL 2.28.9's profiler-plugin side, modelled) runs
 implicit-group all-reduces (one ncclAllReduce call each: the GroupApi, CollApi, Group, Coll, KernelCh calls NCCL
@@ -6,6 +6,7 @@ makes for it, with NCCL's mask checks) in a C loop, kernel-channel events on the
 processes pinned to one CPU and measured in interleaved rounds:
 
 * ``none``: no plugin (NCCL without NCCL_PROFILER_PLUGIN): the model's own cost, the baseline;
+* ``empty plugin``: a plugin that asks for GroupApi only and returns NULL handles: NCCL's call itself;
 * ``plugin``: libnccl-profiler-otel_ebpf as built by setup.py, no agent: NCCL's mask is GroupApi, so one plugin call
   per collective (plugin - none = the cost of one group API event);
 * ``plugin+agent``: the same with tests/nccl_profiler/collect.bpf.c attached to all its USDT probes through BCC
@@ -30,6 +31,30 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.nccl_profiler.conftest import ABI_DIR, HERE, Driver  # noqa: E402
+
+
+# The least a plugin can do: GroupApi only, every start a NULL handle. NCCL's call itself, for comparison.
+EMPTY_PLUGIN = r"""
+#include "nccl/profiler.h"
+static ncclResult_t init(void **c, uint64_t id, int *m, const char *n, int nn, int nr, int r, ncclDebugLogger_t l)
+{ (void)id; (void)n; (void)nn; (void)nr; (void)r; (void)l; static int ctx; *c = &ctx; *m = ncclProfileGroupApi;
+  return ncclSuccess; }
+static ncclResult_t start(void *c, void **h, ncclProfilerEventDescr_v5_t *d) { (void)c; (void)d; *h = 0;
+  return ncclSuccess; }
+static ncclResult_t stop(void *h) { (void)h; return ncclSuccess; }
+static ncclResult_t rec(void *h, ncclProfilerEventState_v5_t s, ncclProfilerEventStateArgs_v5_t *a)
+{ (void)h; (void)s; (void)a; return ncclSuccess; }
+static ncclResult_t fin(void *c) { (void)c; return ncclSuccess; }
+__attribute__((visibility("default"))) ncclProfiler_v5_t ncclProfiler_v5 = {"empty", init, start, stop, rec, fin};
+"""
+
+
+def build_empty_plugin(tmp: Path) -> Path:
+    src, out = tmp / "empty.c", tmp / "libnccl-profiler-empty.so"
+    src.write_text(EMPTY_PLUGIN)
+    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", f"-I{ABI_DIR}", "-o", str(out), str(src)], check=True,
+                   timeout=120)
+    return out
 
 
 def build_driver(tmp: Path) -> Path:
@@ -76,8 +101,8 @@ def attach(pid: int) -> tuple[object, object]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--calls", type=int, default=1_000_000, help="collectives per round without an agent")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--calls", type=int, default=2_000_000, help="collectives per round without an agent")
     p.add_argument("--agent-calls", type=int, default=20_000, help="collectives per round with the agent")
     a = p.parse_args()
     from otel_ebpf.nccl_profiler import require_plugin
@@ -86,7 +111,8 @@ def main() -> int:
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         exe = build_driver(Path(tmp))
-        drivers = {"none": Inline(exe, None), "plugin": Inline(exe, plugin), "plugin+agent": Inline(exe, plugin)}
+        drivers = {"none": Inline(exe, None), "empty plugin": Inline(exe, build_empty_plugin(Path(tmp))),
+                   "plugin": Inline(exe, plugin), "plugin+agent": Inline(exe, plugin)}
         bpf = attach(drivers["plugin+agent"].pid)
         mask, _ = drivers["plugin+agent"].run("single 0")  # the first group after the attach widens NCCL's mask
         assert mask == 0x747, f"the agent's attach did not widen NCCL's mask ({mask:#x})"
@@ -101,10 +127,12 @@ def main() -> int:
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     print(f"{os.cpu_count()} vCPU {cpu}, kernel {platform.release()}, load average before the run "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {a.rounds} interleaved rounds, medians\n")
-    print("| mode | ns per collective | added by the plugin | / none | rounds (ns) |")
+    print("| mode | ns per collective | added by the plugin (median of the rounds' differences) | / none | "
+          "rounds (ns) |")
     print("|---|---:|---:|---:|---|")
     for mode, v in rounds.items():
-        added = "-" if mode == "none" else f"{med[mode] - med['none']:.1f} ns"
+        diffs = [x - base for x, base in zip(v, rounds["none"], strict=True)]  # same round: same machine load
+        added = "-" if mode == "none" else f"{statistics.median(diffs):.1f} ns"
         print(f"| {mode} | {med[mode]:.1f} | {added} | {med[mode] / med['none']:.3f} | "
               f"{', '.join(f'{x:.1f}' for x in v)} |")
     return 0

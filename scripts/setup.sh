@@ -23,7 +23,8 @@ command -v prometheus >/dev/null || need_apt=1
 # bpftool: tests/faults lists BPF programs to show a SIGKILLed agent left none (optional: it falls back to /proc)
 command -v bpftool >/dev/null || [ -x /usr/sbin/bpftool ] || need_apt=1
 /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt=1
-# sys/sdt.h (systemtap-sdt-dev): the tracepoints SDK's C extension (otel_ebpf/tracepoints/_oetp.c) needs it
+# sys/sdt.h (systemtap-sdt-dev): the tracepoints SDK's C extension (otel_ebpf/tracepoints/_oetp.c) and the NCCL
+# profiler plugin (otel_ebpf/nccl_profiler/libnccl-profiler-otel_ebpf.so, built by `pip install -e .` below) need it
 echo '#include <sys/sdt.h>' | cc -E -x c - >/dev/null 2>&1 || need_apt=1
 kdir="/lib/modules/$(uname -r)"
 [ -e "$kdir/build/include" ] || need_apt=1

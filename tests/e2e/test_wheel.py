@@ -43,6 +43,8 @@ def test_wheel_ships_every_package_and_every_runtime_file(wheel: Path) -> None:
     assert any(s.parts[:3] == ("otel_ebpf", "bpf", "include") for s in bpf) and len(bpf) >= 15, bpf
     # the application tracepoints' USDT site, compiled by setup.py (scripts/setup.sh installs sys/sdt.h)
     assert any(n.startswith("otel_ebpf/tracepoints/_oetp.") and n.endswith(".so") for n in names), sorted(names)
+    # the NCCL profiler plugin, under the file name NCCL resolves (docs/nccl-profiler.md)
+    assert "otel_ebpf/nccl_profiler/libnccl-profiler-otel_ebpf.so" in names, sorted(names)
     tops = {n.split("/")[0] for n in names} - {"otel_ebpf"}  # nothing generic at the top of site-packages
     assert len(tops) == 1 and tops.pop().endswith(".dist-info"), sorted(names)
     assert set(PACKAGE_DIRS.values()) <= {n.rsplit("/", 1)[0] for n in names}
