@@ -242,7 +242,7 @@ def _report(agent, started: float) -> None:  # type: ignore[no-untyped-def]
 
 
 def _run(args: argparse.Namespace) -> int:
-    from otel_ebpf.service.agent import Agent, PausedChild, wait_child, wait_pids
+    from otel_ebpf.service.agent import Agent, PausedChild, command_environment, wait_child, wait_pids
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -255,7 +255,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.dump_bpf:
         print(Agent(cfg, target_pids=args.pid or [1], command=command).dump_programs())
         return 0
-    child = PausedChild(command) if command else None
+    env, env_line = command_environment(cfg, os.environ) if command else ({}, "")
+    if env_line:
+        print(f"otel-ebpf: {env_line}", file=sys.stderr, flush=True)
+    child = PausedChild(command, env) if command else None
     targets = [child.pid] if child else list(args.pid)
     started = time.monotonic()
     try:

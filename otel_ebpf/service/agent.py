@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,9 +42,10 @@ log = logging.getLogger(__name__)
 
 
 class PausedChild:
-    """A forked child that execs ``argv`` only when :meth:`release` is called."""
+    """A forked child that execs ``argv`` only when :meth:`release` is called, with ``env`` added to the
+    environment it inherits."""
 
-    def __init__(self, argv: Sequence[str]) -> None:
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         if not argv:
             raise TargetError("no command given after --")
         r, w = os.pipe()
@@ -55,6 +56,7 @@ class PausedChild:
             if not go:
                 os._exit(125)
             try:
+                os.environ.update(env or {})
                 os.execvp(argv[0], list(argv))
             except OSError as exc:
                 sys.stderr.write(f"otel-ebpf: cannot run {argv[0]!r}: {exc.strerror}\n")
@@ -77,6 +79,31 @@ class PausedChild:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
+
+
+def command_environment(cfg: AgentConfig, environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
+    """What ``run -- CMD`` adds to the command's environment, and the line that says so ("" for nothing):
+    otel-ebpf's NCCL profiler plugin (``NCCL_PROFILER_PLUGIN``) when a pipeline has an nccl receiver with
+    ``gpu_time``, the user's own plugin (``chain_plugin``, else ``NCCL_PROFILER_PLUGIN`` as ``environ`` has it)
+    chained behind it. A plugin that is not built turns GPU time off, said in the line."""
+    from otel_ebpf import nccl_profiler as plug
+
+    rcfgs = [cfg.receivers[rid] for p in cfg.service.pipelines.values() for rid in p.receivers
+             if rid.split("/")[0] == "nccl"]
+    if not any(getattr(c, "gpu_time", False) for c in rcfgs):
+        return {}, ""
+    plugin = plug.plugin_path()
+    if plugin is None:
+        return {}, (f"NCCL GPU time is off: {plug.LIBRARY_NAME} is not built (it needs gcc and sys/sdt.h: apt install "
+                    "systemtap-sdt-dev, then reinstall otel-ebpf); receivers.nccl.gpu_time: false silences this")
+    base = dict(environ)
+    chain = next((c.chain_plugin for c in rcfgs if getattr(c, "chain_plugin", "")), "")
+    if chain:
+        base[plug.NCCL_ENV] = chain
+        base.pop(plug.CHAIN_ENV, None)
+    env = plug.launch_env(base, plugin)
+    chained = f", chaining {env[plug.CHAIN_ENV]}" if plug.CHAIN_ENV in env else ""
+    return env, f"NCCL GPU time: the command runs with {plug.NCCL_ENV}={plugin}{chained}"
 
 
 def exit_status(status: int) -> int:

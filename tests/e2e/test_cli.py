@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from otel_ebpf import nccl_profiler
+
 from tests.support.otlp_sink import OtlpSink, metrics_from_jsonl, spans_from_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,8 +72,12 @@ def test_bad_pid_is_named(bpf_ready):
 
 
 def test_exit_code_of_the_command_is_kept(bpf_ready, tmp_path):
-    r = cli("run", "--output", str(tmp_path), "--", "sh", "-c", "exit 7")
+    r = cli("run", "--output", str(tmp_path), "--", "sh", "-c", 'echo "plugin=$NCCL_PROFILER_PLUGIN"; exit 7')
     assert r.returncode == 7, r.stderr
+    # the default pipeline's nccl receiver has the command load our NCCL profiler plugin, and says so first
+    plugin = nccl_profiler.require_plugin()
+    assert f"plugin={plugin}" in r.stdout
+    assert r.stderr.startswith(f"otel-ebpf: NCCL GPU time: the command runs with NCCL_PROFILER_PLUGIN={plugin}")
     r = cli("run", "--output", str(tmp_path), "--", "/nonexistent/binary")
     assert r.returncode == 127 and "/nonexistent/binary" in r.stderr
 

@@ -27,6 +27,15 @@ class Config:
               "Trade-off: the process is stopped for the attach time (tens of ms), never longer "
               "than service.pause_timeout whatever the agent does (docs/reliability.md, 'The pause "
               "guard').")
+    gpu_time: bool = doc(
+        True, "Have 'otel-ebpf run' load otel-ebpf's NCCL profiler plugin into the command it starts "
+              "(NCCL_PROFILER_PLUGIN), for the GPU-side time, algorithm and bandwidth of every collective and "
+              "send/recv (docs/nccl-profiler.md). The receiver attaches to the plugin in any traced process "
+              "that loaded it, whatever this says.")
+    chain_plugin: str = doc(
+        "", "A profiler plugin of your own for NCCL to keep running behind ours (NCCL_PROFILER_PLUGIN's "
+            "syntax: a path, or NAME for libnccl-profiler-NAME.so): ours loads it and forwards every call. "
+            "Empty: whatever NCCL_PROFILER_PLUGIN named in the command's environment.")
     poll_interval: float = doc(0.1, "Longest wait for ring-buffer records per poll round.", duration=True, min=0.001)
     max_inflight: int = doc(
         10240, "Calls in progress tracked at once (entry seen, return not yet), over all threads. "
