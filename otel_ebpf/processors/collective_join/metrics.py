@@ -14,6 +14,8 @@ METRICS: dict[str, MetricSpec] = {
                           "Collectives reported as hung: ranks missing after desync_timeout."),
     "nccl.join.released": ("counter", "{collective}", "Collectives released by the join, by outcome."),
     "nccl.join.p2p.released": ("counter", "{instance}", "Grouped send/recv instances released, by outcome."),
+    "nccl.join.gpu.released": ("counter", "{collective}", "Collectives whose GPU span the join released, by outcome "
+                               "(complete: every rank's GPU span arrived)."),
     "nccl.join.late": ("counter", "{span}", "Spans that arrived after their collective was released."),
     "nccl.collective.skew": ("histogram", "s", "First to last rank arrival (start) of each collective."),
 }

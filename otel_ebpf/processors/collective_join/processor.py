@@ -6,7 +6,8 @@ Input: finished SDK spans (``ReadableSpan``, read through its API; new spans are
 * Rank span: attributes ``nccl.comm.id``, ``nccl.seq``, ``nccl.rank``, ``nccl.nranks`` and neither
   ``nccl.peer`` (send/recv spans: see below) nor ``nccl.captured`` (recorded into a CUDA graph: passed on as it
   is). A rank's GPU span (``nccl.timing = "gpu"``, the child of its rank span: processors/nccl/gpu.py) passes
-  on. Root span (sent by the process that is rank 0):
+  on and is joined with the other ranks' into the collective's GPU span (:mod:`.gpu`). Root span (sent by the
+  process that is rank 0):
   ``nccl.comm.id`` and ``nccl.seq``, no ``nccl.rank``, no parent, and span id
   :func:`otel_ebpf.core.ids.collective_root_span_id` (the contract shared with the agents' nccl processor).
 * Held per (comm id, seq) in a bounded :class:`~.store.Store` until all ``nranks`` rank spans
@@ -64,6 +65,7 @@ from otel_ebpf.host.identity import gateway_resource_attributes
 from otel_ebpf.host.timeline import straggler_attributes
 
 from .config import Config
+from .gpu import GpuJoin, is_gpu
 from .metrics import METRICS, ranges_text
 from .p2p import P2PJoin, is_p2p
 from .splits import SplitBook, split_call
@@ -99,6 +101,8 @@ class CollectiveJoin(EventProcessor[Config]):
         self.p2p = P2PJoin(config.max_pending, config.max_spans, config.timeout, self._maker,
                            lambda outcome: self._count("nccl.join.p2p.released", outcome=outcome),
                            lambda: self._count("nccl.join.late", **{"nccl.span": "p2p"}))
+        self.gpu = GpuJoin(self._maker, config.timeout, config.max_pending, config.max_ranks,
+                           lambda outcome: self._count("nccl.join.gpu.released", outcome=outcome))
         self._now = clock()  # clock() at the start of the batch being consumed
         self._pending_metrics: Out = []  # skew records, sent after the batch's spans
         self._warned: OrderedDict[str, list[Any]] = OrderedDict()  # comm -> [last warning, left out since]
@@ -108,6 +112,7 @@ class CollectiveJoin(EventProcessor[Config]):
         out: Out = []
         self._unresolved(self.splits.drain(), out)
         self.p2p.drain(out)
+        self.gpu.drain(out)
         for entry in self.store.pending():
             self._release(self.store.pop(entry.key), "partial", out)
         self._flush_metrics(out)
@@ -130,6 +135,7 @@ class CollectiveJoin(EventProcessor[Config]):
 
     def end_batch(self, out: Out) -> None:
         self._expire(self._now, out)
+        self.gpu.expire(self._now, out)
         self._flush_metrics(out)
 
     def _flush_metrics(self, out: Out) -> None:
@@ -151,8 +157,11 @@ class CollectiveJoin(EventProcessor[Config]):
                 for waited in self.splits.take(child):
                     self._span(waited, out)
             return
-        if attrs.get("nccl.captured") or attrs.get("nccl.timing") == "gpu":
-            out.append(span)  # recorded into a CUDA graph (no arrival to join), or a call's GPU span (a child)
+        if attrs.get("nccl.captured"):  # recorded into a CUDA graph, not run: no arrival to join
+            out.append(span)
+            return
+        if is_gpu(attrs):  # a rank's GPU span: passed on, joined into the collective's GPU span (.gpu)
+            self.gpu.add(span, attrs, now, out)
             return
         if (ranked := self._split_ranked(span, attrs, now)) is None:
             return

@@ -9,7 +9,8 @@ collective or p2p is then:
   channel's start to the last one's stop, with ``nccl.timing = "gpu"``, ``nccl.gpu.duration_ns``,
   ``nccl.algo``, ``nccl.proto``, ``nccl.nchannels``, ``nccl.busbw`` (bytes/s) and ``nccl.algbw``, NCCL's
   ``nccl.gpu.seq`` (its per-function number) and ``nccl.comm.hash`` (its commHash, the id NCCL's own logs,
-  RAS and Inspector use), plus the host span's identity attributes.
+  RAS and Inspector use), ``nccl.gpu.queue_ns`` (GPU start - the host call's end: how long the work waited on
+  its stream; negative when it started inside the call), plus the host span's identity attributes.
 
 Why a child span and not attributes on the host span: the GPU time is known only when the kernel ends. Holding
 the host span until then would hide every rank that entered a hung collective from the gateway's desync
@@ -148,6 +149,8 @@ class GpuBook:
         if start is None:
             attrs["nccl.gpu.clock"] = "unsynced"
             start = call.end_ns
+        else:  # how long the work waited on its stream after the call returned (< 0: it started inside the call)
+            attrs["nccl.gpu.queue_ns"] = start - call.end_ns
         attrs["nccl.gpu.duration_ns"] = duration
         attrs["nccl.nchannels"] = op.nchannels
         attrs["nccl.gpu.channels"] = g.channels

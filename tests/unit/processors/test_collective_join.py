@@ -7,7 +7,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from otel_ebpf.core.ids import derive_id
+from otel_ebpf.core.ids import collective_ids, derive_id
 from otel_ebpf.core.events import MetricRecord, Tick
 from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.collective_join import CollectiveJoin, Config, factory
@@ -291,3 +291,47 @@ def test_a_ranks_gpu_span_passes_through_and_the_collective_still_joins(sink, cl
     join.consume([rank_span(8, r, 100 * r) for r in range(4)])
     out = sink.take()
     assert metric(out, "nccl.join.released", outcome="complete") == 1
+
+
+def gpu_span(seq: int, rank: int, start: int, dur: int, queue: int, nranks: int = 4) -> ReadableSpan:
+    """Rank ``rank``'s GPU span (processors/nccl/gpu.py): a child of its rank span, kernel from ``start``."""
+    host = rank_span(seq, rank, 0, nranks=nranks)
+    return ReadableSpan("ncclAllReduce gpu", context=SpanContext(host.context.trace_id, 0x900 + rank, False, SAMPLED),
+                        parent=host.context, resource=host.resource,
+                        attributes={**host.attributes, "nccl.timing": "gpu", "nccl.algo": "RING",
+                                    "nccl.proto": "SIMPLE", "nccl.gpu.queue_ns": queue},
+                        start_time=T0 + start, end_time=T0 + start + dur,
+                        instrumentation_scope=host.instrumentation_scope)
+
+
+def test_every_ranks_gpu_span_joins_into_the_collectives_gpu_span_naming_who_was_late_and_why(sink, clock):
+    join = make(sink, clock)
+    # rank 2's host call returned on time (1000 like the others) but its stream was busy: its kernel started
+    # 5000 after the others' (queue 6000 vs 1000): it ran slow on the GPU, it did not arrive late
+    join.consume([gpu_span(9, r, 2000 if r != 2 else 7000, 9000 if r != 2 else 4000, 1000 if r != 2 else 6000)
+                  for r in range(4)])
+    out = spans(sink.take())
+    assert len(out) == 5  # the 4 rank GPU spans pass on, plus the collective's
+    (g,) = [s for s in out if s.name == "nccl AllReduce gpu"]
+    trace, root, _ = collective_ids(COMM, 9, 0)
+    assert (g.context.trace_id, g.parent.span_id) == (trace, root)
+    assert (g.start_time, g.end_time) == (T0 + 2000, T0 + 11000)
+    a = g.attributes
+    assert (a["nccl.gpu.duration_ns"], a["nccl.gpu.skew_ns"], a["nccl.gpu.late.rank"]) == (9000, 5000, 2)
+    assert (a["nccl.gpu.late.queue_ns"], a["nccl.gpu.late.cause"], a["nccl.algo"]) == (6000, "gpu_queue", "RING")
+    # now rank 1's host call came last (its queue is as short as the others'): it arrived late
+    join.consume([gpu_span(10, r, 2000 if r != 1 else 8000, 1000, 1000) for r in range(4)])
+    (g,) = [s for s in spans(sink.take()) if s.name == "nccl AllReduce gpu"]
+    assert (g.attributes["nccl.gpu.late.rank"], g.attributes["nccl.gpu.late.cause"]) == (1, "host")
+
+
+def test_a_gpu_span_missing_ranks_is_released_partial_at_timeout(sink, clock):
+    join = make(sink, clock, timeout=5.0)
+    join.consume([gpu_span(11, r, 100, 100, 10) for r in (0, 3)])
+    assert [s.name for s in spans(sink.take())] == ["ncclAllReduce gpu"] * 2
+    clock.t = 6.0
+    join.consume([])
+    out = sink.take()
+    (g,) = [s for s in spans(out) if s.name == "nccl AllReduce gpu"]
+    assert g.attributes["nccl.partial"] is True and g.attributes["nccl.missing_ranks"] == (1, 2)
+    assert metric(out, "nccl.join.gpu.released", outcome="partial") == 1
