@@ -66,6 +66,9 @@ uint64_t oe_seq = 1;
 static uint64_t g_ctx_seq = 1;
 static int g_wide;              /* the mask was last set wide */
 static unsigned short g_ci_seen; /* comm_init's semaphore when the live communicators were last announced */
+static pthread_mutex_t g_mask_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_mask_last = -1;     /* the mask value we last stored */
+static int g_mask_foreign;       /* what someone else stored there last (NCCL 2.32's RAS override), kept */
 static pthread_mutex_t g_ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct oe_ctx *g_ctxs;
 
@@ -90,9 +93,23 @@ static inline unsigned recording_sems(void)
            SEM(kernel_ch_stop) | SEM(event_stop);
 }
 
-static int wanted_mask(int recording)
+/* Stores what we need (GroupApi, wide while recording, the chained plugin's) on top of what another writer set:
+ * NCCL 2.32 lets RAS set the mask job-wide (ncclProfilerSetRasOverride, re-applied after every init), so a value we
+ * did not store is kept as the base. block: wait for the lock (init), else skip when another thread holds it (the
+ * next group API event retries). */
+static void set_mask(int *mask, int recording, int block)
 {
-    return (recording ? OE_MASK_WIDE : ncclProfileGroupApi) | oe_chain_mask_now();
+    if (block ? pthread_mutex_lock(&g_mask_lock) : pthread_mutex_trylock(&g_mask_lock))
+        return;
+    int m = __atomic_load_n(mask, __ATOMIC_RELAXED);
+    if (m != g_mask_last)
+        g_mask_foreign = m;
+    int want = g_mask_foreign | (recording ? OE_MASK_WIDE : ncclProfileGroupApi) | oe_chain_mask_now();
+    if (want != m)
+        __atomic_store_n(mask, want, __ATOMIC_RELAXED);
+    g_mask_last = want;
+    __atomic_store_n(&g_wide, recording != 0, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&g_mask_lock);
 }
 
 /* comm_init again for every live communicator: an agent that attaches after NCCL's init learns them here. */
@@ -107,10 +124,7 @@ static void announce_all(void)
 
 static __attribute__((noinline)) void group_api_slow(struct oe_ctx *ctx, unsigned recording, unsigned short ci)
 {
-    int want = wanted_mask(recording != 0);
-    if (__atomic_load_n(ctx->mask, __ATOMIC_RELAXED) != want)
-        __atomic_store_n(ctx->mask, want, __ATOMIC_RELAXED);
-    __atomic_store_n(&g_wide, recording != 0, __ATOMIC_RELAXED);
+    set_mask(ctx->mask, recording != 0, 0);
     unsigned short seen = __atomic_load_n(&g_ci_seen, __ATOMIC_RELAXED);
     if (ci != seen && __atomic_compare_exchange_n(&g_ci_seen, &seen, ci, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED) &&
         ci > seen)
@@ -322,8 +336,7 @@ static ncclResult_t init(int version, void **context, uint64_t commId, int *mask
     copy_str(ctx->rec.name, sizeof ctx->rec.name, commName);
     oe_chain_init(&ctx->chained, &ctx->chained_ok, commId, commName, nNodes, nranks, rank, logfn);
     unsigned recording = recording_sems();
-    __atomic_store_n(mask, wanted_mask(recording != 0), __ATOMIC_RELAXED);
-    __atomic_store_n(&g_wide, recording != 0, __ATOMIC_RELAXED);
+    set_mask(mask, recording != 0, 1);
     pthread_mutex_lock(&g_ctx_lock);
     ctx->next = g_ctxs;
     if (g_ctxs)

@@ -8,6 +8,7 @@
  *   group2 K                     ncclGroupStart; ncclAllReduce(1024); ncclAllReduce(2048); ncclGroupEnd
  *   p2p K                        ncclGroupStart; ncclSend(512, peer 1); ncclRecv(512, peer 1); ncclGroupEnd
  *   finalize K                   ncclCommDestroy (the plugin's finalize)
+ *   ras MASK                     NCCL 2.32's RAS override: MASK stored as NCCL's mask from outside the plugin
  *   bench N ROUNDS               ROUNDS x N implicit-group all-reduces on communicator 0: ns per call per round
  * With tracing (not while benchmarking), every plugin call is a JSON line: {"ev": "start"|"stop"|"record", ...}.
  * NCCL's log lines (the logger given to init) go to stderr as "NCCLLOG <level> <text>". */
@@ -152,6 +153,8 @@ static int command(char *line)
     } else if (strcmp(cmd, "finalize") == 0) {
         sim_comm_finalize(comm_arg(a1));
         out("{\"ev\": \"finalize\", \"ctx\": %llu}", u(comm_arg(a1)->profilerContext));
+    } else if (strcmp(cmd, "ras") == 0) {
+        sim_ras_override((int)strtol(a1 ? a1 : "0", NULL, 0));
     } else if (strcmp(cmd, "bench") == 0) {
         char *rounds = strtok(NULL, " \t\n");
         bench(a1 ? atol(a1) : 100000, rounds ? atoi(rounds) : 5);

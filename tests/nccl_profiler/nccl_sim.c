@@ -34,7 +34,6 @@ struct proxy_op {
 
 static void *g_lib;
 static ncclProfiler_v6_t *ncclProfiler; /* src/plugin/profiler.cc ncclProfiler; v5 tables are called the same way */
-static int g_version;
 static int ncclProfilerEventMask;
 static const struct sim_hooks *g_hooks;
 static int g_inline_proxy;
@@ -148,7 +147,6 @@ int sim_load(const char *path, int version, const struct sim_hooks *hooks, int i
     g_hooks = hooks;
     g_inline_proxy = inline_proxy;
     g_log = log;
-    g_version = version;
     if (path) {
         /* src/plugin/profiler.cc ncclProfilerPluginLoad: v5 only in 2.28.9; NCCL master tries v6 first */
         g_lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -178,6 +176,8 @@ void sim_unload(void)
 }
 
 int sim_mask(void) { return __atomic_load_n(&ncclProfilerEventMask, __ATOMIC_RELAXED); }
+/* NCCL 2.32 ncclProfilerSetRasOverride (not in 2.28.9): a job-wide mask set from outside the plugin */
+void sim_ras_override(int mask) { __atomic_store_n(&ncclProfilerEventMask, mask, __ATOMIC_RELAXED); }
 
 int sim_comm_init(struct sim_comm *comm)
 {

@@ -33,6 +33,7 @@ struct sim_hooks {
 int sim_load(const char *path, int version, const struct sim_hooks *hooks, int inline_proxy, ncclDebugLogger_t log);
 void sim_unload(void);
 int sim_mask(void); /* ncclProfilerEventMask */
+void sim_ras_override(int mask); /* NCCL 2.32's job-wide override of it (ncclProfilerSetRasOverride) */
 
 int sim_comm_init(struct sim_comm *comm);     /* ncclProfilerPluginInit */
 void sim_comm_finalize(struct sim_comm *comm); /* ncclProfilerPluginFinalize */

@@ -129,6 +129,22 @@ def test_a_failing_chained_plugin_never_breaks_nccl(run_driver: Any, plugin: Pat
         assert lines == ["init failed", "init failed"] and masks == [NARROW] * len(SCRIPT)
 
 
+@pytest.mark.parametrize("chained", [False, True])
+def test_a_mask_set_from_outside_the_plugin_is_kept(run_driver: Any, plugin: Path, counting_dir: Path,
+                                                     tmp_path: Path, chained: bool) -> None:
+    """NCCL 2.32's RAS override stores NCCL's mask job-wide; the plugin adds its bits to it, never drops it."""
+    env = {"OTEL_EBPF_NCCL_PROFILER_CHAIN": str(counting_dir / COUNTING), "COUNTING_MASK": hex(COLL),
+           "COUNTING_LOG": str(tmp_path / "c.log")} if chained else {}
+    d = run_driver(plugin, 6, env)
+    assert d.run("init 0x1234abcd 0 2 world")[0] == NARROW | (COLL if chained else 0)
+    assert d.run(f"ras {PROXY_OP:#x}")[0] == PROXY_OP
+    mask, calls = d.run("group2 0")
+    # without an agent or chain the mask is not touched at all; with a chain it is the union, the override kept
+    assert mask == (PROXY_OP | NARROW | COLL if chained else PROXY_OP)
+    assert calls and all(c["h"] == 0 for c in calls if not chained)  # NCCL asks, no agent: NULL handles
+    assert d.run("single 0")[0] == mask
+
+
 def test_launch_env_names_the_plugin_and_moves_a_users_plugin_to_the_chain(plugin: Path) -> None:
     env = nccl_profiler.launch_env
     assert env({}) == {"NCCL_PROFILER_PLUGIN": str(plugin)}

@@ -180,3 +180,23 @@ def test_records_carry_what_nccl_passed_and_the_mask_follows_the_agent(
     finally:
         col.close()
     assert "NCCLLOG 2" not in d.close()
+
+
+def test_the_agent_widens_a_mask_set_from_outside_and_leaves_it_on_detach(
+        bpf_ready: None, run_driver: Any, plugin: Path) -> None:
+    """NCCL 2.32's RAS override (ncclProfilerSetRasOverride) stores NCCL's mask from outside the plugin."""
+    proxy_op = 0x8
+    d = run_driver(plugin, 6)
+    init = d.run("init 0x1234abcd 0 2 world")[1][0]["ctx"]
+    assert d.run(f"ras {proxy_op:#x}")[0] == proxy_op
+    col = Collector(d.pid)
+    try:
+        assert d.run("single 0")[0] == proxy_op | WIDE
+        ctx_ids = {init: next(iter(comm_inits(col.take())))}
+        mask, calls = d.run("group2 0")
+        assert mask == proxy_op | WIDE and observed(col.take()) == expected(calls, ctx_ids) != []
+    finally:
+        col.close()
+    assert d.run("single 0")[0] == proxy_op | NARROW
+    d.close()
+
