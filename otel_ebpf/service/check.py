@@ -105,6 +105,30 @@ def _library(key: str, label: str) -> Row:
                f"receivers.{'cuda' if key == 'cudart' else 'nccl'}.libraries")
 
 
+def _nccl_plugin(proc: str = "/proc") -> Row:
+    """Our NCCL profiler plugin built, and which running NCCL processes loaded it (GPU-side collective time)."""
+    from otel_ebpf import nccl_profiler as plug
+    from otel_ebpf.host.libraries import mapped_libraries
+
+    label = "NCCL GPU time (profiler plugin)"
+    path = plug.plugin_path()
+    if path is None:
+        return Row(label, INFO, f"{plug.LIBRARY_NAME} is not built",
+                   "it needs gcc and sys/sdt.h (apt install systemtap-sdt-dev); reinstall otel-ebpf")
+    using, loaded = [], []
+    for pid in sorted(int(d) for d in os.listdir(proc) if d.isdigit())[:4096]:
+        if mapped_libraries(pid, "libnccl.so", proc):
+            using.append(pid)
+            if mapped_libraries(pid, plug.LIBRARY_NAME, proc):
+                loaded.append(pid)
+    found = f"{path}; NCCL processes running: {len(using)}, with the plugin: {len(loaded)}"
+    if len(loaded) < len(using):
+        missing = ", ".join(str(p) for p in using if p not in loaded)[:200]
+        return Row(label, INFO, found + f" (without: {missing})",
+                   f"'otel-ebpf run' sets it; for other jobs set {plug.NCCL_ENV}={path} (docs/nccl-profiler.md)")
+    return Row(label, OK, found)
+
+
 def _usdt() -> Row:
     exe = "/usr/bin/python3"
     if not os.path.exists(exe) or not shutil.which("readelf"):
@@ -142,7 +166,7 @@ def _perf() -> Row:
 
 CHECKS: list[Callable[[], Row]] = [_root, _bcc, _headers, _tracefs, _load, _kprobes, _btf,
                                    lambda: _library("cudart", "CUDA runtime"),
-                                   lambda: _library("nccl", "NCCL"), _usdt, _nvml, _perf]
+                                   lambda: _library("nccl", "NCCL"), _nccl_plugin, _usdt, _nvml, _perf]
 
 
 def run_checks() -> list[Row]:
