@@ -29,8 +29,9 @@ HERE = Path(__file__).resolve().parent
 CFLAGS = ["-O2", "-fno-omit-frame-pointer", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"]
 CUDART_SOURCES = ["cudart.c", "cudart_streams.c", "cudart_stream_api.c", "cudart_capture.c", "cudart_graphs.c",
                   "cudart_kernels.c"]
-NCCL_SOURCES = ["nccl_comm.c", "nccl_coll.c", "nccl_group.c", "nccl_mem.c", "nccl_profiler.c", "nccl_prof_api.c",
-                "nccl_prof_plan.c", "nccl_prof_proxy.c"]
+NCCL_SOURCES = ["nccl_comm.c", "nccl_split.c", "nccl_coll.c", "nccl_shm.c", "nccl_group.c", "nccl_p2p.c",
+                "nccl_mem.c", "nccl_profiler.c", "nccl_prof_api.c", "nccl_prof_plan.c", "nccl_prof_order.c",
+                "nccl_prof_proxy.c"]
 # The profiler plugin API's headers as NCCL 2.28.9 gives them to plugin writers (ext-profiler/example/nccl/ of
 # NVIDIA/nccl v2.28.9-1, unchanged, with NCCL's LICENSE.txt): the wheel ships no profiler header.
 PLUGIN_INCLUDE = HERE / "include"

@@ -6,6 +6,8 @@
  *
  * A communicator here is a struct in the rank's process plus a shared-memory staging area that every rank
  * of it maps (nccl_coll.c).  "Bootstrap" collectives (the split's allgather) go through the parent's area.
+ * Splits and shrinks: nccl_split.c.  The profiler plugin's init and finalize (nccl_profiler.c) come where NCCL
+ * calls them: once the comm is set up, and when it is destroyed or aborted.
  *
  * Non-blocking communicators (config.blocking = 0, or NCCL_COMM_BLOCKING=0) as NCCL 2.28.9 src/init.cc and
  * src/group.cc: init sets *newcomm at once (ncclCommInitRankDev: `*newcomm = comm` with initState
@@ -68,7 +70,7 @@ int twin_comm_ok(const struct ncclComm *c)
 
 /* config.blocking: the caller's, default 1, NCCL_COMM_BLOCKING=0/1 overriding (src/init.cc parseCommConfig,
  * envConfigOverride); a split without a config copies the parent's (copyCommConfig). */
-static int blocking_of(const ncclConfig_t *config, int inherited)
+int twin_blocking_of(const ncclConfig_t *config, int inherited)
 {
     const char *env = getenv("NCCL_COMM_BLOCKING");
     if (env != NULL && (strcmp(env, "0") == 0 || strcmp(env, "1") == 0))
@@ -79,7 +81,7 @@ static int blocking_of(const ncclConfig_t *config, int inherited)
 }
 
 /* config.commName (src/init.cc parseCommConfig; a split without a config copies the parent's), owned by the comm. */
-static char *name_of(const ncclConfig_t *config, const char *inherited)
+char *twin_comm_name(const ncclConfig_t *config, const char *inherited)
 {
     const char *name = inherited;
     if (config != NULL)
@@ -112,7 +114,7 @@ static ncclResult_t open_comm(struct ncclComm *c)
     return rc;
 }
 
-static ncclResult_t new_comm(ncclComm_t *out, uint64_t hash, int nranks, int rank, int device, int blocking,
+ncclResult_t twin_new_comm(ncclComm_t *out, uint64_t hash, int nranks, int rank, int device, int blocking,
                              const struct twin_prof_comm *id)
 {
     struct ncclComm *c = alloc_comm(hash, nranks, rank, device, blocking, id);
@@ -129,7 +131,7 @@ static ncclResult_t new_comm(ncclComm_t *out, uint64_t hash, int nranks, int ran
 }
 
 /* Runs fn(arg) on a detached thread: NCCL's init/split job thread (src/group.cc ncclAsyncJobMain). */
-static ncclResult_t start_job(void *(*fn)(void *), void *arg)
+ncclResult_t twin_start_job(void *(*fn)(void *), void *arg)
 {
     pthread_t t;
     if (pthread_create(&t, NULL, fn, arg) != 0)
@@ -214,18 +216,18 @@ NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t *comm, int nranks, ncc
          ncclConfig_t *config)
 {
     uint64_t hash = twin_hash(0xcbf29ce484222325ULL, &commId, sizeof(commId));
-    int blocking = blocking_of(config, 1);
+    int blocking = twin_blocking_of(config, 1);
     struct twin_prof_comm id = { .hash = twin_nccl_hash(commId.internal, NCCL_UNIQUE_ID_BYTES) };
     struct ncclComm *c;
     if (comm == NULL || nranks < 1 || rank < 0 || rank >= nranks)
         return ncclInvalidArgument;
-    id.name = name_of(config, NULL);
+    id.name = twin_comm_name(config, NULL);
     if (blocking)
-        return new_comm(comm, hash, nranks, rank, current_device(), 1, &id);
+        return twin_new_comm(comm, hash, nranks, rank, current_device(), 1, &id);
     if ((c = alloc_comm(hash, nranks, rank, current_device(), 0, &id)) == NULL)
         return ncclSystemError;
     c->async_result = ncclInProgress;
-    if (start_job(init_job, c) != ncclSuccess) {
+    if (twin_start_job(init_job, c) != ncclSuccess) {
         twin_prof_comm_free(c);
         free(c);
         return ncclSystemError;
@@ -254,185 +256,6 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t *comm, int ndev, const int *d
     (void)comm; (void)ndev; (void)devlist;
     twin_set_last_error("otel-ebpf twin: ncclCommInitAll (one process, many devices) is not modelled");
     return ncclInvalidUsage;
-}
-
-/* One split as NCCL's ncclCommInitRankAsyncJob holds it (src/init.cc ncclCommInitChildComm). */
-struct split_job {
-    struct ncclComm *parent;
-    int color, key, split_count, blocking;
-    ncclComm_t *newcomm;
-    char *name; /* config.commName at the call, taken by the child */
-};
-
-/*
- * As NCCL 2.28.9 src/init.cc commGetSplitInfo: an allgather of (color, key) over the parent, then the
- * child's ranks are the parent ranks of the same color, ordered by key and, for equal keys, by parent rank
- * (the insertion loop there compares `key <=`, keeping parent order for ties).  NCCL_SPLIT_NOCOLOR ranks
- * take part in the allgather and get *newcomm = NULL (src/init.cc ncclCommInitChildComm).  The child is
- * stored to *newcomm when complete (ncclCommInitRankFunc's exit).
- */
-static ncclResult_t split_run(const struct split_job *j)
-{
-    struct ncclComm *comm = j->parent, *child = NULL;
-    int mine[2] = { j->color, j->key }, nranks = 0, myrank = 0, *all;
-    uint64_t hacc;
-    ncclResult_t rc;
-
-    if ((all = calloc((size_t)comm->nranks, sizeof(mine))) == NULL) {
-        free(j->name);
-        return ncclSystemError;
-    }
-    rc = twin_allgather_bytes(comm, mine, all, sizeof(mine));
-    if (rc != ncclSuccess || j->color == NCCL_SPLIT_NOCOLOR) {
-        free(all);
-        free(j->name);
-        return rc;
-    }
-    for (int r = 0; r < comm->nranks; r++) {
-        int c = all[2 * r], k = all[2 * r + 1];
-        if (c != j->color)
-            continue;
-        nranks++;
-        if (k < j->key || (k == j->key && r < comm->rank))
-            myrank++;
-    }
-    free(all);
-    /* child hash from (parent hash, split count, color), as src/init.cc ncclCommInitRankFunc */
-    hacc = twin_hash(comm->hash, &j->split_count, sizeof(j->split_count));
-    hacc = twin_hash(hacc, &j->color, sizeof(j->color));
-    if (twin_trace_on())
-        fprintf(stderr, "[twin nccl %d] split rank %d/%d color %d key %d -> rank %d/%d\n", (int)getpid(),
-                comm->rank, comm->nranks, j->color, j->key, myrank, nranks);
-    struct twin_prof_comm id = { .hash = twin_nccl_child_hash(comm->prof.hash, j->split_count, j->color),
-                                 .name = j->name };
-    rc = new_comm(&child, hacc, nranks, myrank, comm->device, j->blocking, &id);
-    if (rc == ncclSuccess)
-        __atomic_store_n(j->newcomm, child, __ATOMIC_RELEASE);
-    return rc;
-}
-
-/* A non-blocking parent's split: its result becomes the parent's async result (src/group.cc groupLaunch). */
-static void *split_job_main(void *arg)
-{
-    struct split_job *j = arg;
-    ncclResult_t rc = split_run(j);
-    __atomic_store_n(&j->parent->async_result, rc, __ATOMIC_RELEASE);
-    free(j);
-    return NULL;
-}
-
-/* Blocking or not is the parent's (ncclAsyncLaunch sets ncclGroupBlocking from the parent comm). */
-NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
-         ncclConfig_t *config)
-{
-    struct split_job *j;
-
-    if (!twin_comm_ok(comm) || newcomm == NULL || color < NCCL_SPLIT_NOCOLOR)
-        return ncclInvalidArgument;
-    *newcomm = NULL; /* "*newcomm should be NCCL_COMM_NULL until comm split fully complete" */
-    /* every split gives a new comm, NOCOLOR ranks count it too (job->splitCount = ++comm->splitCount) */
-    struct split_job job = { comm, color, key, ++comm->split_count, blocking_of(config, comm->blocking), newcomm,
-                             name_of(config, comm->prof.name) };
-    if (comm->blocking)
-        return split_run(&job);
-    if ((j = malloc(sizeof(*j))) == NULL) {
-        free(job.name);
-        return ncclSystemError;
-    }
-    *j = job;
-    __atomic_store_n(&comm->async_result, ncclInProgress, __ATOMIC_RELEASE);
-    if (start_job(split_job_main, j) != ncclSuccess) {
-        __atomic_store_n(&comm->async_result, ncclSuccess, __ATOMIC_RELEASE);
-        free(j->name);
-        free(j);
-        return ncclSystemError;
-    }
-    return ncclSuccess; /* ncclCommSplit returns `res`, not the nonblocking group end's ncclInProgress */
-}
-
-/* One shrink as NCCL's ncclCommInitRankAsyncJob holds it (the surviving ranks' new comm). */
-struct shrink_job {
-    struct ncclComm *parent;
-    uint64_t hash;
-    int nranks, rank, blocking;
-    ncclComm_t *newcomm;
-    char *name; /* taken by the new comm */
-};
-
-/* commHash of (parent hash, split count 0, color 0): a shrink's job counts no split (src/init.cc
- * ncclCommInitChildComm).  commName: the config's, else the parent's, read when the shrink was called. */
-static ncclResult_t shrink_run(const struct shrink_job *j)
-{
-    struct ncclComm *child = NULL;
-    struct twin_prof_comm id = { .hash = twin_nccl_child_hash(j->parent->prof.hash, 0, 0), .name = j->name };
-    ncclResult_t rc = new_comm(&child, j->hash, j->nranks, j->rank, j->parent->device, j->blocking, &id);
-    if (rc == ncclSuccess)
-        __atomic_store_n(j->newcomm, child, __ATOMIC_RELEASE);
-    return rc;
-}
-
-static void *shrink_job_main(void *arg)
-{
-    struct shrink_job *j = arg;
-    ncclResult_t rc = shrink_run(j);
-    __atomic_store_n(&j->parent->async_result, rc, __ATOMIC_RELEASE);
-    free(j);
-    return NULL;
-}
-
-static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
-
-/*
- * As NCCL 2.28.9 src/init.cc ncclCommShrink -> ncclCommInitChildComm(isShrink) -> getParentRanks: the
- * excluded list is sorted in place (qsort), the excluded ranks must not call (ncclInvalidArgument if they do),
- * the others keep their order (color 0, key = parent rank).  It is a collective over the surviving ranks
- * only, so no allgather is needed: everyone knows the list.  NCCL_SHRINK_ABORT first stops the parent's
- * launched work and waits for it (setCommAbortFlags(comm, 1), ncclStrongStreamSynchronize on its device
- * stream, setCommAbortFlags(comm, 0)).  A non-blocking parent's shrink runs on a thread as its split does:
- * ncclSuccess with *newcomm NULL, the parent in progress until the child is published.
- */
-NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
-         ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
-{
-    struct shrink_job job, *j;
-    int below = 0;
-    uint64_t hacc;
-
-    if (!twin_comm_ok(comm) || newcomm == NULL || excludeRanksList == NULL || excludeRanksCount <= 0)
-        return ncclInvalidArgument;
-    qsort(excludeRanksList, (size_t)excludeRanksCount, sizeof(int), cmp_int);
-    *newcomm = NULL;
-    for (int i = 0; i < excludeRanksCount; i++) {
-        if (excludeRanksList[i] == comm->rank)
-            return ncclInvalidArgument;
-        if (excludeRanksList[i] < comm->rank)
-            below++;
-    }
-    if (shrinkFlags & NCCL_SHRINK_ABORT) {
-        __atomic_store_n(&comm->aborted, 1, __ATOMIC_RELEASE);
-        while (__atomic_load_n(&comm->pending, __ATOMIC_ACQUIRE) > 0)
-            usleep(100);
-        __atomic_store_n(&comm->aborted, 0, __ATOMIC_RELEASE);
-    }
-    hacc = twin_hash(comm->hash, excludeRanksList, sizeof(int) * (size_t)excludeRanksCount);
-    hacc = twin_hash(hacc, "shrink", 6);
-    job = (struct shrink_job){ comm, hacc, comm->nranks - excludeRanksCount, comm->rank - below,
-                               blocking_of(config, comm->blocking), newcomm, name_of(config, comm->prof.name) };
-    if (comm->blocking)
-        return shrink_run(&job);
-    if ((j = malloc(sizeof(*j))) == NULL) {
-        free(job.name);
-        return ncclSystemError;
-    }
-    *j = job;
-    __atomic_store_n(&comm->async_result, ncclInProgress, __ATOMIC_RELEASE);
-    if (start_job(shrink_job_main, j) != ncclSuccess) {
-        __atomic_store_n(&comm->async_result, ncclSuccess, __ATOMIC_RELEASE);
-        free(j->name);
-        free(j);
-        return ncclSystemError;
-    }
-    return ncclSuccess;
 }
 
 /* Waits until every launched group holding an operation of the comm has run. */

@@ -1,11 +1,10 @@
 /*
  * Private header of the twin's profiler-plugin support (nccl_profiler.c: loading and init/finalize;
- * nccl_prof_api.c: API events; nccl_prof_plan.c: launch, group and task events; nccl_prof_proxy.c: kernel-
- * channel events).  The plugin's types come from the headers NCCL 2.28.9 gives plugin writers
- * (ext-profiler/example/nccl/, copied unchanged into include/nccl/; NCCL's own
- * src/include/plugin/profiler/profiler_v5.h declares
- * groupApi.graphCaptured as bool where they say int: NCCL zero-fills the descriptor and writes one byte, so the
- * bytes a plugin reads are the same as those written here through the int).
+ * nccl_prof_api.c: API events; nccl_prof_plan.c: launch, group and task events; nccl_prof_order.c: the planner's
+ * order and the twin's tuning; nccl_prof_proxy.c: kernel-channel events).  The plugin's types come from the
+ * headers NCCL 2.28.9 gives plugin writers (ext-profiler/example/nccl/, copied unchanged into include/nccl/).  NCCL's
+ * own src/include/plugin/profiler/profiler_v5.h declares groupApi.graphCaptured as bool where they say int: NCCL
+ * zero-fills the descriptor and writes one byte, so the bytes a plugin reads are those written here through the int.
  */
 #ifndef OTEL_EBPF_TWIN_NCCL_PROF_H
 #define OTEL_EBPF_TWIN_NCCL_PROF_H
@@ -86,6 +85,12 @@ struct twin_prof_job {
 const char *twin_func_name(int func);        /* src/collectives.cc ncclFuncToString */
 const char *twin_type_name(ncclDataType_t t); /* ncclDatatypeToString */
 struct prof_op *twin_prof_take(int *n);      /* the thread's NCCL tasks of the launching group (caller frees) */
+
+/* nccl_prof_order.c: in[0..k) (a comm's tasks in append order; p2p: consumed) -> out, in the planner's order */
+void twin_prof_order_colls(const struct prof_op *ops, const int *in, int k, int *out, int *scratch);
+void twin_prof_order_p2p(const struct prof_op *ops, int *in, int k, int *out, int rank, int nranks);
+void twin_prof_tune_coll(struct prof_op *o); /* algo, proto, nch, nwarps, chan0 */
+void twin_prof_tune_p2p(struct prof_op *o);  /* nch, chan0 */
 
 /* nccl_prof_plan.c */
 void twin_prof_plan_task(struct twin_prof_group *g, struct prof_plan *p);

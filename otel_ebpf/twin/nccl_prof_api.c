@@ -1,5 +1,5 @@
 /*
- * Stand-in libnccl.so.2 for the twin, part 5: the profiler's API events, as NCCL 2.28.9 makes them.  Not NVIDIA's
+ * Stand-in libnccl.so.2 for the twin, part 6: the profiler's API events, as NCCL 2.28.9 makes them.  Not NVIDIA's
  * code.  Follows src/plugin/profiler.cc (ncclProfilerStart/Stop/RecordGroupApiEvent*, Start/StopCollApiEvent,
  * Start/StopP2pApiEvent, the per-thread ncclProfilerApiState) and where src/enqueue.cc and src/group.cc call them:
  *

@@ -1,29 +1,19 @@
 /*
- * Stand-in libnccl.so.2 for the twin, part 6: the profiler's launch events, as NCCL 2.28.9 makes them.  Not
- * NVIDIA's code.  Follows src/enqueue.cc (ncclLaunchPrepare, scheduleCollTasksToPlan, scheduleP2pTasksToPlan,
- * ncclLaunchKernel, hostStreamPlanTask, uploadProxyOps), src/group.cc doLaunches and src/plugin/profiler.cc
- * (ncclProfilerStart/StopKernelLaunchEvent, Start/StopGroupEvent, Start/StopTaskEvents).
+ * Stand-in libnccl.so.2 for the twin, part 7: the profiler's launch events, as NCCL 2.28.9 makes them.  Not
+ * NVIDIA's code.  Follows src/enqueue.cc (ncclLaunchPrepare, ncclLaunchKernel, hostStreamPlanTask, uploadProxyOps),
+ * src/group.cc doLaunches and src/plugin/profiler.cc (ncclProfilerStart/StopKernelLaunchEvent, Start/StopGroupEvent,
+ * Start/StopTaskEvents).
  *
  * At the outermost group end the thread's NCCL tasks become one kernel plan per communicator, the comms in
- * ascending commHash (src/include/group.h ncclGroupCommJoin), each plan holding its collectives, then its p2p:
- * - collectives in the planner's order (ncclTaskCollSorter: size bins descending, last-in first within a bin;
- *   then ncclPrepareTasks bins them by (function, device op, type) in first-seen order, last-in first within each);
- * - sends and recvs round by round of the p2p schedule (round r: send to rank + r, recv from rank - r, as
- *   src/init.cc ncclP2pSchedule orders the peers of one node), one of each per peer and round, until none is left.
- * Per plan, in doLaunches' order: KernelLaunch start, the launch, KernelLaunch stop, then hostStreamPlanTask on the
- * launching thread: Group start; per collective its Coll event (seqNumber = comm->seqNumber[func], which is
- * incremented unless the plan is captured: with a captured one only when kernel-channel events are on) and per
- * send/recv its P2p event; the kernel-channel subs go to the comm's proxy thread (uploadProxyOps); Coll/P2p stops;
- * Group stop.  The twin launches a group once, for all its comms, inside the first plan's KernelLaunch bracket.
- * A captured plan with proxy ops (kernel-channel events on, or a comm spanning nodes: the network's proxy ops)
- * runs its hostStreamPlanTask at each replay instead (a host node before the kernel, on the stream's worker).
- *
- * What NCCL's tuner would pick is the twin's own, plausible for two GPUs on one PCIe switch (TWIN_NCHANNELS):
- * collectives RING (NCCL's choice within a node for two ranks), LL below 64 KiB and SIMPLE above; channels and
- * warps by topoGetAlgoInfo's ring rule (shed channels, then threads, while nBytes < nc * nt * threshold; SIMPLE's
- * extra warp) and the channel split of scheduleCollTasksToPlan (16 KiB of traffic at least per channel), from
- * channel 0; p2p by addP2pToPlan's part sizes (a 128 KiB step, PCIe's P2P chunk) on the round's channels.
- */
+ * ascending commHash (src/include/group.h ncclGroupCommJoin), each plan holding its collectives, then its p2p, in
+ * the planner's order and with what the twin's tuner picks (nccl_prof_order.c).  Per plan, in doLaunches' order:
+ * KernelLaunch start, the launch, KernelLaunch stop, then hostStreamPlanTask on the launching thread: Group start;
+ * per collective its Coll event (seqNumber = comm->seqNumber[func], which is incremented unless the plan is
+ * captured: with a captured one only when kernel-channel events are on) and per send/recv its P2p event; the
+ * kernel-channel subs go to the comm's proxy thread (uploadProxyOps); Coll/P2p stops; Group stop.  The twin
+ * launches a group once, for all its comms, inside the first plan's KernelLaunch bracket.  A captured plan with
+ * proxy ops (kernel-channel events on, or a comm spanning nodes: the network's proxy ops) runs its
+ * hostStreamPlanTask at each replay instead (a host node before the kernel, on the stream's worker). */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
@@ -37,139 +27,6 @@
 #define P2P_MASK (ncclProfileP2p | ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileKernelCh \
                   | ncclProfileNetPlugin)
 #define KERNEL_CH(op) (twin_profiler != NULL && ((op)->mask & ncclProfileKernelCh)) /* devWork.profilerEnabled */
-
-static size_t div_up(size_t a, size_t b) { return (a + b - 1) / b; }
-
-/* src/enqueue.cc ncclFuncTrafficPerByte */
-static size_t traffic_per_byte(int func, int nranks)
-{
-    return func == TWIN_F_ALLREDUCE ? 2 : func == TWIN_F_ALLGATHER || func == TWIN_F_REDUCESCATTER ? (size_t)nranks : 1;
-}
-
-/* src/include/bitops.h u32fpEncode */
-static uint32_t fp_encode(uint32_t x, int bits)
-{
-    int log2x = 31 - __builtin_clz(x | 1);
-    uint32_t mantissa = x >> (log2x >= bits ? log2x - bits : 0) & ((1u << bits) - 1);
-    uint32_t exponent = log2x >= bits ? (uint32_t)(log2x - (bits - 1)) : 0;
-    return exponent << bits | mantissa;
-}
-
-/* ncclTaskCollSorterInsert's bin (UnitLog2 10, MaxLog2 30, 4 bins per power of 2), descending. */
-static int coll_bin(const struct prof_op *o)
-{
-    size_t traffic = o->count * twin_type_size(o->type) * traffic_per_byte(o->func, o->comm->nranks);
-    size_t max = (size_t)1 << 30;
-    return 1 + (30 - 10) * 4 - 1 - (int)fp_encode((uint32_t)((traffic < max ? traffic : max) >> 10), 2);
-}
-
-/* ncclPrepareTasks' (fn, op, ty) key; the device op as hostToDevRedOp maps it (max and min: MinMax; avg: SumPostDiv
- * for integers, PreMulSum for floats; ncclRedOpCreatePreMulSum's: PreMulSum). */
-static int coll_key(const struct prof_op *o)
-{
-    int integral = o->type != ncclFloat16 && o->type != ncclBfloat16 && o->type != ncclFloat32 && o->type != ncclFloat64
-                   && o->type != ncclFloat8e4m3 && o->type != ncclFloat8e5m2;
-    int dev = o->op == ncclSum ? 0 : o->op == ncclProd ? 1 : o->op == ncclMax || o->op == ncclMin ? 2
-            : o->op == ncclAvg ? (integral ? 4 : 3) : 3;
-    return (o->func * 5 + dev) * 64 + (int)o->type;
-}
-
-/* in[0..k) (append order) -> out, the planner's order of collectives. */
-static void order_colls(const struct prof_op *ops, const int *in, int k, int *out, int *scratch)
-{
-    int m = 0;
-    for (int i = 0; i < k; i++) { /* the sorter: bin ascending, later first within a bin */
-        int j = i, v = in[i], b = coll_bin(&ops[v]);
-        for (; j > 0 && coll_bin(&ops[scratch[j - 1]]) >= b; j--)
-            scratch[j] = scratch[j - 1];
-        scratch[j] = v;
-    }
-    for (int i = 0; i < k; i++) { /* (fn, op, ty) groups in first-seen order, each reversed */
-        int key, first = m;
-        if (scratch[i] < 0)
-            continue;
-        key = coll_key(&ops[scratch[i]]);
-        for (int j = i; j < k; j++)
-            if (scratch[j] >= 0 && coll_key(&ops[scratch[j]]) == key) {
-                out[m++] = scratch[j];
-                scratch[j] = -1;
-            }
-        for (int a = first, b = m - 1; a < b; a++, b--) {
-            int t = out[a];
-            out[a] = out[b];
-            out[b] = t;
-        }
-    }
-}
-
-static int first_of(const struct prof_op *ops, int *in, int k, int func, int peer)
-{
-    for (int i = 0; i < k; i++)
-        if (in[i] >= 0 && ops[in[i]].func == func && ops[in[i]].peer == peer) {
-            int v = in[i];
-            in[i] = -1;
-            return v;
-        }
-    return -1;
-}
-
-/* scheduleP2pTasksToPlan: round by round, the next send to rank + r, then the next recv from rank - r. */
-static void order_p2p(const struct prof_op *ops, int *in, int k, int *out, int rank, int nranks)
-{
-    for (int m = 0; m < k;)
-        for (int r = 0; r < nranks && m < k; r++) {
-            int s = first_of(ops, in, k, TWIN_F_SEND, (rank + r) % nranks);
-            int v = first_of(ops, in, k, TWIN_F_RECV, (rank - r + nranks) % nranks);
-            if (s >= 0)
-                out[m++] = s;
-            if (v >= 0)
-                out[m++] = v;
-        }
-}
-
-static void tune_coll(struct prof_op *o)
-{
-    size_t nbytes = o->count * twin_type_size(o->type)
-                    * (o->func == TWIN_F_ALLGATHER || o->func == TWIN_F_REDUCESCATTER ? (size_t)o->comm->nranks : 1);
-    int ll = nbytes < (64 << 10), threshold = ll ? 8 : 64, nt = 512, nc = TWIN_NCHANNELS;
-    size_t traffic = nbytes * (o->func == TWIN_F_ALLREDUCE ? 2 : 1) * (ll ? 4 : 1), per, n;
-    while (nbytes < (size_t)nc * nt * threshold && nc >= 2)
-        nc--;
-    while (nbytes < (size_t)nc * nt * threshold && nt % 128 == 0)
-        nt /= 2;
-    nt += ll ? 0 : 32;
-    nt = nt / 32 < 3 ? 96 : nt;
-    per = traffic / (size_t)nc > (16 << 10) ? traffic / (size_t)nc : (16 << 10);
-    n = div_up(traffic, per);
-    o->nch = (uint8_t)(n < 1 ? 1 : n < (size_t)nc ? n : (size_t)nc);
-    o->nwarps = (uint8_t)(nt / 32);
-    o->algo = "RING";
-    o->proto = ll ? "LL" : "SIMPLE";
-    o->chan0 = 0;
-}
-
-static void tune_p2p(struct prof_op *o)
-{
-    struct ncclComm *c = o->comm;
-    size_t bytes = o->count * twin_type_size(o->type), step = 128 << 10;
-    size_t min_part = c->prof.nnodes > 1 ? step / 2 : step / 8, max_part = c->prof.nnodes > 1 ? step : step * 32, part;
-    int nmin = TWIN_NCHANNELS, nmax = TWIN_NCHANNELS, n = 1;
-    int round = o->func == TWIN_F_SEND ? (o->peer - c->rank + c->nranks) % c->nranks
-                                       : (c->rank - o->peer + c->nranks) % c->nranks;
-    while (nmin * c->nranks > TWIN_NCHANNELS && nmin > 1)
-        nmin /= 2;
-    if (bytes > 0) {
-        n = div_up(bytes, min_part) < (size_t)nmin ? (int)div_up(bytes, min_part) : nmin;
-        part = div_up(bytes, (size_t)n) > min_part ? div_up(bytes, (size_t)n) : min_part;
-        while (part > max_part && n <= nmax / 2) {
-            n *= 2;
-            part = div_up(bytes, (size_t)n);
-        }
-    }
-    o->nch = (uint8_t)n;
-    /* ncclP2pChannelBaseForRound within a node: reverseBits(round, log2Up(p2pnChannels)) */
-    o->chan0 = (uint8_t)(TWIN_NCHANNELS == 2 ? (round & 1) : 0);
-}
 
 /* ncclProxyOp.workCounter: ++comm->profiler.workCounter[channel], per channel of the task (incWorkCounter). */
 static void assign_wc(struct prof_op *o)
@@ -188,13 +45,13 @@ static struct prof_plan make_plan(struct prof_op *ops, int n, struct ncclComm *c
     for (int i = 0; i < n; i++)
         if (ops[i].comm == c && !twin_is_p2p(ops[i].func))
             in[k++] = i;
-    order_colls(ops, in, k, order, scratch);
+    twin_prof_order_colls(ops, in, k, order, scratch);
     p.ncoll = k;
     k = 0;
     for (int i = 0; i < n; i++)
         if (ops[i].comm == c && twin_is_p2p(ops[i].func))
             in[k++] = i;
-    order_p2p(ops, in, k, order + p.ncoll, c->rank, c->nranks);
+    twin_prof_order_p2p(ops, in, k, order + p.ncoll, c->rank, c->nranks);
     p.np2p = k;
     for (int i = 0; i < n; i++) { /* planner->streams: each new stream pushed in front */
         int fresh = ops[i].comm == c;
@@ -210,9 +67,9 @@ static struct prof_plan make_plan(struct prof_op *ops, int n, struct ncclComm *c
         struct prof_op *o = &out[at + i];
         *o = ops[order[i]];
         if (twin_is_p2p(o->func))
-            tune_p2p(o);
+            twin_prof_tune_p2p(o);
         else
-            tune_coll(o);
+            twin_prof_tune_coll(o);
         p.proxy |= KERNEL_CH(o);
         if (KERNEL_CH(o) && twin_prof_proxy_of(c) != NULL && !p.persistent)
             assign_wc(o);

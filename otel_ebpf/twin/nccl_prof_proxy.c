@@ -1,5 +1,5 @@
 /*
- * Stand-in libnccl.so.2 for the twin, part 7: the profiler's kernel-channel events, as NCCL 2.28.9 makes them.  Not
+ * Stand-in libnccl.so.2 for the twin, part 9: the profiler's kernel-channel events, as NCCL 2.28.9 makes them.  Not
  * NVIDIA's code.  Follows src/device/common.h (profiler(START/STOP): per channel, the kernel writes
  * workStarted/workCompleted[channel].data[workCounter % MAX_PROFILER_EVENTS_PER_CHANNEL] = { %globaltimer, counter }),
  * src/transport/profiler.cc profilerProxyProgress (the proxy thread starts a KernelCh event once the channel's

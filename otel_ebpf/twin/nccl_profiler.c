@@ -1,9 +1,9 @@
 /*
- * Stand-in libnccl.so.2 for the twin, part 4: the profiler plugin, loaded and initialised as NCCL 2.28.9 does.
+ * Stand-in libnccl.so.2 for the twin, part 5: the profiler plugin, loaded and initialised as NCCL 2.28.9 does.
  * Not NVIDIA's code.  Follows src/plugin/profiler.cc (ncclProfilerPluginLoad/Unload/Init/Finalize),
  * src/plugin/plugin_open.cc (which library is opened) and src/plugin/profiler/profiler_v5.cc, profiler_v4.cc
  * (which symbol, and the v4 adapter).  The events: nccl_prof_api.c, nccl_prof_plan.c,
- * nccl_prof_proxy.c.
+ * nccl_prof_order.c, nccl_prof_proxy.c.
  *
  * Which library: NCCL_PROFILER_PLUGIN unset or empty opens "libnccl-profiler.so" (the loader's search path, as
  * NCCL does: no such library, no plugin); "none" (any case) opens nothing; a name is opened as given, then, if it

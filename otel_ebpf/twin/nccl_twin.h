@@ -36,7 +36,7 @@ enum twin_func {
     TWIN_F_SEND, TWIN_F_RECV, TWIN_F_ALLTOALL, TWIN_F_SCATTER, TWIN_F_GATHER, TWIN_NFUNCS
 };
 /* The channels of the twin's "topology" (comm->nChannels, comm->p2pnChannels): two, as NCCL gives two GPUs on
- * one PCIe switch; nccl_prof_plan.c picks each operation's channels among them. */
+ * one PCIe switch; nccl_prof_order.c picks each operation's channels among them. */
 #define TWIN_NCHANNELS 2
 
 /* A comm's profiler state (nccl_profiler.c, nccl_prof_*.c), NCCL 2.28.9 struct ncclComm's commHash,
@@ -71,6 +71,15 @@ struct ncclComm {
 };
 
 int twin_comm_ok(const struct ncclComm *c);
+/* nccl_comm.c, for nccl_split.c: config.blocking after NCCL_COMM_BLOCKING; config.commName (strdup'ed, or the
+ * inherited one's copy); a new comm whose staging area is open and whose profiler init ran (takes id->name); a
+ * detached thread running fn(arg). */
+int twin_blocking_of(const ncclConfig_t *config, int inherited);
+char *twin_comm_name(const ncclConfig_t *config, const char *inherited);
+struct twin_prof_comm;
+ncclResult_t twin_new_comm(ncclComm_t *out, uint64_t hash, int nranks, int rank, int device, int blocking,
+                           const struct twin_prof_comm *id);
+ncclResult_t twin_start_job(void *(*fn)(void *), void *arg);
 int twin_trace_on(void);
 uint64_t twin_hash(uint64_t h, const void *buf, size_t n);
 
@@ -117,6 +126,10 @@ struct twin_task {
     int after;    /* p2p: the group's previous send (recv) on the same comm to (from) the same peer; -1: none */
 };
 ncclResult_t twin_submit(const struct twin_task *t);
+/* nccl_p2p.c: every send and recv of tasks[0..ntasks) to completion (ncclRemoteError when a comm is aborted,
+ * ncclInvalidUsage on a size mismatch); each one's kernel-channel end goes to prof (NULL: none). */
+struct twin_prof_job;
+ncclResult_t twin_run_p2p(struct twin_task *tasks, int ntasks, struct twin_prof_job *prof);
 
 /* The twin's libcudart.so.13 (cudart_streams.c): runs fn(arg) on streams[0]'s worker after every stream's prior
  * work and after each comm's last launched work (`orders`, updated), and makes the others wait for it;
