@@ -8,7 +8,8 @@
  * freed, each with a process-unique id (the log names handles and parents by id, 0 for NULL), so a handle NCCL
  * hands back after its stop is still readable and shows up in the log.  TEST_PROF_MASK sets the activation mask
  * at init (decimal; default all events); TEST_PROF_MASK_AFTER="N:MASK[,N:MASK...]" sets it to MASK when the N-th
- * GroupApi event of the process starts (a plugin changing the mask while NCCL runs).
+ * GroupApi event of the process starts (a plugin changing the mask while NCCL runs).  TEST_PROF_NULL: event
+ * types (a mask) whose startEvent gives NCCL a NULL handle.
  */
 #define _GNU_SOURCE
 #include <inttypes.h>
@@ -29,7 +30,7 @@ struct rec { int id; };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static FILE *out;
-static int next_id = 1, group_apis, *mask_ptr, nswitch, switch_at[8], switch_to[8];
+static int next_id = 1, group_apis, *mask_ptr, nswitch, switch_at[8], switch_to[8], null_types;
 
 static uint64_t now(void)
 {
@@ -80,6 +81,7 @@ static ncclResult_t init_common(void **ctx, uint64_t hash, int *mask, const char
     const char *m = getenv("TEST_PROF_MASK"), *after = getenv("TEST_PROF_MASK_AFTER");
     *ctx = c;
     *mask = m != NULL ? atoi(m) : 0xfff;
+    null_types = getenv("TEST_PROF_NULL") != NULL ? atoi(getenv("TEST_PROF_NULL")) : 0;
     mask_ptr = mask;
     for (int used = 0; after != NULL && nswitch < 8 && sscanf(after, "%d:%d%n", &switch_at[nswitch],
                                                               &switch_to[nswitch], &used) == 2; after += used) {
@@ -124,7 +126,7 @@ __attribute__((unused)) static ncclResult_t v5_start(void *ctx, void **h, ncclPr
 {
     struct rec *e = new_rec();
     char f[768] = "";
-    *h = e;
+    *h = (d->type & (uint64_t)null_types) ? NULL : e; /* the event is logged, NCCL gets no handle for it */
     switch (d->type) {
     case ncclProfileGroupApi:
         snprintf(f, sizeof(f), "\"captured\": %d, \"depth\": %d", d->groupApi.graphCaptured & 0xff,

@@ -187,17 +187,22 @@ def test_mask_read_again_at_each_group_api_event(twin: TwinEnv, twin_cache: Path
     """All events; at the 1st GroupApi event the plugin narrows the mask to GroupApi, at the 4th it widens it again:
     the big all_reduce, reduce_scatter and all_gather make only GroupApi events, and each stops the late
     all_reduce's CollApi handle once more (NCCL 2.28.9 ncclProfilerStopCollApiEvent does not clear it); the
-    coalesced all_reduces are numbered 2 and 3, the hidden big one having counted."""
+    coalesced all_reduces are numbered 2 and 3, the hidden big one having counted. The plugin also gives NCCL a
+    NULL handle for every Coll event: NCCL never stops one, and its kernel channels have no parent."""
     logs = _run(twin, twin_cache, tmp_path, {"NCCL_PROFILER_PLUGIN": str(plugins / "libnccl-profiler.so"),
-                                             "TEST_PROF_MASK_AFTER": f"1:{GROUP_API},4:{ALL}"})
+                                             "TEST_PROF_MASK_AFTER": f"1:{GROUP_API},4:{ALL}", "TEST_PROF_NULL": "2"})
+    no_coll_stop = [*ONE_COLL[:9], "-Group", "-GroupApi"]  # NCCL stops no NULL handle
     for log in logs:
-        assert log.sequence("late_all_reduce") == ONE_COLL
+        assert log.sequence("late_all_reduce") == no_coll_stop
         (late_api,) = log.in_step("late_all_reduce", "CollApi")
         for step in ("big_all_reduce", "reduce_scatter", "all_gather"):
             assert log.sequence(step) == ["+GroupApi", "@23", "-CollApi", "@24", "-GroupApi"], step
         assert len(log.stops[late_api["id"]]) == 4
         assert [c["seq"] for c in log.in_step("coalesced", "Coll")] == [2, 3]
-        assert log.sequence("broadcast") == ONE_COLL
+        assert log.sequence("broadcast") == no_coll_stop
+        assert not any(c["id"] in log.stops for c in log.of("Coll"))
+        orphans = [k for k in log.of("KernelCh") if k["parent"] == 0]
+        assert len(orphans) == sum(c["nch"] for c in log.of("Coll")) > 0 and all(k["id"] in log.stops for k in orphans)
 
 
 def test_v4_plugin_by_name_and_none(twin: TwinEnv, twin_cache: Path, tmp_path: Path, plugins: Path) -> None:
