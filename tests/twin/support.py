@@ -123,6 +123,8 @@ class GatewayView:
     p2p_roots: dict[bytes, list[dict[str, Any]]]  # trace id -> its "nccl GroupP2P" roots' attributes
     unranked: list[dict[str, Any]]  # collective spans without nccl.rank
     orphans: list[str]  # spans whose parent is not in their trace
+    # GPU spans (nccl.timing = "gpu", the NCCL profiler plugin's): trace id -> (name, global rank or -1, attributes)
+    gpu: dict[bytes, list[tuple[str, int, dict[str, Any]]]] = field(default_factory=dict)
 
     def phase_of(self, rank: int, start_ns: int) -> str:
         """The phase (wl_common.Job.phase) whose window on ``rank`` holds ``start_ns`` (a window the rank never
@@ -156,6 +158,9 @@ def gateway_view(traces: Path, records: Sequence[Mapping[str, Any]]) -> GatewayV
         if not isinstance(comm, str) or not isinstance(seq, int) or span.name.startswith("ncclComm"):
             continue
         rank = rank_of.get((str(res.get("host.name")), int(res.get("process.pid", -1))))
+        if attrs.get("nccl.timing") == "gpu":
+            view.gpu.setdefault(span.trace_id, []).append((span.name, -1 if rank is None else rank, attrs))
+            continue
         if span.name in ("ncclSend", "ncclRecv"):
             view.p2p.setdefault(span.trace_id, []).append(
                 P2p(-1 if rank is None else rank, span.name, attrs, int(span.start_time_unix_nano)))
@@ -174,6 +179,29 @@ def gateway_view(traces: Path, records: Sequence[Mapping[str, Any]]) -> GatewayV
             inst.ranks[rank] = (int(attrs["nccl.rank"]), int(attrs["nccl.nranks"]))
             inst.starts[rank] = int(span.start_time_unix_nano)
     return view
+
+
+def gpu_problems(view: GatewayView) -> list[str]:
+    """GPU time (the NCCL profiler plugin, issue 16): every complete collective instance has, from each of its
+    ranks, a GPU span with NCCL's algorithm, protocol and a positive duration inside the instance's trace, and
+    one joined ``nccl <Op> gpu`` span naming all of them as arrived."""
+    problems = []
+    for trace, inst in view.instances.items():
+        if not inst.complete:
+            continue
+        spans = view.gpu.get(trace, [])
+        ranked = {r: a for name, r, a in spans if "nccl.rank" in a and not name.startswith("nccl ")}
+        joined = [a for name, _r, a in spans if name.startswith("nccl ") and name.endswith(" gpu")]
+        where = f"comm {inst.comm} seq {inst.seq} ({(inst.roots or [{}])[0].get('nccl.op')})"
+        if set(ranked) != set(inst.ranks):
+            problems.append(f"{where}: GPU spans of ranks {sorted(ranked)}, host spans of {sorted(inst.ranks)}")
+        bad = [r for r, a in ranked.items() if not (a.get("nccl.algo") and a.get("nccl.proto")
+                                                    and int(a.get("nccl.gpu.duration_ns", 0)) > 0)]
+        if bad:
+            problems.append(f"{where}: GPU spans without algo/proto/duration from ranks {bad}")
+        if len(joined) != 1 or joined[0].get("nccl.gpu.ranks.arrived") != len(inst.ranks):
+            problems.append(f"{where}: joined GPU spans {[(a.get('nccl.gpu.ranks.arrived')) for a in joined]}")
+    return problems
 
 
 def membership_problems(view: GatewayView) -> list[str]:

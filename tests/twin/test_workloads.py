@@ -29,6 +29,7 @@ from tests.twin.support import (
     GatewayView,
     counters,
     gateway_view,
+    gpu_problems,
     joined_numbers,
     membership_problems,
     p2p_problems,
@@ -130,6 +131,16 @@ def test_nothing_is_unjoined(traced: Traced, request: pytest.FixtureRequest) -> 
               if k != "rank_at_gateway"}
     assert agents == {}
     assert counters(traced.metrics, "otel_ebpf.collective_join.unjoined") == {}
+
+
+def test_every_collective_has_each_ranks_gpu_time_and_a_joined_gpu_span(traced: Traced) -> None:
+    """The NCCL profiler plugin (loaded by `otel-ebpf run`, called by the twin's NCCL as NCCL 2.28.9 calls it):
+    every complete collective has every rank's GPU span with NCCL's algorithm, protocol and duration, and one
+    joined GPU span at the gateway (issue 16)."""
+    problems = gpu_problems(traced.view)
+    assert not problems, "\n".join(problems[:20])
+    n = sum(1 for spans in traced.view.gpu.values() for name, _r, _a in spans if name.startswith("nccl "))
+    print(f"twin job: {n} joined GPU spans, {sum(map(len, traced.view.gpu.values())) - n} rank GPU spans")
 
 
 def test_joined_per_workload(traced: Traced) -> None:

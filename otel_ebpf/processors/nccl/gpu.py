@@ -26,7 +26,8 @@ Bus bandwidth follows nccl-tests (doc/PERFORMANCE.md): algbw = S / t with S the 
 2(n-1)/n for AllReduce, (n-1)/n for AllGather, ReduceScatter and AlltoAll, 1 otherwise.
 
 Bounded: every table holds ``max_entries`` (least recently used out, counted as
-``otel_ebpf.events.dropped{receiver=nccl, reason=gpu_table_full}``). Single-threaded (the processor's).
+``otel_ebpf.events.dropped{receiver=nccl, reason=gpu_table_full}``; GPU results no host call claimed, e.g. of
+calls made before the uprobes attached, as ``otel_ebpf.nccl.gpu.unmatched``). Single-threaded (the processor's).
 """
 from __future__ import annotations
 
@@ -105,7 +106,10 @@ class GpuBook:
         self.comms: _Lru[tuple[int, int], NcclProfComm] = _Lru(max_entries, full)
         self.ops: _Lru[tuple[int, int], NcclProfColl | NcclProfP2P] = _Lru(max_entries, full)
         self.hosts: _Lru[tuple[int, int], HostCall] = _Lru(max_entries, full)  # by (pid, api)
-        self.ready: _Lru[tuple[int, int], tuple[NcclProfColl | NcclProfP2P, NcclProfGpu]] = _Lru(max_entries, full)
+        # GPU results whose host call has not come (yet): a call the uprobes did not see ends here, pushed out
+        # by newer ones, counted as otel_ebpf.nccl.gpu.unmatched (not a loss of ours)
+        self.ready: _Lru[tuple[int, int], tuple[NcclProfColl | NcclProfP2P, NcclProfGpu]] = _Lru(
+            max_entries, lambda: telemetry.add("otel_ebpf.nccl.gpu.unmatched", 1))
 
     def comm(self, ev: NcclProfComm) -> None:
         self.comms.put((ev.pid, ev.context), ev)

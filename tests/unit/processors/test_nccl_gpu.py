@@ -104,6 +104,12 @@ def test_unknown_ops_unsynced_clocks_exits_and_full_tables_are_counted() -> None
     for i in range(3):
         book.op(plan(pid, i, handle=i + 1))
     assert h.ctx.telemetry.get(DROPPED, receiver="nccl", reason="gpu_table_full") == 1
+    book = GpuBook(2, h.ctx.telemetry)
+    for i in range(3):  # GPU results no host call claims (calls the uprobes did not see): pushed out, not lost
+        book.op(plan(pid, i, handle=i + 1, api=100 + i))
+        book.gpu(gpu(pid, handle=i + 1))
+    assert h.ctx.telemetry.get("otel_ebpf.nccl.gpu.unmatched") == 1
+    assert h.ctx.telemetry.get(DROPPED, receiver="nccl", reason="gpu_table_full") == 1
 
 
 @pytest.mark.parametrize(("op", "n", "mult", "factor"), [
