@@ -13,7 +13,11 @@
  * kernel-channel subs go to the comm's proxy thread (uploadProxyOps); Coll/P2p stops; Group stop.  The twin
  * launches a group once, for all its comms, inside the first plan's KernelLaunch bracket.  A captured plan with
  * proxy ops (kernel-channel events on, or a comm spanning nodes: the network's proxy ops) runs its
- * hostStreamPlanTask at each replay instead (a host node before the kernel, on the stream's worker). */
+ * hostStreamPlanTask at each replay instead (a host node before the kernel, on the stream's worker).
+ *
+ * Known difference from NCCL 2.28.9: an uncaptured plan's hostStreamPlanTask always runs on the launching thread;
+ * NCCL moves it to a host callback on its host stream under CUDA_LAUNCH_BLOCKING, or while graphs of the comm are
+ * alive and that stream still has work (ncclLaunchPrepare: persistentRefs, serialEvent not ready). */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
