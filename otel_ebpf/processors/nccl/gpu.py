@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from otel_ebpf.core.events import AttrValue
+from otel_ebpf.core.ids import collective_ids
 from otel_ebpf.receivers.nccl.events import NcclProfColl, NcclProfComm, NcclProfGpu, NcclProfP2P
 
 __all__ = ["MAX_CLOCK_SKEW_NS", "GpuBook", "HostCall", "bus_factor", "gpu_epoch_ns"]
@@ -144,9 +145,18 @@ class GpuBook:
             table.forget(pid)
 
     def gpu_attributes(self, op: NcclProfColl | NcclProfP2P, call: HostCall, g: NcclProfGpu
-                       ) -> tuple[int, int, dict[str, AttrValue]]:
-        """(start epoch ns, end epoch ns, attributes) of the GPU span of ``op``."""
+                       ) -> tuple[int, int, dict[str, AttrValue], int | None]:
+        """(start epoch ns, end epoch ns, attributes, parent span id) of the GPU span of ``op``. A split child's
+        call the agent could not rank (its rank is left to the gateway) takes NCCL's rank and size from the
+        plugin, and its parent is the id the gateway gives the host span once ranked (core.ids.collective_ids)."""
         attrs: dict[str, AttrValue] = {k: v for k, v in call.attributes.items() if k in _IDENTITY}
+        comm = self.comms.items.get((op.pid, op.context))
+        parent = call.span_id
+        if "nccl.rank" not in attrs and comm is not None:
+            attrs["nccl.rank"], attrs["nccl.nranks"] = comm.rank, comm.nranks
+            comm_id, seq = attrs.get("nccl.comm.id"), attrs.get("nccl.seq")
+            if parent is None and isinstance(op, NcclProfColl) and isinstance(comm_id, str) and isinstance(seq, int):
+                parent = collective_ids(comm_id, seq, comm.rank)[2]
         duration = max(0, g.gpu_stop - g.gpu_start)
         start = gpu_epoch_ns(g.gpu_start, call.end_ns)
         attrs["nccl.timing"] = "gpu"
@@ -158,7 +168,6 @@ class GpuBook:
         attrs["nccl.gpu.duration_ns"] = duration
         attrs["nccl.nchannels"] = op.nchannels
         attrs["nccl.gpu.channels"] = g.channels
-        comm = self.comms.items.get((op.pid, op.context))
         if comm is not None:
             attrs["nccl.comm.hash"] = format(comm.comm_hash, "016x")
         nranks = comm.nranks if comm is not None else call.nranks
@@ -170,5 +179,5 @@ class GpuBook:
             algbw = nbytes * mult / (duration / 1e9)
             attrs["nccl.algbw"] = algbw
             attrs["nccl.busbw"] = algbw * factor
-        return start, start + duration, attrs
+        return start, start + duration, attrs, parent
 

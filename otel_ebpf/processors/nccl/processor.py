@@ -361,9 +361,9 @@ class NcclProcessor(NcclCommunicators):
 
     def _gpu_span(self, pid: int, op: NcclProfColl | NcclProfP2P, call: HostCall, g: NcclProfGpu,
                   out: Out) -> None:
-        start, end, attrs = self.gpu.gpu_attributes(op, call, g)
+        start, end, attrs, parent = self.gpu.gpu_attributes(op, call, g)
         out.append(SpanRecord(pid, call.name + " gpu", start, end, attrs, SCOPE, trace_id=call.trace_id,
-                              parent_span_id=call.span_id))
+                              parent_span_id=parent))
         dims: dict[str, AttrValue] = {k: attrs[k] for k in ("nccl.op", "nccl.comm.id", "nccl.algo", "nccl.proto",
                                                              "hw.id") if k in attrs}
         self.metric(out, pid, "nccl.gpu.duration", (end - start) / 1e9, dims)

@@ -9,7 +9,7 @@ from otel_ebpf.core.events import MetricRecord, ProcessExit, SpanRecord
 from otel_ebpf.core.ids import collective_ids
 from otel_ebpf.core.telemetry import DROPPED
 from otel_ebpf.processors.nccl.comms import comm_id_from_unique_id
-from otel_ebpf.processors.nccl.gpu import MAX_CLOCK_SKEW_NS, GpuBook, bus_factor
+from otel_ebpf.processors.nccl.gpu import MAX_CLOCK_SKEW_NS, GpuBook, HostCall, bus_factor
 from otel_ebpf.receivers.nccl.events import NcclCollective, NcclP2P, NcclProfColl, NcclProfComm, NcclProfGpu, \
     NcclProfP2P
 from tests.unit.processors.test_nccl_processor import HANDLE, PIDS, UID, Harness, init
@@ -117,3 +117,20 @@ def test_unknown_ops_unsynced_clocks_exits_and_full_tables_are_counted() -> None
     ("AlltoAll", 2, 2, 1 / 2), ("Broadcast", 8, 1, 1.0), ("Send", 2, 1, 1.0)])
 def test_bus_factors_are_those_of_nccl_tests(op: str, n: int, mult: int, factor: float) -> None:
     assert bus_factor(op, n) == (mult, pytest.approx(factor))
+
+
+def test_a_split_childs_call_the_agent_could_not_rank_takes_nccls_rank_and_the_gateways_parent_id() -> None:
+    """Its rank is left to the gateway (nccl.parent.rank): the plugin knows it from NCCL, and the GPU span's
+    parent is the id the gateway gives the host span once ranked."""
+    h = ranks()
+    book = h.proc.gpu
+    call = HostCall("ncclAllReduce", T0, {"nccl.op": "AllReduce", "nccl.comm.id": "00000000000000c1", "nccl.seq": 4,
+                                          "nccl.parent.rank": 2, "nccl.bytes": 4096}, trace_id=77, span_id=None,
+                    nranks=None)
+    pid = PIDS[2]
+    book.comm(NcclProfComm(pid, pid, T0, 0x12, 0xabc, 1, 2, 1, "", 1))
+    op = NcclProfColl(pid, pid, T0, 0x5, 0x12, 0, API, 0, "AllReduce", 1024, "ncclFloat32", 0, "RING", "LL", 2, 4)
+    _, _, attrs, parent = book.gpu_attributes(op, call, gpu(pid, 0x5))
+    assert (attrs["nccl.rank"], attrs["nccl.nranks"]) == (1, 2)
+    assert parent == collective_ids("00000000000000c1", 4, 1)[2]
+    assert attrs["nccl.busbw"] == pytest.approx(4096 / 4e-3 * 2 * 1 / 2)  # AllReduce on the plugin's 2 ranks
