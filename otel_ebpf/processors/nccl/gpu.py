@@ -12,6 +12,9 @@ collective or p2p is then:
   RAS and Inspector use), ``nccl.gpu.queue_ns`` (GPU start - the host call's end: how long the work waited on
   its stream; negative when it started inside the call), plus the host span's identity attributes.
 
+A send's or recv's GPU span is a trace of its own (the same attributes, no parent): the gateway moves every
+send/recv span into the trace of its joined p2p instance, where a child left in the pair's trace would dangle.
+
 Why a child span and not attributes on the host span: the GPU time is known only when the kernel ends. Holding
 the host span until then would hide every rank that entered a hung collective from the gateway's desync
 report (their spans would never leave), so the host span goes at once and the GPU span follows.

@@ -362,7 +362,10 @@ class NcclProcessor(NcclCommunicators):
     def _gpu_span(self, pid: int, op: NcclProfColl | NcclProfP2P, call: HostCall, g: NcclProfGpu,
                   out: Out) -> None:
         start, end, attrs, parent = self.gpu.gpu_attributes(op, call, g)
-        out.append(SpanRecord(pid, call.name + " gpu", start, end, attrs, SCOPE, trace_id=call.trace_id,
+        trace = call.trace_id
+        if isinstance(op, NcclProfP2P):  # the gateway moves send/recv spans into their joined instance's trace
+            trace = parent = None
+        out.append(SpanRecord(pid, call.name + " gpu", start, end, attrs, SCOPE, trace_id=trace,
                               parent_span_id=parent))
         dims: dict[str, AttrValue] = {k: attrs[k] for k in ("nccl.op", "nccl.comm.id", "nccl.algo", "nccl.proto",
                                                              "hw.id") if k in attrs}
