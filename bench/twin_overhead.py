@@ -1,5 +1,5 @@
 """Agent overhead on real PyTorch distributed: the demo's FSDP2 training step on the twin, traced vs untraced.
-One command: ``sudo .venv/bin/python bench/twin_overhead.py [--rounds 5] [--steps 30] [--ranks 4]``.
+One command: ``sudo .venv/bin/python bench/twin_overhead.py [--rounds 5] [--steps 30] [--ranks 4] [--plugin]``.
 
 The job is ``otel_ebpf/demo/train.py`` (FSDP2 over a 2-D DeviceMesh, real torch 2.11 on the twin's stand-in
 libcudart/libnccl, one host) under ``torchrun --standalone``. Modes, interleaved round by round so drift hits
@@ -7,7 +7,15 @@ both alike:
 
 * untraced;
 * traced: ``otel-ebpf run`` with the pipeline the demo's agents run (cuda, nccl and sched receivers and
-  processors), the stand-ins probed, spans and metrics to OTLP JSON lines files.
+  processors), the stand-ins probed, spans and metrics to OTLP JSON lines files. ``run`` loads otel-ebpf's NCCL
+  profiler plugin into the job (receivers.nccl.gpu_time), so this includes the GPU-time path.
+
+With ``--plugin`` (issue 16, the NCCL profiler plugin) two more modes:
+
+* plugin, no agent: untraced, but the job loads the plugin (``NCCL_PROFILER_PLUGIN``): its cost with nobody
+  listening (NCCL's group API call and one branch per group);
+* traced, no GPU time: traced with ``receivers.nccl.gpu_time: false`` (no plugin), so traced minus this is what
+  the plugin's events and the agent's GPU spans cost.
 
 A step's time is the interval between rank 0's consecutive ``oe-demo step`` lines, stamped as they arrive
 (the program's output is unbuffered); the first ``--warmup`` steps are left out (communicator set-up, first
@@ -38,18 +46,24 @@ STEP = re.compile(r"oe-demo step rank=0 step=(\d+)")
 PIPELINE = ["cuda", "nccl", "sched"]
 
 
-def _agent_config(path: Path, libdir: Path, pipeline: list[str]) -> Path:
+def _agent_config(path: Path, libdir: Path, pipeline: list[str], gpu_time: bool = True) -> Path:
     path.write_text(yaml.safe_dump({
         "receivers": {"cuda": {"libraries": [str(libdir / "libcudart.so.13")]},
-                      "nccl": {"libraries": [str(libdir / "libnccl.so.2")]}},
+                      "nccl": {"libraries": [str(libdir / "libnccl.so.2")], "gpu_time": gpu_time}},
         "service": {"pipelines": {"default": {"receivers": pipeline, "processors": pipeline}}}}))
     path.chmod(0o600)  # the agent refuses a world-writable config
     return path
 
 
-def run_once(traced: bool, ranks: int, steps: int, warmup: int, tmp: Path, timeout: float,
+MODES = ("untraced", "traced")
+PLUGIN_MODES = ("untraced", "plugin, no agent", "traced, no GPU time", "traced")
+
+
+def run_once(mode: str, ranks: int, steps: int, warmup: int, tmp: Path, timeout: float,
              pipeline: list[str] = PIPELINE) -> float:
-    """One job; the median step time in seconds (rank 0's step lines after ``warmup``)."""
+    """One job in ``mode`` (module doc); the median step time in seconds (rank 0's step lines after ``warmup``)."""
+    from otel_ebpf.nccl_profiler import NCCL_ENV, require_plugin
+
     from otel_ebpf.twin.build import build
     from otel_ebpf.twin.env import find_env
     from otel_ebpf.twin.launch import twin_environment
@@ -60,15 +74,18 @@ def run_once(traced: bool, ranks: int, steps: int, warmup: int, tmp: Path, timeo
     job = [str(twin.python), "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
            str(TRAIN), "--steps", str(steps)]
     argv = job
-    if traced:
-        cfg = _agent_config(tmp / "agent.yaml", libdir, pipeline)
+    env = twin_environment(libdir, ranks, staging)
+    if mode == "plugin, no agent":
+        env[NCCL_ENV] = str(require_plugin())
+    if mode.startswith("traced"):
+        cfg = _agent_config(tmp / "agent.yaml", libdir, pipeline, gpu_time=mode == "traced")
         out = tmp / f"traced-{time.monotonic_ns()}"
         argv = [sys.executable, "-m", "otel_ebpf", "run", "--quiet", "--config", str(cfg), "--output", str(out),
                 "--", *job]
     stamps: dict[int, float] = {}
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=twin_environment(libdir, ranks, staging), start_new_session=True)
+                                env=env, start_new_session=True)
         deadline = time.monotonic() + timeout
         assert proc.stdout is not None
         tail: deque[str] = deque(maxlen=20)
@@ -99,16 +116,17 @@ def main() -> int:
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--pipeline", default=",".join(PIPELINE), help="receivers (and processors) of the traced mode")
+    p.add_argument("--plugin", action="store_true", help="also the NCCL profiler plugin's modes (module doc)")
     a = p.parse_args()
     if os.geteuid() != 0:
         print("run as root: the traced mode loads BPF programs", file=sys.stderr)
         return 2
-    results: dict[str, list[float]] = {"untraced": [], "traced": []}
+    modes = PLUGIN_MODES if a.plugin else MODES
+    results: dict[str, list[float]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="otel-ebpf-bench-") as d:
         for r in range(a.rounds):
-            for mode in ("untraced", "traced") if r % 2 == 0 else ("traced", "untraced"):
-                step = run_once(mode == "traced", a.ranks, a.steps, a.warmup, Path(d), a.timeout,
-                                a.pipeline.split(","))
+            for mode in modes if r % 2 == 0 else tuple(reversed(modes)):
+                step = run_once(mode, a.ranks, a.steps, a.warmup, Path(d), a.timeout, a.pipeline.split(","))
                 results[mode].append(step)
                 print(f"round {r + 1}/{a.rounds} {mode}: {step * 1000:.1f} ms/step", file=sys.stderr, flush=True)
     base = statistics.median(results["untraced"])

@@ -48,9 +48,17 @@ def collectives(out: Path) -> Spans:
     nccl.seq (a joined collective or grouped send/recv: its root, rank spans, and their ncclGroup parents)."""
     traces: Spans = defaultdict(list)
     for resource, _scope, span in spans_from_jsonl(out / "traces.jsonl"):
-        traces[span.trace_id].append((resource, span, decode_attrs(span.attributes)))
+        attrs = decode_attrs(span.attributes)
+        if attrs.get("nccl.timing") != "gpu":  # GPU spans (the NCCL profiler plugin's): gpu_spans()
+            traces[span.trace_id].append((resource, span, attrs))
     return {t: spans for t, spans in traces.items() if any("nccl.comm.id" in a and "nccl.seq" in a
                                                             for _r, _s, a in spans)}
+
+
+def gpu_spans(out: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(name, attributes) of every GPU span (nccl.timing = "gpu"): each rank's and the gateway's joined ones."""
+    return [(span.name, a) for _r, _s, span in spans_from_jsonl(out / "traces.jsonl")
+            if (a := decode_attrs(span.attributes)).get("nccl.timing") == "gpu"]
 
 
 def roots(traces: Spans) -> list[tuple[Any, dict[str, Any]]]:
@@ -77,6 +85,9 @@ def test_demo_joins_every_collective_of_every_communicator_and_names_the_straggl
         assert sorted(a["nccl.rank"] for _r, a in ranked) == list(range(ranked[0][1]["nccl.nranks"])), spans
         world += ranked[0][1]["nccl.nranks"] == 4
     assert world == 6 + 1  # the loss all-reduce per step and the closing barrier
+    # the NCCL profiler plugin (the demo's agents run it): a GPU span per rank and a joined one per collective
+    gpu = [name for name, _a in gpu_spans(tmp_path / "out")]
+    assert gpu.count("nccl AllReduce gpu") >= 7 and gpu.count("ncclAllReduce gpu") >= 4 * 7, sorted(set(gpu))
     complete = [a for _s, a in roots(traces) if not a.get("nccl.partial")]
     assert len(complete) == len(traces)  # one root per trace, none partial
     page = (tmp_path / "out" / "report.html").read_text()  # the run leaves a report to open

@@ -31,9 +31,11 @@ UNIT_TESTS = ["emit/test_emitter.py", "emit/test_sending.py", "emit/test_jsonfil
 TEST_REQUIREMENTS = ["pytest>=8", "pytest-timeout>=2.3"]
 _IMPORT_ALL = """
 import importlib, pkgutil, otel_ebpf
-# otel_ebpf.demo.train is the demo's torch job: package data run by the twin's venv (torch 2.11), not the agent's
+# otel_ebpf.demo.train is the demo's torch job: package data run by the twin's venv (torch 2.11), not the agent's;
+# a name that is no identifier (libnccl-profiler-otel_ebpf.so, the NCCL profiler plugin) is a C library, no module
 names = [m.name for m in pkgutil.walk_packages(otel_ebpf.__path__, "otel_ebpf.")
-         if not m.name.endswith("__main__") and m.name != "otel_ebpf.demo.train"]
+         if not m.name.endswith("__main__") and m.name != "otel_ebpf.demo.train"
+         and m.name.rsplit(".", 1)[-1].isidentifier()]
 for name in names:
     importlib.import_module(name)
 print(len(names))

@@ -81,7 +81,9 @@ def test_dump_bpf_from_the_wheel(installed: Path, elsewhere: Path) -> None:
     assert {"cuda", "nccl"} <= set(receivers), receivers
     assert r.stdout.count("// ---- common.bpf.c") == len(receivers)
     files = [Path(line.split('"')[1]) for line in r.stdout.splitlines() if line.startswith("#line 1 ")]
-    assert len(files) == len(receivers) and all(f.is_relative_to(installed.parent) for f in files), files
+    # one program file per receiver, plus the nccl receiver's NCCL profiler plugin handlers (nccl_prof.bpf.c)
+    assert sorted(f.name for f in files) == sorted([f"{r}.bpf.c" for r in receivers] + ["nccl_prof.bpf.c"]), files
+    assert all(f.is_file() and f.is_relative_to(installed.parent) for f in files), files
 
 
 def test_run_compiles_every_default_program_from_the_wheel(installed: Path, elsewhere: Path, bpf_ready: None) -> None:

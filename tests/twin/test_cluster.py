@@ -50,7 +50,12 @@ def test_two_nodes_give_one_joined_trace_per_collective_with_all_four_ranks(
         # (torch skips it on the thread's current device, 0), so its device is CUDA's default
         devices = {a["nccl.rank"]: a.get("nccl.device") for _r, _s, a in spans if "nccl.rank" in a}
         assert devices == {0: 0, 1: 1, 2: 0, 3: 1}, devices
-        assert len(spans) == 5  # 4 rank spans + the root
+        host = [a for _r, s, a in spans if a.get("nccl.timing") != "gpu"]
+        assert len(host) == 5  # 4 rank spans + the root
+        # the NCCL profiler plugin (run loads it): each rank's GPU span and the gateway's joined one
+        op = host[0]["nccl.op"]
+        gpu = sorted(s.name for _r, s, a in spans if a.get("nccl.timing") == "gpu")
+        assert gpu == [f"nccl {op} gpu"] + [f"nccl{op} gpu"] * 4, gpu
         all_reduces += any(s.name == "ncclAllReduce" for _r, s, _a in spans)
     assert all_reduces == 3
     assert not any(a.get("nccl.partial") for a in roots)

@@ -12,8 +12,9 @@
  * GPU time is summed here, not per channel in Python: a collective has up to 32+ kernel channels, each a
  * start, a stop state and a stop. coll_start/p2p_start open an entry (prof_ops, keyed by process and the
  * op's handle) expecting rec.nchannels channels; kernel_ch_start maps the channel's handle to its op
- * (prof_chs) and lowers the op's first start; kernel_ch_stop raises its last stop and, at the op's last
- * channel, submits one nccl_prof_gpu record and frees the entry. NCCL's proxy thread makes every channel
+ * (prof_chs) and lowers the op's first start; kernel_ch_stop raises its last stop, frees the channel's entry
+ * and, at the op's last channel, submits one nccl_prof_gpu record and frees the op's. event_stop and group_start
+ * are not attached (nothing here needs them), so the plugin does not fire them: each costs a uprobe hit. NCCL's proxy thread makes every channel
  * event of an op (src/proxy.cc, ncclProfilerStartKernelChEvent/RecordKernelCh), so the counts are not
  * atomic. An op whose channels never all stop (a hung kernel, fewer channels than announced) is evicted
  * from the LRU map, never reported: the processor then has no GPU time for it.
@@ -26,8 +27,6 @@
 #ifndef NCCL_MAX_PROF_CHS
 #define NCCL_MAX_PROF_CHS 65536
 #endif
-
-#define NCCL_PROF_KERNEL_CH 64 /* ncclProfileKernelCh */
 
 struct nccl_prof_key {
     u32 tgid;
@@ -182,6 +181,7 @@ static __always_inline int nprof_kernel_ch_stop(u64 handle, u64 ptimer)
     struct nccl_prof_key k = {};
     k.tgid = tgid;
     k.handle = *parent;
+    prof_chs.delete(&ck); /* the channel's last event we need: event_stop is not attached (its semaphore stays 0) */
     struct nccl_prof_op *op = prof_ops.lookup(&k);
     if (!op)
         return 0;
@@ -208,13 +208,3 @@ static __always_inline int nprof_kernel_ch_stop(u64 handle, u64 ptimer)
     return 0;
 }
 
-static __always_inline int nprof_event_stop(u64 handle, u64 type)
-{
-    if (type != NCCL_PROF_KERNEL_CH)
-        return 0;
-    struct nccl_prof_key ck = {};
-    ck.tgid = bpf_get_current_pid_tgid() >> 32;
-    ck.handle = handle;
-    prof_chs.delete(&ck);
-    return 0;
-}
