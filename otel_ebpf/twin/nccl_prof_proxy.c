@@ -15,8 +15,10 @@
  * byte has moved (the twin moves an operation's channels together, on one thread).  A group stopped by an abort
  * stamps what it did not finish at its end, as NCCL's kernel still runs profiler(FINI) on its way out.
  *
- * The proxy thread polls its subs every 20 us while some are open (NCCL's spins with sched_yield) and sleeps on a
- * condition variable otherwise.  It emits no ProxyCtrl, ProxyOp or ProxyStep events (NCCL's come from network
+ * The proxy thread looks at its subs whenever the stream worker stamps a channel (or a new op is posted) and sleeps
+ * on a condition variable in between (at most 1 ms).  NCCL's spins with sched_yield; on the twin the "GPU" is a
+ * thread of the same few CPUs, and a 20 us poll per communicator cost the traced FSDP2 step 1.5x (docs/benchmarks.md).
+ * The events, their timestamps (read from the slots) and their thread are the same either way.  It emits no ProxyCtrl, ProxyOp or ProxyStep events (NCCL's come from network
  * transfers and the progress loop's states, which the twin does not model).
  */
 #define _GNU_SOURCE
@@ -46,6 +48,7 @@ struct twin_prof_proxy {
     pthread_cond_t cv;
     struct sub *posted;
     int nposted, cap, running, stop;
+    uint64_t kicks; /* channel stamps so far: the proxy waits for the next one (under mu) */
     pthread_t thread;
     struct ncclComm *comm;
 };
@@ -124,11 +127,31 @@ static int progress(struct twin_prof_proxy *p, struct sub *subs, int *n)
 
 static int aborted(const struct twin_prof_proxy *p) { return __atomic_load_n(&p->comm->aborted, __ATOMIC_ACQUIRE); }
 
+/* Sleep until the next stamp, a post, a stop or an abort: at most 1 ms (a stamp's wake-up may be missed by
+ * nothing but a race the timeout covers). */
+static void wait_for_stamp(struct twin_prof_proxy *p, uint64_t *seen)
+{
+    struct timespec until;
+    pthread_mutex_lock(&p->mu);
+    if (p->kicks == *seen && p->nposted == 0 && !p->stop && !aborted(p)) {
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 1000000;
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec += 1;
+            until.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&p->cv, &p->mu, &until);
+    }
+    *seen = p->kicks;
+    pthread_mutex_unlock(&p->mu);
+}
+
 static void *proxy_main(void *arg)
 {
     struct twin_prof_proxy *p = arg;
     struct sub *active = NULL;
     int nactive = 0, cap = 0;
+    uint64_t seen = 0;
     for (;;) {
         int quit;
         pthread_mutex_lock(&p->mu);
@@ -151,7 +174,7 @@ static void *proxy_main(void *arg)
         if (quit)
             break;
         if (!progress(p, active, &nactive))
-            usleep(20);
+            wait_for_stamp(p, &seen);
     }
     free(active);
     return NULL;
@@ -221,6 +244,10 @@ static void stamp(struct prof_stamp *s, int stop, uint64_t now)
     __atomic_store_n(&slot->ts, now, __ATOMIC_RELAXED);
     __atomic_store_n(&slot->counter, s->wc, __ATOMIC_RELEASE);
     *(stop ? &s->stopped : &s->started) = 1;
+    pthread_mutex_lock(&p->mu); /* the proxy thread looks at its subs again */
+    p->kicks++;
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
 }
 
 void twin_prof_stamp(struct twin_prof_job *job, int task, int stop)
