@@ -108,7 +108,7 @@ def _library(key: str, label: str) -> Row:
 def _nccl_plugin(proc: str = "/proc") -> Row:
     """Our NCCL profiler plugin built, and which running NCCL processes loaded it (GPU-side collective time)."""
     from otel_ebpf import nccl_profiler as plug
-    from otel_ebpf.host.libraries import mapped_libraries
+    from otel_ebpf.host.libraries import file_mappings
 
     label = "NCCL GPU time (profiler plugin)"
     path = plug.plugin_path()
@@ -117,9 +117,10 @@ def _nccl_plugin(proc: str = "/proc") -> Row:
                    "it needs gcc and sys/sdt.h (apt install systemtap-sdt-dev); reinstall otel-ebpf")
     using, loaded = [], []
     for pid in sorted(int(d) for d in os.listdir(proc) if d.isdigit())[:4096]:
-        if mapped_libraries(pid, "libnccl.so", proc):
+        names = {os.path.basename(path) for *_, path in file_mappings(pid, proc) or ()}  # one read of its maps
+        if any(n.startswith("libnccl.so") for n in names):
             using.append(pid)
-            if mapped_libraries(pid, plug.LIBRARY_NAME, proc):
+            if plug.LIBRARY_NAME in names:
                 loaded.append(pid)
     found = f"{path}; NCCL processes running: {len(using)}, with the plugin: {len(loaded)}"
     if len(loaded) < len(using):

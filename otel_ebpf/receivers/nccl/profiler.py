@@ -16,35 +16,21 @@ application's groups) and no stops (a kernel channel's stop state is its last ev
 probe's semaphore stays 0, so the plugin does not fire it: per collective that saves 5-6 uprobe hits (~750 ns
 each on this VM), leaving api_start, coll_start and 2 per kernel channel.
 
-Records -> events: :func:`decode_comm`, :func:`decode_coll`, ... (poll thread). Not thread-safe by itself:
-the receiver calls :meth:`PluginProbes.attach` under its attach lock.
+The records' layouts are the receiver's (``PROF_*`` in receiver.py, checked against nccl.h); their ``rec`` parts
+are the structs of probes.h mirrored here. Not thread-safe by itself: the receiver calls
+:meth:`PluginProbes.attach` under its attach lock.
 """
 from __future__ import annotations
 
-import logging
 import os
 import struct
 from typing import Any
 
 from otel_ebpf.bpf.refctr import RefCtrUprobes
 from otel_ebpf.bpf.usdt import ArgLoc, Site, UsdtError, arg_reader, find_site
-from otel_ebpf.nccl_profiler import PROVIDER, plugin_path
+from otel_ebpf.nccl_profiler import PROVIDER
 
-from .events import NcclProfColl, NcclProfComm, NcclProfCommEnd, NcclProfGpu, NcclProfP2P
-
-__all__ = [
-    "HANDLERS",
-    "PluginProbes",
-    "decode_coll",
-    "decode_comm",
-    "decode_comm_end",
-    "decode_gpu",
-    "decode_p2p",
-    "is_plugin",
-    "own_plugin",
-]
-
-log = logging.getLogger(__name__)
+__all__ = ["COLL_REC", "COMM_REC", "HANDLERS", "P2P_REC", "PluginProbes", "VariantError", "is_plugin", "text"]
 
 PLUGIN_PREFIX = "libnccl-profiler-"
 # probe -> (handler in nccl_prof.bpf.c, number of arguments)
@@ -61,6 +47,10 @@ int nprof_{k}(struct pt_regs *ctx)
     return {handler}({args});
 }}
 """
+
+
+class VariantError(UsdtError):
+    """Our plugin's probes, but laid out as no compiled reader reads them (a copy built differently)."""
 
 
 def is_plugin(path: str) -> bool:
@@ -104,8 +94,8 @@ class PluginProbes:
             for site in sites:
                 k = self._variants.get((probe, site.args))
                 if k is None:
-                    raise UsdtError(f"{path}: {PROVIDER}:{probe} operands differ from every compiled variant "
-                                    "(a plugin built differently); restart the agent to include it")
+                    raise VariantError(f"{path}: {PROVIDER}:{probe} operands differ from every compiled variant "
+                                       "(a plugin built differently); restart the agent to include it")
                 fn = bpf.load_func(f"nprof_{k}", bcc.BPF.KPROBE)
                 self._refctr.attach(fn.fd, path, site.offset, site.semaphore_offset)
                 n += 1
@@ -122,51 +112,13 @@ class PluginProbes:
         return self._sites[real]
 
 
-# ---- records (nccl.h nccl_prof_*; the rec structs of probes.h) ----------------------------------------
+# ---- the rec structs of probes.h, as the records of nccl.h (nccl_prof_comm/coll/p2p.rec) carry them ------------
 _STR = 24  # OE_NCCL_STR
-PROF_HEAD = struct.Struct("<B3xII4xQQ")  # type, pid, tid, ts, context/handle
 COMM_REC = struct.Struct("<QiiiI64s")  # oe_nccl_comm_rec
 COLL_REC = struct.Struct(f"<QQQQQQiBB2x{_STR}s{_STR}s{_STR}s{_STR}sQ")  # oe_nccl_coll_rec
 P2P_REC = struct.Struct(f"<QQQQiB3x{_STR}s{_STR}sQ")  # oe_nccl_p2p_rec
-GPU = struct.Struct("<B3xII4xQQQQ")  # nccl_prof_gpu: type, pid, channels, ts, handle, gpu_start, gpu_stop
 
 
-def _text(raw: bytes) -> str:
+def text(raw: bytes) -> str:
+    """A NUL-terminated string of a rec."""
     return raw.split(b"\0", 1)[0].decode(errors="replace")
-
-
-def decode_comm(raw: bytes, to_epoch: Any) -> NcclProfComm:
-    _, pid, tid, ts, context = PROF_HEAD.unpack_from(raw)
-    comm_hash, rank, nranks, nnodes, version, name = COMM_REC.unpack_from(raw, PROF_HEAD.size)
-    return NcclProfComm(pid, tid, to_epoch(ts), context, comm_hash, rank, nranks, nnodes, _text(name), version)
-
-
-def decode_comm_end(raw: bytes, to_epoch: Any) -> NcclProfCommEnd:
-    _, pid, tid, ts, context = PROF_HEAD.unpack_from(raw)
-    return NcclProfCommEnd(pid, tid, to_epoch(ts), context)
-
-
-def decode_coll(raw: bytes, to_epoch: Any) -> NcclProfColl:
-    _, pid, tid, ts, handle = PROF_HEAD.unpack_from(raw)
-    (context, parent, seq, count, _send, _recv, root, nchannels, nwarps, func, datatype, algo, proto,
-     api) = COLL_REC.unpack_from(raw, PROF_HEAD.size)
-    return NcclProfColl(pid, tid, to_epoch(ts), handle, context, parent, api, seq, _text(func), count,
-                        _text(datatype), root, _text(algo), _text(proto), nchannels, nwarps)
-
-
-def decode_p2p(raw: bytes, to_epoch: Any) -> NcclProfP2P:
-    _, pid, tid, ts, handle = PROF_HEAD.unpack_from(raw)
-    context, parent, count, _buff, peer, nchannels, func, datatype, api = P2P_REC.unpack_from(raw, PROF_HEAD.size)
-    return NcclProfP2P(pid, tid, to_epoch(ts), handle, context, parent, api, _text(func), count, _text(datatype),
-                       peer, nchannels)
-
-
-def decode_gpu(raw: bytes, to_epoch: Any) -> NcclProfGpu:
-    _, pid, channels, ts, handle, gpu_start, gpu_stop = GPU.unpack_from(raw)
-    return NcclProfGpu(pid, to_epoch(ts), handle, gpu_start, gpu_stop, channels)
-
-
-def own_plugin() -> str | None:
-    """The agent's own built plugin, when there is one."""
-    path = plugin_path()
-    return str(path) if path is not None else None

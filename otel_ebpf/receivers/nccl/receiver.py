@@ -38,6 +38,7 @@ from otel_ebpf.core.errors import AttachError
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.host.libraries import mapped_libraries
 from otel_ebpf.host.procfs import process_gone
+from otel_ebpf.nccl_profiler import plugin_path
 
 from . import profiler as prof
 from .config import Config
@@ -52,6 +53,11 @@ from .events import (
     NcclCommSplit,
     NcclGroup,
     NcclP2P,
+    NcclProfColl,
+    NcclProfComm,
+    NcclProfCommEnd,
+    NcclProfGpu,
+    NcclProfP2P,
 )
 
 __all__ = ["INFO_KINDS", "INIT_FUNCTIONS", "LAYOUTS", "OPS", "PROBES", "Layout", "NcclReceiver"]
@@ -180,9 +186,8 @@ class NcclReceiver(BpfReceiver):
             COMM_SPLIT.etype: self._comm_split, COMM_END.etype: self._comm_end,
             COMM_INFO.etype: self._comm_info, COLL.etype: self._coll, P2P.etype: self._p2p,
             GROUP.etype: self._group, COMM_SHRINK.etype: self._comm_shrink, COMM_BIND.etype: self._comm_bind,
-            PROF_COMM.etype: self._prof(prof.decode_comm), PROF_COMM_END.etype: self._prof(prof.decode_comm_end),
-            PROF_COLL.etype: self._prof(prof.decode_coll), PROF_P2P.etype: self._prof(prof.decode_p2p),
-            PROF_GPU.etype: self._prof(prof.decode_gpu),
+            PROF_COMM.etype: self._prof_comm, PROF_COMM_END.etype: self._prof_comm_end,
+            PROF_COLL.etype: self._prof_coll, PROF_P2P.etype: self._prof_p2p, PROF_GPU.etype: self._prof_gpu,
         }
         self._plugin = prof.PluginProbes()
         self._unreadable_seen = [0, 0, 0]  # counters[] as last read; only [2] is reported
@@ -212,12 +217,17 @@ class NcclReceiver(BpfReceiver):
 
     def _plugin_libraries(self) -> list[str]:
         """The agent's own profiler plugin, plugins named in ``libraries``, and those mapped by traced processes."""
-        paths = [p for p in (prof.own_plugin(), *self.config.libraries) if p and prof.is_plugin(p)]
+        own = plugin_path()
+        paths = [str(own)] if own is not None else []
+        paths += [p for p in self.config.libraries if prof.is_plugin(p)]
         for pid in self.ctx.target_pids:
-            paths += [p for p in mapped_libraries(pid, prof.PLUGIN_PREFIX) if prof.is_plugin(p)]
+            paths += mapped_libraries(pid, prof.PLUGIN_PREFIX)
+        seen: set[str] = set()
         out: list[str] = []
         for p in paths:
-            if os.path.isfile(p) and os.path.realpath(p) not in {os.path.realpath(q) for q in out}:
+            real = os.path.realpath(p)
+            if real not in seen and os.path.isfile(p):
+                seen.add(real)
                 out.append(p)
         return out
 
@@ -236,7 +246,12 @@ class NcclReceiver(BpfReceiver):
                 return 0
             try:
                 n = self._plugin.attach(self.bpf, real)
-            except UsdtError as exc:  # another plugin (NCCL Inspector, a user's), or a copy built differently
+            except prof.VariantError as exc:  # ours, built differently: its GPU time is lost until a restart
+                self.ctx.telemetry.add("otel_ebpf.probes.failed", 1, receiver=self.name,
+                                       library=os.path.basename(real))
+                log.warning("%s: profiler plugin %s not attached: %s", self.name, real, exc)
+                return 0
+            except UsdtError as exc:  # another plugin (NCCL Inspector, a user's): nothing of ours to attach
                 log.info("%s: profiler plugin %s not attached: %s", self.name, real, exc)
                 return 0
             except OSError as exc:
@@ -297,8 +312,32 @@ class NcclReceiver(BpfReceiver):
     def _ns(self, ts: int) -> int:
         return self.clock.to_epoch_ns(ts)
 
-    def _prof(self, decode: Callable[[bytes, Callable[[int], int]], object]) -> Callable[[bytes], object]:
-        return lambda raw: decode(raw, self.clock.to_epoch_ns)
+    # ---- records of otel-ebpf's NCCL profiler plugin (profiler.py) ----
+    def _prof_comm(self, raw: bytes) -> NcclProfComm:
+        _, pid, tid, ts, context, rec = PROF_COMM.struct.unpack_from(raw)
+        comm_hash, rank, nranks, nnodes, version, name = prof.COMM_REC.unpack(rec)
+        return NcclProfComm(pid, tid, self._ns(ts), context, comm_hash, rank, nranks, nnodes, prof.text(name), version)
+
+    def _prof_comm_end(self, raw: bytes) -> NcclProfCommEnd:
+        _, pid, tid, ts, context = PROF_COMM_END.struct.unpack_from(raw)
+        return NcclProfCommEnd(pid, tid, self._ns(ts), context)
+
+    def _prof_coll(self, raw: bytes) -> NcclProfColl:
+        _, pid, tid, ts, handle, rec = PROF_COLL.struct.unpack_from(raw)
+        (context, group, seq, count, _send, _recv, root, nchannels, nwarps, func, datatype, algo, proto,
+         api) = prof.COLL_REC.unpack(rec)
+        return NcclProfColl(pid, tid, self._ns(ts), handle, context, group, api, seq, prof.text(func), count,
+                            prof.text(datatype), root, prof.text(algo), prof.text(proto), nchannels, nwarps)
+
+    def _prof_p2p(self, raw: bytes) -> NcclProfP2P:
+        _, pid, tid, ts, handle, rec = PROF_P2P.struct.unpack_from(raw)
+        context, group, count, _buff, peer, nchannels, func, datatype, api = prof.P2P_REC.unpack(rec)
+        return NcclProfP2P(pid, tid, self._ns(ts), handle, context, group, api, prof.text(func), count,
+                           prof.text(datatype), peer, nchannels)
+
+    def _prof_gpu(self, raw: bytes) -> NcclProfGpu:
+        _, pid, channels, ts, handle, gpu_start, gpu_stop = PROF_GPU.struct.unpack_from(raw)
+        return NcclProfGpu(pid, self._ns(ts), handle, gpu_start, gpu_stop, channels)
 
     def _comm_init(self, raw: bytes) -> NcclCommInit:
         _, kind, pid, tid, rc, nranks, rank, t0, t1, comm, uid = COMM_INIT.struct.unpack_from(raw)
