@@ -2,12 +2,14 @@
 
 Receivers define their own event types next to their BPF code (one frozen dataclass per kind,
 see ``otel_ebpf/receivers/cuda/events.py``). This module holds the kinds every receiver shares
-(process lifecycle, self-telemetry) and the two records the emit stage understands:
+(process lifecycle, self-telemetry) and the records the emit stage understands:
 
 * :class:`SpanRecord` - one finished span with explicit epoch-ns times and optional
   deterministic ids (the collective join derives trace ids from (comm id, seq)).
 * :class:`MetricRecord` - one measurement. ``count > 1`` means the same value was observed
   ``count`` times (in-kernel aggregation), which emit folds into a histogram in O(1).
+* :class:`LogRecord` - one OTel log record (a captured stack, a straggler event), owned by a
+  process or by the agent.
 
 All records are immutable and cheap; nothing here imports the OTel SDK.
 """
@@ -21,6 +23,7 @@ __all__ = [
     "AttrValue",
     "Attributes",
     "LibraryLoaded",
+    "LogRecord",
     "MetricKind",
     "MetricRecord",
     "ProcessExit",
@@ -100,6 +103,27 @@ class MetricRecord:
     count: int = 1
     comm: str | None = None
     buckets: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One log record for process ``pid`` (None: the agent's own resource), epoch-ns ``time_ns``.
+
+    ``event_name`` is the OTel log record's EventName (``otel_ebpf.nccl.rank.stack``); ``severity`` an
+    OTel severity text (TRACE, DEBUG, INFO, WARN, ERROR, FATAL); ``body`` a string; ``trace_id``/``span_id``
+    tie it to a span (0: none). ``comm`` names the process when /proc has already lost it.
+    """
+
+    pid: int | None
+    time_ns: int
+    event_name: str
+    body: str
+    attributes: Attributes
+    severity: Literal["TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL"] = "INFO"
+    scope: str = "otel_ebpf"
+    trace_id: int = 0
+    span_id: int = 0
+    comm: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
