@@ -1,4 +1,4 @@
-"""The emit stage: the only place where records become OTel SDK spans and metrics.
+"""The emit stage: the only place where records become OTel SDK spans, metrics and log records.
 
 Each traced process is its own OTel ``Resource`` (``process.pid``, executable, container...)
 with its own ``MeterProvider``. Spans arrive finished, with known times and (sometimes derived)
@@ -6,13 +6,17 @@ ids, so they are built directly as the SDK's ``ReadableSpan`` (:mod:`.spans`) an
 waiting, on each exporter's own span queue (spans carry their resource; the OTLP encoder groups
 them). Each MeterProvider has a pull reader (:mod:`.process_meters`); one timer thread collects
 them all every ``metrics_interval``, adds the weighted histograms, and puts a single merged
-``MetricsData`` on each exporter's own metric queue.
+``MetricsData`` on each exporter's own metric queue. Log records (:class:`LogRecord`) are built
+as the SDK's ``ReadableLogRecord`` (:mod:`.logs`) on the same per-process resource as that
+pid's spans and put on each exporter's own log queue, as spans are.
 
-Exporter isolation: every exporter has a span and a metric
+Exporter isolation: every exporter has a span, a metric and a log
 :class:`~otel_ebpf.emit.sending.SendingQueue` (bounded, its own worker thread, batching,
 retries with backoff, every drop counted), so a slow, failing or blackholed exporter never
 delays the pipeline worker, metric collection, or any other exporter. Their fill is exported as
 ``otel_ebpf.exporter.queue.size`` / ``otel_ebpf.exporter.queue.capacity`` {exporter, signal}.
+An exporter without spans or logs (Prometheus) has no queue for them: nothing is sent there,
+nothing counted.
 
 Bounds: at most ``max_processes`` providers. When a process exits (ProcessExit) its metrics
 are exported until ``exit_grace`` has passed (late in-kernel aggregates still find it), then its
@@ -23,8 +27,9 @@ see ``otel_ebpf.processes.evicted``).
 
 Threading: ``consume`` runs on the pipeline worker, collection on the timer thread; one lock
 guards the provider table, and nothing waits while holding it (queue puts never block).
-``shutdown`` sends the queued spans, then the last metrics, within ``shutdown_timeout`` (plus a
-short grace for the metrics): what is left is counted (reason ``export_shutdown``).
+``shutdown`` sends the queued spans and log records, then the last metrics, within
+``shutdown_timeout`` (plus a short grace for the metrics): what is left is counted (reason
+``export_shutdown``).
 """
 from __future__ import annotations
 
@@ -37,17 +42,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData, ResourceMetrics
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_ebpf.emit.exporters import BatchConfig, RetryConfig
+from otel_ebpf.emit.logs import LogBuilder
 from otel_ebpf.emit.process_meters import ProcessMeters
 from otel_ebpf.emit.prometheus import NoSpanExporter
 from otel_ebpf.emit.sending import SendingQueue
 from otel_ebpf.emit.spans import SpanBuilder
-from otel_ebpf.core.events import MetricRecord, ProcessExit, SpanRecord
+from otel_ebpf.core.events import LogRecord, MetricRecord, ProcessExit, SpanRecord
 from otel_ebpf.core.telemetry import Telemetry
 
 __all__ = ["Emitter", "ExporterSpec"]
@@ -60,7 +68,9 @@ _METRICS_GRACE_S = 5.0  # at shutdown: the last metrics get at least this long a
 @dataclass
 class ExporterSpec:
     """One configured exporter: its id, SDK exporters (owned by the Emitter from then on), span
-    batching, queue bounds and retries."""
+    batching, queue bounds and retries. ``logs``: its log record exporter, None where the
+    exporter takes no logs (Prometheus); log records are batched and bounded like spans
+    (``queue_size``, ``batch_size``, ``batch_delay``), in a queue of their own."""
 
     name: str
     spans: SpanExporter
@@ -70,25 +80,31 @@ class ExporterSpec:
     batch_delay: float = _BATCH.batch_delay
     retry: RetryConfig = field(default_factory=RetryConfig)
     metrics_queue_size: int = _BATCH.metrics_queue_size
+    logs: LogRecordExporter | None = None
 
     @classmethod
-    def of(cls, name: str, spans: SpanExporter, metrics: MetricExporter, cfg: Any) -> ExporterSpec:
+    def of(cls, name: str, spans: SpanExporter, metrics: MetricExporter, cfg: Any,
+           logs: LogRecordExporter | None = None) -> ExporterSpec:
         """From an exporter config (``batch`` and ``retry_on_failure`` sections)."""
         b: BatchConfig = cfg.batch
         return cls(name, spans, metrics, b.queue_size, b.batch_size, b.batch_delay, cfg.retry_on_failure,
-                   b.metrics_queue_size)
+                   b.metrics_queue_size, logs)
 
 
 #: the sending queues' gauges: name -> (kind, unit, description) (tests/unit/test_deploy.py's catalog reads it)
 QUEUE_METRICS = {
     "otel_ebpf.exporter.queue.size": ("gauge", "1", "Items held by an exporter's sending queue (queued or being "
-                                                    "sent): spans, or metric collections."),
+                                                    "sent): spans, log records, or metric collections."),
     "otel_ebpf.exporter.queue.capacity": ("gauge", "1", "Most items an exporter's sending queue holds."),
 }
 
 
 def _span_sender(spec: ExporterSpec) -> Callable[[list[ReadableSpan]], bool]:
     return lambda batch: spec.spans.export(batch) == SpanExportResult.SUCCESS
+
+
+def _log_sender(exporter: LogRecordExporter) -> Callable[[list[ReadableLogRecord]], bool]:
+    return lambda batch: exporter.export(batch) == LogRecordExportResult.SUCCESS
 
 
 def _metric_sender(spec: ExporterSpec) -> Callable[[list[MetricsData]], bool]:
@@ -98,11 +114,12 @@ def _metric_sender(spec: ExporterSpec) -> Callable[[list[MetricsData]], bool]:
 
 
 class Emitter:
-    """Consumer of SpanRecord, MetricRecord and ProcessExit; passes nothing on.
+    """Consumer of SpanRecord, MetricRecord, LogRecord and ProcessExit; passes nothing on.
 
     Owns the exporters of ``exporters`` (shut down in :meth:`shutdown`). ``span_queues`` (one per
-    exporter with spans) and ``metric_queues`` (one per exporter) are public for readers of
-    their room (the gateway's ExportGate); only the Emitter puts to them."""
+    exporter with spans), ``log_queues`` (one per exporter with logs) and ``metric_queues`` (one
+    per exporter) are public for readers of their room (the gateway's ExportGate); only the
+    Emitter puts to them."""
 
     def __init__(self, exporters: Sequence[ExporterSpec], telemetry: Telemetry, *,
                  resource_of: Callable[[int, str | None], Mapping[str, Any]],
@@ -121,6 +138,7 @@ class Emitter:
         self._procs: OrderedDict[int, ProcessMeters] = OrderedDict()
         self._retired: list[ResourceMetrics] = []
         self._spans = SpanBuilder()
+        self._logs = LogBuilder()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._shut = False
@@ -133,6 +151,10 @@ class Emitter:
             SendingQueue(e.name, "spans", _span_sender(e), e.spans.shutdown, telemetry, capacity=e.queue_size,
                          batch_size=e.batch_size, batch_delay=e.batch_delay, retry=e.retry)
             for e in self._exporters if not isinstance(e.spans, NoSpanExporter)]
+        self.log_queues: list[SendingQueue[ReadableLogRecord]] = [
+            SendingQueue(e.name, "logs", _log_sender(e.logs), e.logs.shutdown, telemetry, capacity=e.queue_size,
+                         batch_size=e.batch_size, batch_delay=e.batch_delay, retry=e.retry)
+            for e in self._exporters if e.logs is not None]
         self.metric_queues: list[SendingQueue[MetricsData]] = [
             SendingQueue(e.name, "metrics", _metric_sender(e), e.metrics.shutdown, telemetry,
                          capacity=e.metrics_queue_size, retry=e.retry, drop_oldest=True)
@@ -143,6 +165,7 @@ class Emitter:
         self._observed: set[str] = set()
         self._register_queue_gauges()
         self.spans_emitted = 0
+        self.logs_emitted = 0
 
     # ---- providers -------------------------------------------------------------------
     def _proc(self, pid: int | None, comm: str | None) -> ProcessMeters:
@@ -170,14 +193,18 @@ class Emitter:
 
     # ---- consume ---------------------------------------------------------------------
     def consume(self, events: Sequence[object]) -> None:
-        """Build spans and metrics from ``events``; spans go to every exporter's queue without
-        waiting (a full queue counts them dropped). Never raises for a bad record."""
+        """Build spans, metrics and log records from ``events``; spans and log records go to
+        every exporter's queue without waiting (a full queue counts them dropped). Never raises
+        for a bad record."""
         spans: list[ReadableSpan] = []
+        logs: list[ReadableLogRecord] = []
         with self._lock:
             for ev in events:
                 try:
                     if isinstance(ev, SpanRecord):
                         spans.append(self._spans.build(ev, self._proc(ev.pid, ev.comm).resource))
+                    elif isinstance(ev, LogRecord):
+                        logs.append(self._logs.build(ev, self._proc(ev.pid, ev.comm).resource))
                     elif isinstance(ev, MetricRecord):
                         if not self._proc(ev.pid, ev.comm).record(ev):
                             self._telemetry.dropped("emit", "histogram_series_limit")
@@ -189,13 +216,22 @@ class Emitter:
                     log.debug("cannot emit %r", ev, exc_info=True)
                     self._telemetry.dropped("emit", "bad_record")
             self.spans_emitted += len(spans)
+            self.logs_emitted += len(logs)
         self.export_spans(spans)
+        self.export_logs(logs)
 
     def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
         """Put finished SDK spans on every exporter's span queue. Never waits; thread-safe."""
         if spans:
             for q in self.span_queues:
                 q.put(spans)
+
+    def export_logs(self, logs: Sequence[ReadableLogRecord]) -> None:
+        """Put SDK log records on every exporter's log queue (none for an exporter without
+        logs). Never waits; thread-safe."""
+        if logs:
+            for q in self.log_queues:
+                q.put(logs)
 
     # ---- metrics collection ----------------------------------------------------------
     def _observe(self, name: str) -> Callable[[CallbackOptions], list[Observation]]:
@@ -213,11 +249,11 @@ class Emitter:
 
     def _register_queue_gauges(self) -> None:
         """``otel_ebpf.exporter.queue.size`` / ``.capacity`` {exporter, signal}: spans for
-        signal=spans, metric collections for signal=metrics (the Collector's
+        signal=spans, log records for signal=logs, metric collections for signal=metrics (the Collector's
         ``otelcol_exporter_queue_size`` / ``otelcol_exporter_queue_capacity``)."""
         def observe(read: Callable[[SendingQueue[Any]], int]) -> Callable[[CallbackOptions], list[Observation]]:
             def callback(_: CallbackOptions) -> list[Observation]:
-                queues: list[SendingQueue[Any]] = [*self.span_queues, *self.metric_queues]
+                queues: list[SendingQueue[Any]] = [*self.span_queues, *self.log_queues, *self.metric_queues]
                 return [Observation(read(q), {"exporter": q.name, "signal": q.signal}) for q in queues]
             return callback
         meter = self._agent.meters.get_meter("otel_ebpf.service.agent")
@@ -275,7 +311,7 @@ class Emitter:
         sent what its queues held. False when some queue was not empty in time."""
         self.export_metrics()
         deadline = time.monotonic() + timeout_s
-        queues: list[SendingQueue[Any]] = [*self.span_queues, *self.metric_queues]
+        queues: list[SendingQueue[Any]] = [*self.span_queues, *self.log_queues, *self.metric_queues]
         return all([q.flush(max(0.0, deadline - time.monotonic())) for q in queues])
 
     def process_count(self) -> int:
@@ -283,7 +319,7 @@ class Emitter:
             return len(self._procs)
 
     def shutdown(self, deadline: float | None = None) -> None:
-        """Send the queued spans (all exporters at once, until ``deadline``, time.monotonic(),
+        """Send the queued spans and log records (all exporters at once, until ``deadline``, time.monotonic(),
         default ``shutdown_timeout`` from now), then the last metrics (until that deadline, or
         ``_METRICS_GRACE_S`` from then if later); count the rest and shut every exporter down.
         Safe twice and without start."""
@@ -296,9 +332,10 @@ class Emitter:
         if deadline is None:
             deadline = time.monotonic() + self._shutdown_timeout
         try:
-            for q in self.span_queues:
+            queues: list[SendingQueue[Any]] = [*self.span_queues, *self.log_queues]
+            for q in queues:
                 q.close()
-            for q in self.span_queues:
+            for q in queues:
                 q.join(deadline)
             try:  # after the spans: drops counted there are in these last metrics
                 self.export_metrics()

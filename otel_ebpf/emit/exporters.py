@@ -4,9 +4,9 @@
 * ``otlp``: the OTel SDK's OTLP exporters over gRPC or HTTP/protobuf. gRPC channels get a bounded
   reconnect backoff (``reconnect_backoff_max``): docs/reliability.md, "Recovery stall".
 * ``prometheus``: a ``/metrics`` endpoint serving the same metrics (off unless a pipeline lists
-  it; spans are dropped there). See :mod:`otel_ebpf.emit.prometheus`.
+  it; spans and log records are not sent there). See :mod:`otel_ebpf.emit.prometheus`.
 
-Each exporter's spans and metric collections go through sending queues of its own
+Each exporter's spans, log records and metric collections go through sending queues of its own
 (:mod:`otel_ebpf.emit.sending`: bounded, one worker thread each, batching from ``batch``,
 retries from ``retry_on_failure``, every drop counted), so one slow or unreachable exporter
 never delays another, the pipeline, or metric collection.
@@ -19,26 +19,34 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from opentelemetry.sdk._logs.export import LogRecordExporter
 from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_ebpf.core.config import doc
-from otel_ebpf.emit.jsonfile import FILES, JsonLinesMetricExporter, JsonLinesSpanExporter, ensure_writable
+from otel_ebpf.emit.jsonfile import (
+    FILES,
+    JsonLinesLogExporter,
+    JsonLinesMetricExporter,
+    JsonLinesSpanExporter,
+    ensure_writable,
+)
 from otel_ebpf.emit.prometheus import DEFAULT_RESOURCE_LABELS
 from otel_ebpf.emit.sending import RetryConfig
 from otel_ebpf.core.errors import ConfigError, OtelEbpfError
 
 __all__ = ["EXPORTER_TYPES", "BatchConfig", "FileExporterConfig", "OtlpExporterConfig", "PrometheusExporterConfig",
-           "RetryConfig", "build_exporters", "check_output_directory"]
+           "RetryConfig", "build_exporters", "build_log_exporter", "check_output_directory"]
 
 
 @dataclass
 class BatchConfig:
     queue_size: int = doc(8192, "Most spans held per exporter (queued, or in the batch being sent or retried); "
                                 "beyond it new spans are dropped and counted (reason export_queue_full). The "
-                                "pipeline never waits for room.", min=1)
-    batch_size: int = doc(512, "Most spans per export request.", min=1)
-    batch_delay: float = doc(1.0, "Longest a span waits before its batch is sent.", duration=True)
+                                "pipeline never waits for room. Log records have a queue of their own, of the "
+                                "same size (drops counted with signal=logs).", min=1)
+    batch_size: int = doc(512, "Most spans (log records) per export request.", min=1)
+    batch_delay: float = doc(1.0, "Longest a span (log record) waits before its batch is sent.", duration=True)
     metrics_queue_size: int = doc(4, "Most metric collections (one per service.metrics_interval) held per exporter "
                                      "while it is slow or down; beyond it the oldest is dropped and counted "
                                      "(otel_ebpf.metrics.dropped): the next cumulative collection supersedes it.",
@@ -51,9 +59,10 @@ class BatchConfig:
 
 @dataclass
 class FileExporterConfig:
-    directory: str = doc("./otel-ebpf-out", "Directory for traces.jsonl and metrics.jsonl (OTLP/JSON lines, "
-                                            "one export request per line, as the Collector's file exporter).")
-    batch: BatchConfig = doc(BatchConfig(), "Span batching and queue bounds.")
+    directory: str = doc("./otel-ebpf-out", "Directory for traces.jsonl, metrics.jsonl and logs.jsonl (OTLP/JSON "
+                                            "lines, one export request per line, as the Collector's file exporter; "
+                                            "logs.jsonl only once there are log records).")
+    batch: BatchConfig = doc(BatchConfig(), "Span and log record batching, queue bounds.")
     retry_on_failure: RetryConfig = doc(RetryConfig(), "Retries of a failed export (a full disk).")
 
 
@@ -61,7 +70,7 @@ class FileExporterConfig:
 class OtlpExporterConfig:
     endpoint: str = doc("http://127.0.0.1:4317",
                         "Collector endpoint. grpc: host:port or http(s)://host:port; "
-                        "http: base URL, /v1/traces and /v1/metrics are appended.")
+                        "http: base URL, /v1/traces, /v1/metrics and /v1/logs are appended.")
     protocol: Literal["grpc", "http"] = doc("grpc", "grpc or http (OTLP/HTTP with protobuf bodies).")
     headers: dict[str, str] = doc({}, "Extra request headers (e.g. authorization).")
     timeout: float = doc(10.0, "Per-request timeout.", duration=True)
@@ -69,10 +78,10 @@ class OtlpExporterConfig:
     insecure: bool = doc(True, "grpc only: plaintext when the endpoint has no https:// scheme.")
     reconnect_backoff_max: float = doc(
         5.0, "grpc only: longest wait between two connection attempts while the collector is unreachable "
-             "(gRPC's default is 120 s; the span and metric channels share it, so it survives the SDK's channel "
+             "(gRPC's default is 120 s; the span, metric and log channels share it, so it survives the SDK's channel "
              "re-creation): bounds how late the first export succeeds after the collector comes back.", duration=True,
         min=0.1, max=300.0)
-    batch: BatchConfig = doc(BatchConfig(), "Span batching and queue bounds.")
+    batch: BatchConfig = doc(BatchConfig(), "Span and log record batching, queue bounds.")
     retry_on_failure: RetryConfig = doc(RetryConfig(), "Retries of a failed export, after the SDK exporter's own "
                                                        "(within timeout): a collector down or refusing for longer.")
 
@@ -144,34 +153,59 @@ EXPORTER_TYPES: dict[str, type] = {"file": FileExporterConfig, "otlp": OtlpExpor
                                    "prometheus": PrometheusExporterConfig}
 
 
-def _otlp(cfg: OtlpExporterConfig) -> tuple[SpanExporter, MetricExporter]:
+def _grpc_args(cfg: OtlpExporterConfig) -> dict[str, Any]:
+    """The SDK gRPC exporters' arguments, the same for spans, metrics and logs."""
     from grpc import Compression as GrpcCompression
 
-    if cfg.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    comp = GrpcCompression.Gzip if cfg.compression == "gzip" else GrpcCompression.NoCompression
+    insecure = cfg.insecure and not cfg.endpoint.startswith("https://")
+    headers = tuple((k.lower(), v) for k, v in cfg.headers.items()) or None
+    # SDK 1.45 merges these with its own (user agent); typed as str pairs there, ints are what grpc takes
+    options: Any = cfg.channel_options()
+    return {"endpoint": cfg.endpoint, "insecure": insecure, "headers": headers, "timeout": cfg.timeout,
+            "compression": comp, "channel_options": options}
 
-        comp = GrpcCompression.Gzip if cfg.compression == "gzip" else GrpcCompression.NoCompression
-        insecure = cfg.insecure and not cfg.endpoint.startswith("https://")
-        headers = tuple((k.lower(), v) for k, v in cfg.headers.items()) or None
-        # SDK 1.45 merges these with its own (user agent); typed as str pairs there, ints are what grpc takes
-        options: Any = cfg.channel_options()
-        return (OTLPSpanExporter(endpoint=cfg.endpoint, insecure=insecure, headers=headers,
-                                 timeout=cfg.timeout, compression=comp, channel_options=options),
-                OTLPMetricExporter(endpoint=cfg.endpoint, insecure=insecure, headers=headers,
-                                   timeout=cfg.timeout, compression=comp, channel_options=options))
+
+def _http_args(cfg: OtlpExporterConfig, path: str) -> dict[str, Any]:
+    """The SDK HTTP exporters' arguments for the signal at ``path`` (``/v1/traces``...)."""
     from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetric
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpan
 
     base = cfg.endpoint.rstrip("/")
     if "://" not in base:
         base = f"http://{base}"
     hcomp = HttpCompression.Gzip if cfg.compression == "gzip" else HttpCompression.NoCompression
-    return (HttpSpan(endpoint=f"{base}/v1/traces", headers=dict(cfg.headers), timeout=cfg.timeout,
-                     compression=hcomp),
-            HttpMetric(endpoint=f"{base}/v1/metrics", headers=dict(cfg.headers), timeout=cfg.timeout,
-                       compression=hcomp))
+    return {"endpoint": f"{base}{path}", "headers": dict(cfg.headers), "timeout": cfg.timeout, "compression": hcomp}
+
+
+def _otlp(cfg: OtlpExporterConfig) -> tuple[SpanExporter, MetricExporter]:
+    if cfg.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(**_grpc_args(cfg)), OTLPMetricExporter(**_grpc_args(cfg))
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetric
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpan
+
+    return HttpSpan(**_http_args(cfg, "/v1/traces")), HttpMetric(**_http_args(cfg, "/v1/metrics"))
+
+
+def build_log_exporter(cfg: FileExporterConfig | OtlpExporterConfig | PrometheusExporterConfig
+                       ) -> LogRecordExporter | None:
+    """The SDK log record exporter for one configured exporter, None for Prometheus (it has no
+    logs). OTLP: the SDK's ``OTLPLogExporter`` with the span exporter's endpoint, headers, TLS,
+    compression, timeout (and gRPC channel options); HTTP posts to ``<endpoint>/v1/logs``.
+    File: ``logs.jsonl`` next to ``traces.jsonl``."""
+    if isinstance(cfg, FileExporterConfig):
+        return JsonLinesLogExporter(cfg.directory)
+    if isinstance(cfg, PrometheusExporterConfig):
+        return None
+    if cfg.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+
+        return OTLPLogExporter(**_grpc_args(cfg))
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLog
+
+    return HttpLog(**_http_args(cfg, "/v1/logs"))
 
 
 def check_output_directory(cfg: FileExporterConfig | OtlpExporterConfig | PrometheusExporterConfig,

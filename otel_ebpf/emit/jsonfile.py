@@ -1,14 +1,15 @@
 """OTLP JSON lines file exporters, as the OpenTelemetry Collector's file exporter writes them.
 
-Each export call appends one line: an ``ExportTraceServiceRequest`` or
-``ExportMetricsServiceRequest`` in the OTLP/JSON encoding (protobuf JSON mapping with
-lowerCamelCase keys, enums as integers, and - unlike plain protobuf JSON - trace and span
-ids as hex strings). Encoding is done by the SDK's own OTLP encoders; only the id
-spelling is adjusted, as the OTLP/JSON specification requires.
+Each export call appends one line: an ``ExportTraceServiceRequest``,
+``ExportMetricsServiceRequest`` or ``ExportLogsServiceRequest`` in the OTLP/JSON encoding
+(protobuf JSON mapping with lowerCamelCase keys, enums as integers, and - unlike plain protobuf
+JSON - trace and span ids as hex strings). Encoding is done by the SDK's own OTLP encoders;
+only the id spelling is adjusted, as the OTLP/JSON specification requires.
 
-Files: ``<directory>/traces.jsonl`` and ``<directory>/metrics.jsonl``. Thread-safe (a lock
-per file); an I/O error fails that export (the SDK counts it) and never raises. Whoever makes
-the exporters checks first that the directory can be written (:func:`ensure_writable`), so a
+Files: ``<directory>/traces.jsonl``, ``<directory>/metrics.jsonl`` and ``<directory>/logs.jsonl``
+(each made at its first export: no log records, no logs file). Thread-safe (a lock per file);
+an I/O error fails that export (the SDK counts it) and never raises. Whoever makes the
+exporters checks first that the directory can be written (:func:`ensure_writable`), so a
 wrong ``--output`` is an error before the job starts rather than retried writes after it.
 """
 from __future__ import annotations
@@ -21,8 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
     MetricExportResult,
@@ -33,10 +37,11 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_ebpf.core.otlpjson import to_otlp_json
 
-__all__ = ["FILES", "JsonLinesMetricExporter", "JsonLinesSpanExporter", "ensure_writable", "to_otlp_json"]
+__all__ = ["FILES", "JsonLinesLogExporter", "JsonLinesMetricExporter", "JsonLinesSpanExporter", "ensure_writable",
+           "to_otlp_json"]
 
 log = logging.getLogger(__name__)
-FILES = ("traces.jsonl", "metrics.jsonl")
+FILES = ("traces.jsonl", "metrics.jsonl", "logs.jsonl")
 
 
 def ensure_writable(directory: str | os.PathLike[str]) -> None:
@@ -52,6 +57,8 @@ def ensure_writable(directory: str | os.PathLike[str]) -> None:
         file = path / name
         if file.exists() and not os.access(file, os.W_OK):
             raise PermissionError(13, "Permission denied", str(file))
+
+
 class _LineWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -106,3 +113,19 @@ class JsonLinesMetricExporter(MetricExporter):
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         pass
 
+
+class JsonLinesLogExporter(LogRecordExporter):
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self._writer = _LineWriter(Path(directory) / FILES[2])
+
+    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
+        if not batch:
+            return LogRecordExportResult.SUCCESS
+        ok = self._writer.write(to_otlp_json(encode_logs(batch)))
+        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True

@@ -20,9 +20,11 @@ Accounting: every item put is eventually either sent or counted lost exactly onc
 reason: ``export_queue_full`` (no room), ``export_failed`` (retries ran out or were disabled),
 ``export_shutdown`` (still queued, or in flight, when the shutdown deadline passed; an export
 that is still running then and later succeeds is counted lost too, at most one batch).
-Spans count in ``otel_ebpf.events.dropped{receiver=<exporter>, reason}``, metric collections
-in ``otel_ebpf.metrics.dropped{exporter, reason}``; every failed export attempt (retries
-included) in ``otel_ebpf.export.failed{signal, exporter}``.
+Spans count in ``otel_ebpf.events.dropped{receiver=<exporter>, reason}``, log records in
+``otel_ebpf.events.dropped{receiver=<exporter>, reason, signal=logs}`` (events too, so they are in
+every drop total; the ``signal`` tells them apart), metric collections in
+``otel_ebpf.metrics.dropped{exporter, reason}``; every failed export attempt (retries included)
+in ``otel_ebpf.export.failed{signal, exporter}``.
 
 Retry backoff: ``initial_interval``, multiplied by 1.5 after each failure up to
 ``max_interval``, each wait randomized by +-50 % (the collector's ``multiplier`` and
@@ -42,7 +44,7 @@ from typing import Generic, TypeVar
 
 from otel_ebpf.core.config import doc
 from otel_ebpf.core.errors import ConfigError
-from otel_ebpf.core.telemetry import Telemetry
+from otel_ebpf.core.telemetry import DROPPED, Telemetry
 
 __all__ = ["METRICS_DROPPED", "RetryConfig", "SendingQueue"]
 
@@ -52,6 +54,7 @@ METRICS_DROPPED = "otel_ebpf.metrics.dropped"
 _MULTIPLIER = 1.5
 _RANDOMIZATION = 0.5
 _ABORT_GRACE_S = 2.0  # after the deadline: how long an interrupted export may take to return
+_ITEMS = {"spans": "spans", "logs": "log records", "metrics": "metric collections"}
 
 
 @dataclass
@@ -81,7 +84,8 @@ class SendingQueue(Generic[T]):
 
     ``export(batch) -> bool`` is called on the worker thread only, one batch at a time; False or
     an exception is a failed attempt. ``close_wire()`` shuts the wire exporter down (the queue
-    owns it; the SDK's OTLP exporters also abort an export in progress there).
+    owns it; the SDK's OTLP exporters also abort an export in progress there). ``signal``
+    (``spans``, ``logs`` or ``metrics``) says where losses are counted (module docstring).
 
     Thread safety: :meth:`put`, :meth:`flush`, :meth:`size` from any thread; :meth:`close` and
     :meth:`join` from one (the owner's shutdown). Blocking: :meth:`put` never waits;
@@ -193,7 +197,7 @@ class SendingQueue(Generic[T]):
             self._cond.notify_all()
         if left:
             log.warning("%s exporter %s: %d %s not sent by the shutdown deadline", self.signal, self.name, left,
-                        "spans" if self.signal == "spans" else "metric collections")
+                        _ITEMS.get(self.signal, "items"))
             self._lost(left, "export_shutdown")
         return left
 
@@ -265,5 +269,7 @@ class SendingQueue(Generic[T]):
             return
         if self.signal == "spans":
             self._telemetry.dropped(self.name, reason, n)
+        elif self.signal == "logs":
+            self._telemetry.add(DROPPED, n, receiver=self.name, reason=reason, signal="logs")
         else:
             self._telemetry.add(METRICS_DROPPED, n, exporter=self.name, reason=reason)

@@ -1,11 +1,13 @@
-"""Read OTLP JSON lines files (the file exporter's ``traces.jsonl`` / ``metrics.jsonl``) into flat rows.
+"""Read OTLP JSON lines files (the file exporter's ``traces.jsonl`` / ``metrics.jsonl`` /
+``logs.jsonl``) into flat rows.
 
 The files hold one ``Export*ServiceRequest`` per line in the OTLP/JSON encoding: hex ids,
 lowerCamelCase keys, 64-bit integers as strings, attribute values as ``{"stringValue": ...}``.
-:func:`read_otlp_json` turns them into :class:`SpanRow` and :class:`MetricPoint` rows with plain
-Python attribute values (arrays as tuples), ready for the HTML report, the Perfetto export and
-Parquet. A line that is not valid OTLP/JSON is skipped and counted in ``OtlpData.bad_lines``
-(never raised); a missing file reads as empty. Pure functions, no OTel SDK.
+:func:`read_otlp_json` turns them into :class:`SpanRow`, :class:`MetricPoint` and
+:class:`LogRow` rows with plain Python attribute values (arrays as tuples), ready for the HTML
+report, the Perfetto export and Parquet (which read spans and metrics only, so far). A line that
+is not valid OTLP/JSON is skipped and counted in ``OtlpData.bad_lines`` (never raised); a
+missing file reads as empty. Pure functions, no OTel SDK.
 """
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricPoint", "OtlpData", "SpanEvent", "SpanRow", "decode_attributes", "read_otlp_json"]
+__all__ = ["FILES", "LogRow", "MetricPoint", "OtlpData", "SpanEvent", "SpanRow", "decode_attributes",
+           "read_otlp_json"]
+
+FILES = ("traces.jsonl", "metrics.jsonl", "logs.jsonl")  # what a directory is read for (otel_ebpf/emit/jsonfile.py)
 
 _STATUS = {0: "unset", 1: "ok", 2: "error", "STATUS_CODE_UNSET": "unset", "STATUS_CODE_OK": "ok",
            "STATUS_CODE_ERROR": "error"}
@@ -109,10 +114,29 @@ class MetricPoint:
     attributes: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class LogRow:
+    """One log record. Times are Unix epoch ns (0: absent); ids lowercase hex ('' when absent);
+    ``body`` a plain Python value (a captured stack is a string)."""
+
+    time_ns: int
+    observed_ns: int
+    severity_text: str
+    severity_number: int
+    event_name: str
+    body: Any
+    trace_id: str
+    span_id: str
+    scope: str
+    resource: dict[str, Any]
+    attributes: dict[str, Any]
+
+
 @dataclass
 class OtlpData:
     spans: list[SpanRow] = field(default_factory=list)
     metrics: list[MetricPoint] = field(default_factory=list)
+    logs: list[LogRow] = field(default_factory=list)
     bad_lines: int = 0
     files: list[str] = field(default_factory=list)
 
@@ -184,6 +208,29 @@ def _metrics(line: dict[str, Any]) -> Iterator[MetricPoint]:
                 yield from _points(m, resource, scope)
 
 
+# OTLP/JSON may spell enums by name: SEVERITY_NUMBER_TRACE = 1, ..._TRACE2 = 2, ..., ..._FATAL4 = 24
+_SEVERITY = {"SEVERITY_NUMBER_UNSPECIFIED": 0} | {
+    f"SEVERITY_NUMBER_{name}{suffix}": 1 + 4 * i + j for i, name in enumerate(("TRACE", "DEBUG", "INFO", "WARN",
+                                                                                  "ERROR", "FATAL"))
+    for j, suffix in enumerate(("", "2", "3", "4"))}
+
+
+def _logs(line: dict[str, Any]) -> Iterator[LogRow]:
+    for rl in line.get("resourceLogs", []):
+        resource = decode_attributes(rl.get("resource", {}).get("attributes", []))
+        for sl in rl.get("scopeLogs", []):
+            scope = sl.get("scope", {}).get("name", "")
+            for r in sl.get("logRecords", []):
+                severity = r.get("severityNumber", 0)
+                yield LogRow(
+                    time_ns=int(r.get("timeUnixNano", 0)), observed_ns=int(r.get("observedTimeUnixNano", 0)),
+                    severity_text=r.get("severityText", ""),
+                    severity_number=_SEVERITY.get(severity, 0) if isinstance(severity, str) else int(severity),
+                    event_name=r.get("eventName", ""), body=_value(r.get("body", {})),
+                    trace_id=r.get("traceId", ""), span_id=r.get("spanId", ""), scope=scope, resource=resource,
+                    attributes=decode_attributes(r.get("attributes", [])))
+
+
 def _read_lines(path: Path, data: OtlpData) -> None:
     try:
         fh = open(path, encoding="utf-8")
@@ -198,24 +245,26 @@ def _read_lines(path: Path, data: OtlpData) -> None:
                 line = json.loads(raw)
                 if not isinstance(line, dict):
                     raise ValueError("not an object")
-                spans, metrics = list(_spans(line)), list(_metrics(line))  # all of a line, or none
+                spans, metrics, logs = list(_spans(line)), list(_metrics(line)), list(_logs(line))  # all, or none
             except (ValueError, TypeError, AttributeError, KeyError):
                 data.bad_lines += 1
                 continue
             data.spans.extend(spans)
             data.metrics.extend(metrics)
+            data.logs.extend(logs)
 
 
 def read_otlp_json(source: str | os.PathLike[str]) -> OtlpData:
-    """Read a directory's ``traces.jsonl`` and ``metrics.jsonl`` (either may be missing), or one
-    ``.jsonl`` file. Raises FileNotFoundError when ``source`` does not exist at all."""
+    """Read a directory's :data:`FILES` (any may be missing), or one ``.jsonl`` file. Raises
+    FileNotFoundError when ``source`` does not exist at all."""
     path = Path(source)
     if not path.exists():
         raise FileNotFoundError(f"no OTLP JSON lines at {path} (expected a directory with traces.jsonl "
                                 "and/or metrics.jsonl, or a .jsonl file)")
     data = OtlpData()
-    for f in ([path / "traces.jsonl", path / "metrics.jsonl"] if path.is_dir() else [path]):
+    for f in ([path / name for name in FILES] if path.is_dir() else [path]):
         _read_lines(f, data)
     data.spans.sort(key=lambda s: (s.start_ns, s.end_ns))
     data.metrics.sort(key=lambda m: m.time_ns)
+    data.logs.sort(key=lambda r: r.time_ns or r.observed_ns)
     return data

@@ -24,7 +24,7 @@ from typing import Any
 
 from otel_ebpf.service import components
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
-from otel_ebpf.emit.exporters import build_exporters, check_output_directory
+from otel_ebpf.emit.exporters import build_exporters, build_log_exporter, check_output_directory
 from otel_ebpf.core.errors import OtelEbpfError, TargetError
 from otel_ebpf.host.timeline import HostStats
 from otel_ebpf.bpf.clock import KernelClock
@@ -154,7 +154,7 @@ class Agent:
         for eid in ids:
             ecfg = self.cfg.exporters[eid]
             spans, metrics = build_exporters(ecfg)
-            specs.append(ExporterSpec.of(eid, spans, metrics, ecfg))
+            specs.append(ExporterSpec.of(eid, spans, metrics, ecfg, logs=build_log_exporter(ecfg)))
         return specs
 
     def _build(self) -> None:
@@ -245,11 +245,13 @@ class Agent:
             _quietly(functools.partial(p.emitter.shutdown, deadline), f"pipeline {p.name} emitter")
 
     def drops(self) -> dict[str, int]:
-        """{'<where>/<reason>': count} of every drop so far (otel_ebpf.events.dropped)."""
+        """{'<where>/<reason>': count} of every drop so far (otel_ebpf.events.dropped); an
+        exporter's lost log records as '<exporter>/logs/<reason>'."""
         out: dict[str, int] = {}
         for name, attrs, value in self.ctx.telemetry.snapshot():
             if name == DROPPED and value:
-                key = f"{attrs.get('receiver', '?')}/{attrs.get('reason', '?')}"
+                signal = f"{attrs['signal']}/" if "signal" in attrs else ""
+                key = f"{attrs.get('receiver', '?')}/{signal}{attrs.get('reason', '?')}"
                 out[key] = out.get(key, 0) + value
         return out
 
@@ -258,6 +260,7 @@ class Agent:
         return {"events": tel.get("otel_ebpf.events.received"),
                 "dropped": tel.get("otel_ebpf.events.dropped"),
                 "spans": sum(p.emitter.spans_emitted for p in self.pipelines),
+                "logs": sum(p.emitter.logs_emitted for p in self.pipelines),
                 "probes": tel.get("otel_ebpf.probes.attached"),
                 "probe_failures": tel.get("otel_ebpf.probes.failed")}
 

@@ -1,6 +1,7 @@
 """otel_ebpf.emit.jsonfile: OTLP/JSON lines, as the Collector's file exporter writes them."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -8,10 +9,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from google.protobuf import json_format
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk._logs.export import LogRecordExportResult
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult, MetricsData
 from opentelemetry.sdk.resources import Resource
@@ -22,7 +27,9 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.emit.exporters import FileExporterConfig, OtlpExporterConfig, check_output_directory
-from otel_ebpf.emit.jsonfile import JsonLinesMetricExporter, JsonLinesSpanExporter
+from otel_ebpf.core.events import LogRecord
+from otel_ebpf.emit.jsonfile import JsonLinesLogExporter, JsonLinesMetricExporter, JsonLinesSpanExporter
+from otel_ebpf.emit.logs import LogBuilder
 from otel_ebpf.receivers.otlp import parse_otlp_json
 from otel_ebpf.receivers.otlp import to_otlp_json as receiver_to_otlp_json
 
@@ -61,6 +68,27 @@ def make_metrics() -> MetricsData:
     provider.shutdown()
     assert data is not None
     return data
+
+
+def make_logs() -> list[Any]:
+    """Two SDK log records as the Emitter builds them: one tied to a span, one not, two scopes."""
+    build = LogBuilder().build
+    return [build(LogRecord(pid=42, time_ns=10**18, event_name="otel_ebpf.nccl.rank.stack", body="line 1\nline 2",
+                            attributes={"nccl.rank": 3, "ranks": (1, 2), "ok": True}, severity="WARN",
+                            scope="otel_ebpf.hang", trace_id=0x0123456789ABCDEF0123456789ABCDEF,
+                            span_id=0x1122334455667788), RESOURCE),
+            build(LogRecord(pid=None, time_ns=10**18 + 7, event_name="otel_ebpf.nccl.straggler", body="rank 3",
+                            attributes={}, severity="ERROR"), RESOURCE)]
+
+
+def hex_ids_to_base64(node: Any) -> Any:
+    """The plain protobuf JSON mapping of an OTLP/JSON tree (ids base64, not hex), for json_format."""
+    if isinstance(node, dict):
+        return {k: base64.b64encode(bytes.fromhex(v)).decode() if k in ID_LENGTHS else hex_ids_to_base64(v)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [hex_ids_to_base64(v) for v in node]
+    return node
 
 
 def walk(node: Any) -> Iterator[tuple[str, Any]]:
@@ -111,6 +139,42 @@ def test_metrics_line_is_otlp_json_and_round_trips(tmp_path):
     assert parse_otlp_json(line, ExportMetricsServiceRequest) == encode_metrics(data)
 
 
+def test_logs_line_is_otlp_json_and_parses_back_with_the_proto_classes(tmp_path):
+    logs = make_logs()
+    exporter = JsonLinesLogExporter(tmp_path / "out")
+    assert exporter.export(logs) is LogRecordExportResult.SUCCESS
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["logs.jsonl"]  # next to traces/metrics
+    (line,) = read_lines(tmp_path / "out" / "logs.jsonl")
+    tree = json.loads(line)
+    assert_otlp_json_shape(tree)
+    request = json_format.Parse(json.dumps(hex_ids_to_base64(tree)), ExportLogsServiceRequest())
+    assert request == encode_logs(logs)
+    (resource_logs,) = request.resource_logs
+    by_scope = {sl.scope.name: list(sl.log_records) for sl in resource_logs.scope_logs}
+    (stack,), (straggler,) = by_scope["otel_ebpf.hang"], by_scope["otel_ebpf"]
+    assert (stack.event_name, stack.severity_text, stack.severity_number, stack.body.string_value) == \
+        ("otel_ebpf.nccl.rank.stack", "WARN", 13, "line 1\nline 2")
+    assert stack.trace_id.hex() == "0123456789abcdef0123456789abcdef" and stack.span_id.hex() == "1122334455667788"
+    assert stack.flags == 1 and stack.time_unix_nano == 10**18
+    assert (straggler.trace_id, straggler.span_id, straggler.flags, straggler.severity_number) == (b"", b"", 0, 17)
+
+
+def test_logs_line_is_exactly_protobufs_json_of_the_sdk_encoding(tmp_path):
+    """Golden: our line equals json_format's own rendering of encode_logs, ids spelled in hex."""
+    logs = make_logs()
+    JsonLinesLogExporter(tmp_path).export(logs)
+    golden = json_format.MessageToDict(encode_logs(logs), use_integers_for_enums=True)
+
+    def to_hex(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: base64.b64decode(v).hex() if k in ID_LENGTHS else to_hex(v) for k, v in node.items()}
+        return [to_hex(v) for v in node] if isinstance(node, list) else node
+
+    assert json.loads(read_lines(tmp_path / "logs.jsonl")[0]) == to_hex(golden)
+    assert JsonLinesLogExporter(tmp_path).export([]) is LogRecordExportResult.SUCCESS  # nothing written
+    assert len(read_lines(tmp_path / "logs.jsonl")) == 1
+
+
 def test_agrees_with_the_receivers_encoder(tmp_path):
     spans, data = make_spans(), make_metrics()
     JsonLinesSpanExporter(tmp_path).export(spans)
@@ -146,6 +210,7 @@ def test_unwritable_directory_fails_without_raising(tmp_path, where):
     directory = blocker if where == "file" else blocker / "sub"
     assert JsonLinesSpanExporter(directory).export(make_spans()) is SpanExportResult.FAILURE
     assert JsonLinesMetricExporter(directory).export(make_metrics()) is MetricExportResult.FAILURE
+    assert JsonLinesLogExporter(directory).export(make_logs()) is LogRecordExportResult.FAILURE
 
 
 def test_check_output_directory_creates_a_writable_directory_and_leaves_nothing_behind(tmp_path):
