@@ -78,6 +78,7 @@ class ClusterSpec:
     timeout: float = 300.0
     service_name: str = "otel-ebpf-twin"
     bad_exit_grace: float = 20.0
+    nccl_receiver: Mapping[str, Any] = field(default_factory=dict)  # agents' receivers.nccl keys beside libraries
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ class _Cluster:
         assert self.net is not None
         return _write_yaml(self.net.run_dir / "agent.yaml", {
             "receivers": {"cuda": {"libraries": [str(self.libdir / "libcudart.so.13")]},
-                          "nccl": {"libraries": [str(self.libdir / "libnccl.so.2")]}},
+                          "nccl": {"libraries": [str(self.libdir / "libnccl.so.2")], **self.spec.nccl_receiver}},
             "exporters": {"otlp": {"batch": {"batch_delay": "200ms"}}},
             # sched: each rank's off-CPU/run-queue time between collectives (ml.step.*), which the gateway
             # copies onto a straggler's joined collective: why it was late.

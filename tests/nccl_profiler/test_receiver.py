@@ -1,7 +1,7 @@
 """The agent's NCCL receiver on the plugin (receivers/nccl/profiler.py, nccl_prof.bpf.c): the driver (driver.c, the
 NCCL 2.28.9 model) runs the built plugin; the receiver attaches the plugin's probes with their semaphores, decodes
-communicators and planned collectives/p2p as NCCL passed them, and sums each op's kernel channels in the kernel
-into one GPU record: its first channel start and last channel stop, as the driver's trace has them."""
+communicators, and sends each collective/p2p once, as NCCL planned it with its kernel channels summed in the kernel:
+its first channel start and last channel stop, as the driver's trace has them. The kernel's tables are swept."""
 from __future__ import annotations
 
 import time
@@ -12,7 +12,7 @@ import pytest
 
 from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.receivers.nccl import Config
-from otel_ebpf.receivers.nccl.events import NcclProfColl, NcclProfComm, NcclProfGpu, NcclProfP2P
+from otel_ebpf.receivers.nccl.events import NcclProfColl, NcclProfComm, NcclProfP2P
 from otel_ebpf.receivers.nccl.receiver import NcclReceiver
 from tests.nccl_profiler.conftest import NARROW, WIDE
 
@@ -49,8 +49,10 @@ def test_the_receiver_decodes_the_plugin_and_sums_each_ops_gpu_time(
         for command in ("group2 0", "p2p 0", "single 0"):
             trace += d.run(command)[1]
         deadline = time.monotonic() + 10
-        while len([e for e in sink.events if isinstance(e, NcclProfGpu)]) < 5 and time.monotonic() < deadline:
+        while len([e for e in sink.events if isinstance(e, (NcclProfColl, NcclProfP2P))]) < 5 and \
+                time.monotonic() < deadline:
             time.sleep(0.05)
+        left = (len(rx.bpf["prof_ops"]), len(rx.bpf["prof_chs"]))
     finally:
         rx.shutdown()
     assert d.run("single 0")[0] == NARROW  # the semaphores dropped with the receiver
@@ -68,7 +70,42 @@ def test_the_receiver_decodes_the_plugin_and_sums_each_ops_gpu_time(
             assert op.algo and op.proto and op.nchannels == 2
         else:
             assert (op.func, op.peer) == (c["func"], c["peer"])
-    gpu = {e.handle: (e.gpu_start, e.gpu_stop, e.channels) for e in events if isinstance(e, NcclProfGpu)}
+    assert left == (0, 0)  # every op and channel freed at its last stop
+    gpu = {h: (op.gpu_start, op.gpu_stop, op.channels) for h, op in ops.items()}
     assert gpu == expected_gpu(trace)
     assert all(hi > lo for lo, hi, _ in gpu.values())
     assert rx.ctx.telemetry.get("otel_ebpf.events.dropped", receiver="nccl") == 0
+
+
+def test_full_tables_are_counted_and_the_sweep_frees_stale_and_exited_ops(
+        bpf_ready: None, run_driver: Any, plugin: Path) -> None:
+    """prof_ops full: the op is not timed and counted (gpu_ops_full). The sweep frees an op of an exited
+    process silently and one older than GPU_OP_MAX_AGE_S (a kernel that never ended) counted as gpu_op_expired."""
+    d = run_driver(plugin, 5)
+    d.run("init 0x1234abcd 0 2 world")
+    sink = ListConsumer()
+    rx = NcclReceiver(Context(target_pids=[d.pid]), sink, Config(pause_on_load=False))
+    rx.start()
+    try:
+        assert d.run("single 0")[0] == WIDE  # the plugin widens NCCL's mask at the first group after the attach
+        ops = rx.bpf["prof_ops"]
+        now = time.monotonic_ns()
+        for i in range(rx.bpf["prof_ops"].max_entries):  # a live process's ops, all but one far too old
+            key, leaf = ops.Key(), ops.Leaf()
+            key.tgid, key.handle = d.pid, 1 << 40 | i
+            leaf.op.ts, leaf.expected = (now if i == 0 else now - int(400e9)), 2
+            ops[key] = leaf
+        d.run("single 0")
+        rx.poll_maps()
+        assert rx.ctx.telemetry.get("otel_ebpf.events.dropped", receiver="nccl", reason="gpu_ops_full") == 1
+        gone = ops.Key()
+        gone.tgid, gone.handle = 0x3ffffff0, 1  # no such process
+        del ops[ops.Key(d.pid, 0, 1 << 40 | 1)]
+        ops[gone] = ops.Leaf()
+        freed = rx.sweep()
+        assert len(ops) == 1 and ops[ops.Key(d.pid, 0, 1 << 40)].expected == 2  # the young op stays
+        expired = ops.max_entries - 2
+        assert rx.ctx.telemetry.get("otel_ebpf.events.dropped", receiver="nccl", reason="gpu_op_expired") == expired
+        assert freed >= expired + 1
+    finally:
+        rx.shutdown()

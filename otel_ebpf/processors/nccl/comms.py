@@ -109,6 +109,7 @@ class CommTable:
         self._inits: dict[tuple[int, bytes], int] = {}
         self._init_alls: dict[int, int] = {}
         self._ended: dict[tuple[int, int], tuple[Comm, int]] = {}  # (pid, handle) -> (comm, end's return ns)
+        self._pids: set[int] = set()  # processes that made a communicator the uprobes saw, until they exit
 
     def __len__(self) -> int:
         return len(self._comms)
@@ -122,7 +123,12 @@ class CommTable:
             self._telemetry.dropped("nccl", "comm_table_full")
             return False
         self._comms[key] = comm  # a reused handle (freed, then allocated again) is a new comm
+        self._pids.add(pid)
         return True
+
+    def probed(self, pid: int) -> bool:
+        """Whether the uprobes saw ``pid`` make a communicator (it may have ended since)."""
+        return pid in self._pids
 
     def end(self, pid: int, handle: int, end_ns: int) -> Comm | None:
         """Removes the communicator, destroyed or aborted by a call that returned at ``end_ns``, and keeps it
@@ -146,6 +152,7 @@ class CommTable:
         return self._comms.get((pid, handle))
 
     def forget_process(self, pid: int) -> None:
+        self._pids.discard(pid)
         for key in [k for k in self._comms if k[0] == pid]:
             del self._comms[key]
         for key in [k for k in self._ended if k[0] == pid]:
@@ -155,6 +162,7 @@ class CommTable:
         self._init_alls.pop(pid, None)
 
     def clear(self) -> None:
+        self._pids.clear()
         self._comms.clear()
         self._ended.clear()
         self._inits.clear()

@@ -40,11 +40,12 @@ from typing import Any, Generic, TypeVar
 
 from otel_ebpf.core.events import AttrValue
 from otel_ebpf.core.ids import collective_ids
-from otel_ebpf.receivers.nccl.events import NcclProfColl, NcclProfComm, NcclProfGpu, NcclProfP2P
+from otel_ebpf.receivers.nccl.events import DATATYPES, NcclProfColl, NcclProfComm, NcclProfP2P
 
-__all__ = ["MAX_CLOCK_SKEW_NS", "GpuBook", "HostCall", "bus_factor", "gpu_epoch_ns"]
+__all__ = ["MAX_CLOCK_SKEW_NS", "GpuBook", "HostCall", "Op", "bus_factor", "gpu_epoch_ns", "plugin_datatype"]
 
 MAX_CLOCK_SKEW_NS = 60_000_000_000  # a GPU start a minute away from its host call: the clocks are not synced
+Op = NcclProfColl | NcclProfP2P
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -108,11 +109,10 @@ class GpuBook:
             telemetry.dropped("nccl", "gpu_table_full")
 
         self.comms: _Lru[tuple[int, int], NcclProfComm] = _Lru(max_entries, full)
-        self.ops: _Lru[tuple[int, int], NcclProfColl | NcclProfP2P] = _Lru(max_entries, full)
         self.hosts: _Lru[tuple[int, int], HostCall] = _Lru(max_entries, full)  # by (pid, api)
         # GPU results whose host call has not come (yet): a call the uprobes did not see ends here, pushed out
         # by newer ones, counted as otel_ebpf.nccl.gpu.unmatched (not a loss of ours)
-        self.ready: _Lru[tuple[int, int], tuple[NcclProfColl | NcclProfP2P, NcclProfGpu]] = _Lru(
+        self.ready: _Lru[tuple[int, int], Op] = _Lru(
             max_entries, lambda: telemetry.add("otel_ebpf.nccl.gpu.unmatched", 1))
 
     def comm(self, ev: NcclProfComm) -> None:
@@ -121,34 +121,27 @@ class GpuBook:
     def comm_end(self, pid: int, context: int) -> None:
         self.comms.pop((pid, context))
 
-    def op(self, ev: NcclProfColl | NcclProfP2P) -> None:
-        self.ops.put((ev.pid, ev.handle), ev)
-
-    def host(self, pid: int, api: int, call: HostCall) -> tuple[NcclProfColl | NcclProfP2P, NcclProfGpu] | None:
-        """A host call made inside the plugin's api event ``api``: its GPU result if it came first, else
-        remembered for :meth:`gpu`."""
+    def host(self, pid: int, api: int, call: HostCall) -> Op | None:
+        """A host call made inside the plugin's api event ``api``: its op if the op's GPU time came first, else
+        remembered for :meth:`done`."""
         found = self.ready.pop((pid, api))
         if found is None:
             self.hosts.put((pid, api), call)
         return found
 
-    def gpu(self, ev: NcclProfGpu) -> tuple[NcclProfColl | NcclProfP2P, HostCall | None] | None:
-        """The op whose kernel channels all stopped and its host call (None: not seen yet, kept for
-        :meth:`host`); None when the op is unknown (planned before the agent attached)."""
-        op = self.ops.pop((ev.pid, ev.handle))
-        if op is None:
-            return None
-        call = self.hosts.pop((ev.pid, op.api)) if op.api else None
+    def done(self, op: Op) -> HostCall | None:
+        """An op whose kernel channels all stopped, of a process whose NCCL calls the uprobes see: its host call
+        if it came; if it has not, the op is kept for :meth:`host`."""
+        call = self.hosts.pop((op.pid, op.api)) if op.api else None
         if call is None and op.api:
-            self.ready.put((ev.pid, op.api), (op, ev))
-        return op, call
+            self.ready.put((op.pid, op.api), op)
+        return call
 
     def forget_process(self, pid: int) -> None:
-        for table in (self.comms, self.ops, self.hosts, self.ready):
+        for table in (self.comms, self.hosts, self.ready):
             table.forget(pid)
 
-    def gpu_attributes(self, op: NcclProfColl | NcclProfP2P, call: HostCall, g: NcclProfGpu
-                       ) -> tuple[int, int, dict[str, AttrValue], int | None]:
+    def gpu_attributes(self, op: Op, call: HostCall) -> tuple[int, int, dict[str, AttrValue], int | None]:
         """(start epoch ns, end epoch ns, attributes, parent span id) of the GPU span of ``op``. A split child's
         call the agent could not rank (its rank is left to the gateway) takes NCCL's rank and size from the
         plugin, and its parent is the id the gateway gives the host span once ranked (core.ids.collective_ids)."""
@@ -160,27 +153,72 @@ class GpuBook:
             comm_id, seq = attrs.get("nccl.comm.id"), attrs.get("nccl.seq")
             if parent is None and isinstance(op, NcclProfColl) and isinstance(comm_id, str) and isinstance(seq, int):
                 parent = collective_ids(comm_id, seq, comm.rank)[2]
-        duration = max(0, g.gpu_stop - g.gpu_start)
-        start = gpu_epoch_ns(g.gpu_start, call.end_ns)
+        start, end = self._gpu_time(op, call.end_ns, attrs)
+        if "nccl.gpu.clock" not in attrs:  # how long the work waited on its stream after the call (< 0: inside it)
+            attrs["nccl.gpu.queue_ns"] = start - call.end_ns
+        nranks = comm.nranks if comm is not None else call.nranks
+        _plan_attributes(op, comm, attrs)
+        _bandwidth(str(call.attributes.get("nccl.op", "")), call.attributes.get("nccl.bytes"), nranks, end - start,
+                   attrs)
+        return start, end, attrs, parent
+
+    def plugin_span(self, op: Op) -> tuple[str, int, int, dict[str, AttrValue]]:
+        """(name, start, end, attributes) of the span of an op whose process's NCCL calls are not probed: the
+        plugin's identity of it (comm hash, rank, size, NCCL's seq) and its GPU time, ``nccl.source =
+        "profiler_plugin"``. NCCL numbers collectives per function, so its ``nccl.comm.id`` is the comm hash and
+        the function (``0123456789abcdef/AllReduce``): the same on every rank, joined by the gateway like any."""
+        comm = self.comms.items.get((op.pid, op.context))
+        attrs: dict[str, AttrValue] = {"nccl.op": op.func, "nccl.source": "profiler_plugin",
+                                       "nccl.count": op.count, "thread.id": op.tid}
+        attrs["nccl.datatype"], size = plugin_datatype(op.datatype)
+        if size is not None:
+            attrs["nccl.bytes"] = op.count * size
+        if isinstance(op, NcclProfP2P):
+            attrs["nccl.peer"] = op.peer
+        if comm is not None:
+            attrs["nccl.rank"], attrs["nccl.nranks"] = comm.rank, comm.nranks
+            if isinstance(op, NcclProfColl):
+                attrs["nccl.comm.id"], attrs["nccl.seq"] = f"{comm.comm_hash:016x}/{op.func}", op.seq
+        start, end = self._gpu_time(op, op.time_ns, attrs)
+        _plan_attributes(op, comm, attrs)
+        _bandwidth(op.func, attrs.get("nccl.bytes"), comm.nranks if comm is not None else None, end - start, attrs)
+        return "nccl" + op.func, start, end, attrs
+
+    @staticmethod
+    def _gpu_time(op: Op, host_ns: int, attrs: dict[str, AttrValue]) -> tuple[int, int]:
+        duration = max(0, op.gpu_stop - op.gpu_start)
+        start = gpu_epoch_ns(op.gpu_start, host_ns)
         attrs["nccl.timing"] = "gpu"
         if start is None:
             attrs["nccl.gpu.clock"] = "unsynced"
-            start = call.end_ns
-        else:  # how long the work waited on its stream after the call returned (< 0: it started inside the call)
-            attrs["nccl.gpu.queue_ns"] = start - call.end_ns
+            start = host_ns
         attrs["nccl.gpu.duration_ns"] = duration
-        attrs["nccl.nchannels"] = op.nchannels
-        attrs["nccl.gpu.channels"] = g.channels
-        if comm is not None:
-            attrs["nccl.comm.hash"] = format(comm.comm_hash, "016x")
-        nranks = comm.nranks if comm is not None else call.nranks
-        if isinstance(op, NcclProfColl):
-            attrs["nccl.algo"], attrs["nccl.proto"], attrs["nccl.gpu.seq"] = op.algo, op.proto, op.seq
-        nbytes = call.attributes.get("nccl.bytes")  # count x datatype size
-        if duration > 0 and isinstance(nbytes, int) and nranks:
-            mult, factor = bus_factor(str(call.attributes.get("nccl.op", "")), nranks)
-            algbw = nbytes * mult / (duration / 1e9)
-            attrs["nccl.algbw"] = algbw
-            attrs["nccl.busbw"] = algbw * factor
-        return start, start + duration, attrs, parent
+        return start, start + duration
 
+
+_SIZES = dict(DATATYPES.values())  # our datatype names (as the uprobes' spans have them) -> bytes
+
+
+def plugin_datatype(name: str) -> tuple[str, int | None]:
+    """NCCL's datatype name as its profiler gives it (ncclDatatypeToString, src/collectives.cc 2.28.9:
+    "ncclFloat32", "ncclBfloat16") -> (our name, "float32", and its size in bytes, None if unknown)."""
+    ours = name.removeprefix("nccl").lower()
+    return ours, _SIZES.get(ours)
+
+
+def _plan_attributes(op: Op, comm: NcclProfComm | None, attrs: dict[str, AttrValue]) -> None:
+    attrs["nccl.nchannels"] = op.nchannels
+    attrs["nccl.gpu.channels"] = op.channels
+    if comm is not None:
+        attrs["nccl.comm.hash"] = format(comm.comm_hash, "016x")
+    if isinstance(op, NcclProfColl):
+        attrs["nccl.algo"], attrs["nccl.proto"], attrs["nccl.gpu.seq"] = op.algo, op.proto, op.seq
+
+
+def _bandwidth(op: str, nbytes: Any, nranks: int | None, duration: int, attrs: dict[str, AttrValue]) -> None:
+    """nccl.algbw / nccl.busbw (bytes/s) of ``nbytes`` (count x datatype size) moved in ``duration`` ns."""
+    if duration > 0 and isinstance(nbytes, int) and nranks:
+        mult, factor = bus_factor(op, nranks)
+        algbw = nbytes * mult / (duration / 1e9)
+        attrs["nccl.algbw"] = algbw
+        attrs["nccl.busbw"] = algbw * factor

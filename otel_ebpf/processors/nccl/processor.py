@@ -72,7 +72,6 @@ from otel_ebpf.receivers.nccl.events import (
     NcclProfColl,
     NcclProfComm,
     NcclProfCommEnd,
-    NcclProfGpu,
     NcclProfP2P,
 )
 
@@ -336,40 +335,51 @@ class NcclProcessor(NcclCommunicators):
 
     @handles(NcclProfColl, NcclProfP2P)
     def _prof_op(self, ev: NcclProfColl | NcclProfP2P, out: Out) -> None:
-        self.gpu.op(ev)
-
-    @handles(NcclProfGpu)
-    def _prof_gpu(self, ev: NcclProfGpu, out: Out) -> None:
-        found = self.gpu.gpu(ev)
-        if found is None:
-            self.ctx.telemetry.dropped("nccl", "gpu_op_unknown")  # planned before the agent attached
-            return
-        op, call = found
-        if call is not None:
-            self._gpu_span(ev.pid, op, call, ev, out)
+        if not self.comms.probed(ev.pid):  # NCCL linked statically, libnccl not probed: the plugin alone
+            self._plugin_span(ev, out)
+        elif (call := self.gpu.done(ev)) is not None:
+            self._gpu_span(ev.pid, ev, call, out)
 
     def _host_done(self, ev: _Op, attrs: dict[str, AttrValue], trace: int | None, span: int | None,
                    comm: Comm | None, out: Out) -> None:
-        """A host call made inside a profiler plugin's api event: its GPU span now if its GPU time came
-        first, else when it comes."""
+        """A host call (made inside a profiler plugin's api event when ``ev.api``): its GPU span now if its GPU
+        time came first, else when it comes."""
         if not ev.api:
             return
         call = HostCall("nccl" + ev.op, ev.end_ns, attrs, trace, span, comm.nranks if comm is not None else None)
         found = self.gpu.host(ev.pid, ev.api, call)
         if found is not None:
-            self._gpu_span(ev.pid, found[0], call, found[1], out)
+            self._gpu_span(ev.pid, found, call, out)
 
-    def _gpu_span(self, pid: int, op: NcclProfColl | NcclProfP2P, call: HostCall, g: NcclProfGpu,
-                  out: Out) -> None:
-        start, end, attrs, parent = self.gpu.gpu_attributes(op, call, g)
+    def _gpu_span(self, pid: int, op: NcclProfColl | NcclProfP2P, call: HostCall, out: Out) -> None:
+        start, end, attrs, parent = self.gpu.gpu_attributes(op, call)
         trace = call.trace_id
         if isinstance(op, NcclProfP2P):  # the gateway moves send/recv spans into their joined instance's trace
             trace = parent = None
         out.append(SpanRecord(pid, call.name + " gpu", start, end, attrs, SCOPE, trace_id=trace,
                               parent_span_id=parent))
+        self._gpu_metric(pid, attrs, end - start, out)
+
+    def _plugin_span(self, op: NcclProfColl | NcclProfP2P, out: Out) -> None:
+        """The span of an op of a process whose NCCL the uprobes do not see (gpu.GpuBook.plugin_span): a rank
+        span the gateway joins (ids from the plugin's comm id and seq), and rank 0's root span."""
+        name, start, end, attrs = self.gpu.plugin_span(op)
+        comm_id, seq, rank = attrs.get("nccl.comm.id"), attrs.get("nccl.seq"), attrs.get("nccl.rank")
+        trace = parent = span = None
+        if isinstance(comm_id, str) and isinstance(seq, int) and isinstance(rank, int):
+            trace, parent, span = collective_ids(comm_id, seq, rank)
+            if rank == 0 and self.config.root_spans:
+                root = {k: attrs[k] for k in COLLECTIVE_ROOT_ATTRIBUTES if k in attrs}
+                out.append(SpanRecord(op.pid, f"nccl {op.func}", start, end, root, SCOPE, trace_id=trace,
+                                      span_id=parent))
+        out.append(SpanRecord(op.pid, name, start, end, attrs, SCOPE, trace_id=trace, span_id=span,
+                              parent_span_id=parent))
+        self._gpu_metric(op.pid, attrs, end - start, out)
+
+    def _gpu_metric(self, pid: int, attrs: dict[str, AttrValue], duration_ns: int, out: Out) -> None:
         dims: dict[str, AttrValue] = {k: attrs[k] for k in ("nccl.op", "nccl.comm.id", "nccl.algo", "nccl.proto",
                                                              "hw.id") if k in attrs}
-        self.metric(out, pid, "nccl.gpu.duration", (end - start) / 1e9, dims)
+        self.metric(out, pid, "nccl.gpu.duration", duration_ns / 1e9, dims)
 
 
 def create(config: Config, ctx: Context, next_: Consumer) -> NcclProcessor:

@@ -32,6 +32,12 @@ class Config:
               "(NCCL_PROFILER_PLUGIN), for the GPU-side time, algorithm and bandwidth of every collective and "
               "send/recv (docs/nccl-profiler.md). The receiver attaches to the plugin in any traced process "
               "that loaded it, whatever this says.")
+    host_calls: bool = doc(
+        True, "Probe libnccl's API (ncclAllReduce, ncclCommInitRank, ...): a span per host call, communicator ids "
+              "from the unique id, split ranks, groups, desync on the host side. false: spans come from the "
+              "profiler plugin alone (one per collective and send/recv, with GPU time, NCCL's commHash and "
+              "per-function seq: docs/nccl-profiler.md), fewer uprobe hits per collective. A process whose NCCL "
+              "is linked statically (no libnccl to probe) gets the plugin's spans either way.")
     chain_plugin: str = doc(
         "", "A profiler plugin of your own for NCCL to keep running behind ours (NCCL_PROFILER_PLUGIN's "
             "syntax: a path, or NAME for libnccl-profiler-NAME.so): ours loads it and forwards every call. "

@@ -29,7 +29,6 @@ __all__ = [
     "NcclProfColl",
     "NcclProfComm",
     "NcclProfCommEnd",
-    "NcclProfGpu",
     "NcclProfP2P",
     "datatype_name",
     "datatype_size",
@@ -281,9 +280,12 @@ class NcclProfCommEnd:
 
 @dataclass(frozen=True, slots=True)
 class NcclProfColl:
-    """NCCL planned a collective (ncclProfileColl): ``seq`` is NCCL's per-function number on the communicator
-    (comm->seqNumber[func]), ``func`` NCCL's name ("AllReduce"), ``algo``/``proto`` ("RING", "SIMPLE") and
-    ``nchannels`` what NCCL chose; ``api`` the CollApi handle of the application call it came from."""
+    """A collective NCCL planned (ncclProfileColl) and ran: ``seq`` is NCCL's per-function number on the
+    communicator (comm->seqNumber[func]), ``func`` NCCL's name ("AllReduce"), ``algo``/``proto`` ("RING",
+    "SIMPLE") and ``nchannels`` what NCCL chose; ``api`` the CollApi handle of the application call it came
+    from. Sent once every kernel channel stopped: ``gpu_start``/``gpu_stop`` are the first channel's start and
+    the last one's stop as NCCL read them from the GPU (%globaltimer ns, pTimer: converted by the processor),
+    ``channels`` how many stopped; ``time_ns`` is when NCCL planned it."""
 
     pid: int
     tid: int
@@ -301,11 +303,14 @@ class NcclProfColl:
     proto: str
     nchannels: int
     nwarps: int
+    gpu_start: int = 0
+    gpu_stop: int = 0
+    channels: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class NcclProfP2P:
-    """NCCL planned a send or recv (ncclProfileP2p) with ``peer``; ``api`` as in :class:`NcclProfColl`."""
+    """A send or recv NCCL planned (ncclProfileP2p) with ``peer`` and ran; the rest as in :class:`NcclProfColl`."""
 
     pid: int
     tid: int
@@ -319,17 +324,6 @@ class NcclProfP2P:
     datatype: str
     peer: int
     nchannels: int
-
-
-@dataclass(frozen=True, slots=True)
-class NcclProfGpu:
-    """Every kernel channel of the collective/p2p ``handle`` stopped: ``gpu_start``/``gpu_stop`` are the first
-    channel's start and the last channel's stop as NCCL read them from the GPU (%globaltimer ns, pTimer:
-    converted by the processor); ``time_ns`` is when the agent saw the last stop."""
-
-    pid: int
-    time_ns: int
-    handle: int
-    gpu_start: int
-    gpu_stop: int
-    channels: int
+    gpu_start: int = 0
+    gpu_stop: int = 0
+    channels: int = 0

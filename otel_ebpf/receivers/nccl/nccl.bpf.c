@@ -71,6 +71,8 @@
 
 #define NCCL_RC_IN_PROGRESS 7
 #define NCCL_COUNTER_UNREADABLE 2  /* counters[]: pending addresses that could not be read */
+#define NCCL_COUNTER_GPU_OPS_FULL 3  /* profiler ops not timed: prof_ops full (nccl_prof.bpf.c) */
+#define NCCL_COUNTER_GPU_CHS_FULL 4  /* kernel channels not timed: prof_chs full */
 
 _Static_assert(NCCL_INIT_ALL_MAX == 32, "nccl_init_all_return masks indexes with 31");
 
@@ -161,7 +163,7 @@ struct nccl_pending {
 };
 
 BPF_HASH(nb_pending, u32, struct nccl_pending, 1024);  /* tgid -> its pending children */
-BPF_ARRAY(counters, u64, 3);  /* [0] group ids, [1] communicator generations, [2] unreadable newcomm */
+BPF_ARRAY(counters, u64, 5);  /* [0] group ids, [1] communicator generations, [2..4] NCCL_COUNTER_* losses */
 
 static __always_inline int nccl_issued(s32 rc)
 {
@@ -174,6 +176,14 @@ static __always_inline u64 nccl_next(int idx)
     if (!v)
         return 0;
     return __sync_fetch_and_add(v, 1) + 1;
+}
+
+/* One more loss of kind `idx` (NCCL_COUNTER_*), read by the receiver's poll_maps. */
+static __always_inline void nccl_count(int idx)
+{
+    u64 *n = counters.lookup(&idx);
+    if (n)
+        __sync_fetch_and_add(n, 1);
 }
 
 static __always_inline void nccl_comm_new(u32 tgid, u64 comm)
@@ -216,10 +226,7 @@ static __always_inline int nccl_pending_find(struct nccl_pending *p, u64 comm)
             continue;
         u64 v = 0;
         if (bpf_probe_read_user(&v, sizeof(v), (void *)addr) != 0) {
-            int idx = NCCL_COUNTER_UNREADABLE;
-            u64 *n = counters.lookup(&idx);
-            if (n)
-                __sync_fetch_and_add(n, 1);
+            nccl_count(NCCL_COUNTER_UNREADABLE);
             continue;
         }
         if (v == comm)

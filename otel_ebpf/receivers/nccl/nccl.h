@@ -219,9 +219,12 @@ struct nccl_group {
 
 #define NCCL_EV_PROF_COMM 42      /* comm_init: the plugin's context for a communicator */
 #define NCCL_EV_PROF_COMM_END 43  /* comm_finalize */
-#define NCCL_EV_PROF_COLL 44      /* coll_start: NCCL planned a collective (seq, algo, proto, channels) */
-#define NCCL_EV_PROF_P2P 45       /* p2p_start */
-#define NCCL_EV_PROF_GPU 46       /* every kernel channel of a collective/p2p stopped: its GPU time */
+#define NCCL_EV_PROF_OP 44        /* every kernel channel of a planned collective/p2p stopped: the op, its GPU time */
+#define NCCL_PROF_KIND_COLL 0     /* nccl_prof_op.kind: rec.coll (coll_start) */
+#define NCCL_PROF_KIND_P2P 1      /* rec.p2p (p2p_start) */
+#define NCCL_PROF_REC_BYTES 160  /* sizeof(struct oe_nccl_coll_rec): a number, as BCC's map descriptions need */
+_Static_assert(sizeof(struct oe_nccl_coll_rec) == NCCL_PROF_REC_BYTES, "nccl_prof_op.rec holds an oe_nccl_coll_rec");
+_Static_assert(sizeof(struct oe_nccl_p2p_rec) <= NCCL_PROF_REC_BYTES, "nccl_prof_op.rec holds an oe_nccl_p2p_rec");
 
 struct nccl_prof_comm {
     u8 type;
@@ -244,38 +247,20 @@ struct nccl_prof_comm_end {
     u64 context;
 };
 
-struct nccl_prof_coll {
+/* One collective or p2p as NCCL planned it (coll_start / p2p_start) with its GPU time, sent once its last
+ * kernel channel stopped (nccl_prof.bpf.c keeps it in prof_ops until then). */
+struct nccl_prof_op {
     u8 type;
-    u8 _pad[3];
+    u8 kind;       /* NCCL_PROF_KIND_* */
+    u8 _pad[2];
     u32 pid;
-    u32 tid;
-    u32 _pad2;
-    u64 ts;
-    u64 handle;
-    struct oe_nccl_coll_rec rec;
-};
-
-struct nccl_prof_p2p {
-    u8 type;
-    u8 _pad[3];
-    u32 pid;
-    u32 tid;
-    u32 _pad2;
-    u64 ts;
-    u64 handle;
-    struct oe_nccl_p2p_rec rec;
-};
-
-struct nccl_prof_gpu {
-    u8 type;
-    u8 _pad[3];
-    u32 pid;
+    u32 tid;       /* the thread that planned it */
     u32 channels;  /* kernel channels that stopped */
-    u32 _pad2;
-    u64 ts;        /* host time of the last channel's stop record */
-    u64 handle;    /* the collective's / p2p's handle (nccl_prof_coll / _p2p) */
+    u64 ts;        /* host time of coll_start / p2p_start */
+    u64 handle;    /* the plugin's handle of the Coll/P2p event */
     u64 gpu_start; /* first channel start, GPU %globaltimer ns (pTimer) */
     u64 gpu_stop;  /* last channel stop */
+    u8 rec[NCCL_PROF_REC_BYTES]; /* kind COLL: an oe_nccl_coll_rec; P2P: an oe_nccl_p2p_rec (smaller) */
 };
 
 #endif /* OE_NCCL_H */

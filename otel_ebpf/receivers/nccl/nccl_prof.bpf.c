@@ -7,17 +7,21 @@
  * api_start ties the plugin's CollApi/P2pApi handle to the application call this thread is inside (the
  * uprobe's in-flight entry in `calls`): NCCL 2.28.9 starts that event in ncclEnqueueCheck, inside the call,
  * on the calling thread. The call's record carries it (nccl_coll.api / nccl_p2p.api) and so does the
- * plugin's coll/p2p record (rec.api = descr->parentObj): the processor joins the two on it.
+ * plugin's op (rec.api = descr->parentObj): the processor joins the two on it.
  *
- * GPU time is summed here, not per channel in Python: a collective has up to 32+ kernel channels, each a
- * start, a stop state and a stop. coll_start/p2p_start open an entry (prof_ops, keyed by process and the
- * op's handle) expecting rec.nchannels channels; kernel_ch_start maps the channel's handle to its op
- * (prof_chs) and lowers the op's first start; kernel_ch_stop raises its last stop, frees the channel's entry
- * and, at the op's last channel, submits one nccl_prof_gpu record and frees the op's. event_stop and group_start
- * are not attached (nothing here needs them), so the plugin does not fire them: each costs a uprobe hit. NCCL's proxy thread makes every channel
- * event of an op (src/proxy.cc, ncclProfilerStartKernelChEvent/RecordKernelCh), so the counts are not
- * atomic. An op whose channels never all stop (a hung kernel, fewer channels than announced) is evicted
- * from the LRU map, never reported: the processor then has no GPU time for it.
+ * One record per op, sent when its GPU time is known: coll_start/p2p_start keep the op as NCCL planned it
+ * (prof_ops, keyed by process and the op's handle) expecting rec.nchannels kernel channels; kernel_ch_start
+ * maps the channel's handle to its op (prof_chs) and lowers the op's first start; kernel_ch_stop raises its
+ * last stop, frees the channel's entry and, at the op's last channel, submits the op (struct nccl_prof_op)
+ * and frees it. An op NCCL planned with no channel has no kernel to time and sends nothing. event_stop and
+ * group_start are not attached (nothing here needs them), so the plugin does not fire them: each costs a
+ * uprobe hit. NCCL's proxy thread makes every channel event of an op (src/proxy.cc,
+ * ncclProfilerStartKernelChEvent/RecordKernelCh), so the counts are not atomic.
+ *
+ * Bounded: both maps are plain hashes; an op or channel that finds its map full is not timed and counted
+ * (counters[NCCL_COUNTER_GPU_OPS_FULL / _CHS_FULL]). Entries carry their start time: the receiver's sweep
+ * frees those of exited processes and those older than its limit (a hung kernel, a channel whose events were
+ * lost), counted there.
  *
  * Parameters (-D): NCCL_MAX_PROF_OPS (ops whose channels are in flight), NCCL_MAX_PROF_CHS (channels).
  */
@@ -34,15 +38,21 @@ struct nccl_prof_key {
     u64 handle;
 };
 
-struct nccl_prof_op {
-    u64 gpu_start;
-    u64 gpu_stop;
+/* An op whose kernel channels are in flight: its record to be, and how many channels stopped. */
+struct nccl_prof_pending {
+    struct nccl_prof_op op;
     u32 expected;
     u32 stopped;
 };
 
-BPF_TABLE("lru_hash", struct nccl_prof_key, struct nccl_prof_op, prof_ops, NCCL_MAX_PROF_OPS);
-BPF_TABLE("lru_hash", struct nccl_prof_key, u64, prof_chs, NCCL_MAX_PROF_CHS);
+struct nccl_prof_channel {
+    u64 op;  /* its op's handle */
+    u64 ts;  /* host time of kernel_ch_start (the sweep's age) */
+};
+
+BPF_HASH(prof_ops, struct nccl_prof_key, struct nccl_prof_pending, NCCL_MAX_PROF_OPS);
+BPF_HASH(prof_chs, struct nccl_prof_key, struct nccl_prof_channel, NCCL_MAX_PROF_CHS);
+BPF_PERCPU_ARRAY(prof_scratch, struct nccl_prof_pending, 1); /* an op is built here: too big for the stack */
 
 static __always_inline int nprof_comm_init(u64 context, u64 rec)
 {
@@ -94,60 +104,51 @@ static __always_inline int nprof_api_start(u64 handle, u64 type)
     return 0;
 }
 
-static __always_inline void nprof_open_op(u32 tgid, u64 handle, u32 nchannels)
+/* coll_start / p2p_start: NCCL planned an op of `kind` (NCCL_PROF_KIND_*) described by `rec`. */
+static __always_inline int nprof_op_start(u64 handle, u64 rec, u8 kind)
 {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!oe_is_traced(id >> 32))
+        return 0;
+    int zero = 0;
+    struct nccl_prof_pending *p = prof_scratch.lookup(&zero);
+    if (!p)
+        return 0;
+    __builtin_memset(p, 0, sizeof(*p));
+    p->op.type = NCCL_EV_PROF_OP;
+    p->op.kind = kind;
+    p->op.pid = id >> 32;
+    p->op.tid = (u32)id;
+    p->op.ts = bpf_ktime_get_ns();
+    p->op.handle = handle;
+    p->op.gpu_start = (u64)-1;
+    if (kind == NCCL_PROF_KIND_COLL) {
+        struct oe_nccl_coll_rec *c = (struct oe_nccl_coll_rec *)p->op.rec;
+        bpf_probe_read_user(c, sizeof(*c), (void *)rec);
+        p->expected = c->nchannels;
+    } else {
+        struct oe_nccl_p2p_rec *c = (struct oe_nccl_p2p_rec *)p->op.rec;
+        bpf_probe_read_user(c, sizeof(*c), (void *)rec);
+        p->expected = c->nchannels;
+    }
+    if (!p->expected)
+        return 0; /* no kernel channel: nothing to time */
     struct nccl_prof_key k = {};
-    k.tgid = tgid;
+    k.tgid = id >> 32;
     k.handle = handle;
-    struct nccl_prof_op op = {};
-    op.gpu_start = (u64)-1;
-    op.expected = nchannels;
-    if (nchannels && prof_ops.update(&k, &op) != 0)
-        oe_drop(OE_DROP_STATSMAP);
+    if (prof_ops.update(&k, p) != 0)
+        nccl_count(NCCL_COUNTER_GPU_OPS_FULL);
+    return 0;
 }
 
 static __always_inline int nprof_coll_start(u64 handle, u64 rec)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    if (!oe_is_traced(id >> 32))
-        return 0;
-    struct nccl_prof_coll *e = events.ringbuf_reserve(sizeof(struct nccl_prof_coll));
-    if (!e) {
-        oe_drop(OE_DROP_RINGBUF);
-        return 0;
-    }
-    __builtin_memset(e, 0, sizeof(*e));
-    e->type = NCCL_EV_PROF_COLL;
-    e->pid = id >> 32;
-    e->tid = (u32)id;
-    e->ts = bpf_ktime_get_ns();
-    e->handle = handle;
-    bpf_probe_read_user(&e->rec, sizeof(e->rec), (void *)rec);
-    nprof_open_op(id >> 32, handle, e->rec.nchannels);
-    events.ringbuf_submit(e, oe_wakeup_flags());
-    return 0;
+    return nprof_op_start(handle, rec, NCCL_PROF_KIND_COLL);
 }
 
 static __always_inline int nprof_p2p_start(u64 handle, u64 rec)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    if (!oe_is_traced(id >> 32))
-        return 0;
-    struct nccl_prof_p2p *e = events.ringbuf_reserve(sizeof(struct nccl_prof_p2p));
-    if (!e) {
-        oe_drop(OE_DROP_RINGBUF);
-        return 0;
-    }
-    __builtin_memset(e, 0, sizeof(*e));
-    e->type = NCCL_EV_PROF_P2P;
-    e->pid = id >> 32;
-    e->tid = (u32)id;
-    e->ts = bpf_ktime_get_ns();
-    e->handle = handle;
-    bpf_probe_read_user(&e->rec, sizeof(e->rec), (void *)rec);
-    nprof_open_op(id >> 32, handle, e->rec.nchannels);
-    events.ringbuf_submit(e, oe_wakeup_flags());
-    return 0;
+    return nprof_op_start(handle, rec, NCCL_PROF_KIND_P2P);
 }
 
 static __always_inline int nprof_kernel_ch_start(u64 handle, u64 parent, u64 channel, u64 ptimer)
@@ -156,16 +157,19 @@ static __always_inline int nprof_kernel_ch_start(u64 handle, u64 parent, u64 cha
     struct nccl_prof_key k = {};
     k.tgid = tgid;
     k.handle = parent;
-    struct nccl_prof_op *op = prof_ops.lookup(&k);
-    if (!op)
-        return 0; /* an op of an untraced process, or started before the agent attached */
-    if (ptimer < op->gpu_start)
-        op->gpu_start = ptimer;
+    struct nccl_prof_pending *p = prof_ops.lookup(&k);
+    if (!p)
+        return 0; /* an op of an untraced process, started before the agent attached, or not kept */
+    if (ptimer < p->op.gpu_start)
+        p->op.gpu_start = ptimer;
     struct nccl_prof_key ck = {};
     ck.tgid = tgid;
     ck.handle = handle;
-    if (prof_chs.update(&ck, &parent) != 0)
-        oe_drop(OE_DROP_STATSMAP);
+    struct nccl_prof_channel ch = {};
+    ch.op = parent;
+    ch.ts = bpf_ktime_get_ns();
+    if (prof_chs.update(&ck, &ch) != 0)
+        nccl_count(NCCL_COUNTER_GPU_CHS_FULL);
     return 0;
 }
 
@@ -175,36 +179,29 @@ static __always_inline int nprof_kernel_ch_stop(u64 handle, u64 ptimer)
     struct nccl_prof_key ck = {};
     ck.tgid = tgid;
     ck.handle = handle;
-    u64 *parent = prof_chs.lookup(&ck);
-    if (!parent)
+    struct nccl_prof_channel *ch = prof_chs.lookup(&ck);
+    if (!ch)
         return 0;
     struct nccl_prof_key k = {};
     k.tgid = tgid;
-    k.handle = *parent;
+    k.handle = ch->op;
     prof_chs.delete(&ck); /* the channel's last event we need: event_stop is not attached (its semaphore stays 0) */
-    struct nccl_prof_op *op = prof_ops.lookup(&k);
-    if (!op)
+    struct nccl_prof_pending *p = prof_ops.lookup(&k);
+    if (!p)
         return 0;
-    if (ptimer > op->gpu_stop)
-        op->gpu_stop = ptimer;
-    op->stopped += 1;
-    if (op->stopped < op->expected)
+    if (ptimer > p->op.gpu_stop)
+        p->op.gpu_stop = ptimer;
+    p->stopped += 1;
+    if (p->stopped < p->expected)
         return 0;
-    struct nccl_prof_gpu *e = events.ringbuf_reserve(sizeof(struct nccl_prof_gpu));
+    struct nccl_prof_op *e = events.ringbuf_reserve(sizeof(struct nccl_prof_op));
     if (!e) {
         oe_drop(OE_DROP_RINGBUF);
     } else {
-        __builtin_memset(e, 0, sizeof(*e));
-        e->type = NCCL_EV_PROF_GPU;
-        e->pid = tgid;
-        e->channels = op->stopped;
-        e->ts = bpf_ktime_get_ns();
-        e->handle = k.handle;
-        e->gpu_start = op->gpu_start;
-        e->gpu_stop = op->gpu_stop;
+        __builtin_memcpy(e, &p->op, sizeof(*e));
+        e->channels = p->stopped;
         events.ringbuf_submit(e, oe_wakeup_flags());
     }
     prof_ops.delete(&k);
     return 0;
 }
-

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,6 +41,33 @@ from otel_ebpf.nccl_profiler import plugin_path
 
 from . import profiler as prof
 from .config import Config
+from .layouts import (
+    COLL,
+    COMM_BIND,
+    COMM_END,
+    COMM_INFO,
+    COMM_INIT,
+    COMM_INIT_ALL,
+    COMM_SHRINK,
+    COMM_SPLIT,
+    COUNTERS,
+    F_CAPTURED,
+    F_SEQ,
+    GROUP,
+    GROUP_F_CAPTURED,
+    GROUP_F_SIMULATED,
+    INFO_KINDS,
+    INIT_FUNCTIONS,
+    LAYOUTS,
+    Layout,
+    OPS,
+    P2P,
+    PROF_COMM,
+    PROF_COMM_END,
+    PROF_KIND_P2P,
+    PROF_OP,
+    SHRINK_MAX,
+)
 from .events import (
     NcclCollective,
     NcclCommBind,
@@ -56,80 +82,16 @@ from .events import (
     NcclProfColl,
     NcclProfComm,
     NcclProfCommEnd,
-    NcclProfGpu,
     NcclProfP2P,
 )
 
 __all__ = ["INFO_KINDS", "INIT_FUNCTIONS", "LAYOUTS", "OPS", "PROBES", "Layout", "NcclReceiver"]
 
 log = logging.getLogger(__name__)
+SWEEP_INTERVAL_S = 10.0
+GPU_OP_MAX_AGE_S = 300.0  # an op whose kernel channels have not all stopped by then is given up (the sweep)
 SRC = Path(__file__).with_name("nccl.bpf.c")
 PROF_SRC = Path(__file__).with_name("nccl_prof.bpf.c")
-# NCCL_OP_* in nccl.h, by value
-OPS = ("AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AlltoAll", "Gather",
-       "Scatter", "Send", "Recv")
-INIT_FUNCTIONS = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable")
-INFO_KINDS = ("nranks", "rank", "device")
-F_SEQ = 1
-F_CAPTURED = 2  # NCCL_F_CAPTURED
-GROUP_F_SIMULATED = 1
-GROUP_F_CAPTURED = 2
-SHRINK_MAX = 64  # NCCL_SHRINK_MAX
-SWEEP_INTERVAL_S = 10.0
-
-
-class Layout:
-    """The Python mirror of one record struct of nccl.h: (field, struct code) in order,
-    padding included under its C name, little-endian with no implicit alignment."""
-
-    def __init__(self, c_name: str, etype: int, *fields: tuple[str, str]) -> None:
-        self.c_name, self.etype, self.fields = c_name, etype, fields
-        fmt = "<"
-        self.offsets: dict[str, int] = {}
-        for name, code in fields:
-            self.offsets[name] = struct.calcsize(fmt)
-            fmt += code
-        self.struct = struct.Struct(fmt)
-
-
-_HEAD = (("pid", "I"), ("tid", "I"), ("rc", "i"))
-COMM_INIT = Layout("nccl_comm_init", 32, ("type", "B"), ("kind", "B"), ("_pad", "2x"), *_HEAD,
-                   ("nranks", "i"), ("rank", "i"), ("ts_start", "Q"), ("ts_end", "Q"), ("comm", "Q"),
-                   ("id", "128s"))
-COMM_INIT_ALL = Layout("nccl_comm_init_all", 33, ("type", "B"), ("_pad", "3x"), *_HEAD, ("ndev", "i"),
-                       ("_pad2", "4x"), ("ts_start", "Q"), ("ts_end", "Q"), ("comms", "32Q"),
-                       ("devs", "32i"))
-COMM_SPLIT = Layout("nccl_comm_split", 34, ("type", "B"), ("_pad", "3x"), *_HEAD, ("color", "i"),
-                    ("key", "i"), ("ts_start", "Q"), ("ts_end", "Q"), ("parent", "Q"), ("comm", "Q"), ("newcomm", "Q"))
-COMM_END = Layout("nccl_comm_end", 35, ("type", "B"), ("kind", "B"), ("_pad", "2x"), *_HEAD,
-                  ("ts_start", "Q"), ("ts_end", "Q"), ("comm", "Q"))
-COMM_INFO = Layout("nccl_comm_info", 36, ("type", "B"), ("kind", "B"), ("_pad", "2x"), *_HEAD,
-                   ("value", "i"), ("_pad2", "4x"), ("ts", "Q"), ("comm", "Q"))
-COLL = Layout("nccl_coll", 37, ("type", "B"), ("op", "B"), ("flags", "B"), ("_pad", "x"), *_HEAD,
-              ("datatype", "i"), ("redop", "i"), ("root", "i"), ("_pad2", "4x"), ("ts_start", "Q"),
-              ("ts_end", "Q"), ("count", "Q"), ("comm", "Q"), ("stream", "Q"), ("seq", "Q"),
-              ("group", "Q"), ("api", "Q"))
-P2P = Layout("nccl_p2p", 38, ("type", "B"), ("op", "B"), ("flags", "B"), ("_pad", "x"), *_HEAD,
-             ("datatype", "i"), ("peer", "i"), ("ts_start", "Q"), ("ts_end", "Q"), ("count", "Q"),
-             ("comm", "Q"), ("stream", "Q"), ("seq", "Q"), ("group", "Q"), ("api", "Q"))
-GROUP = Layout("nccl_group", 39, ("type", "B"), ("flags", "B"), ("_pad", "2x"), *_HEAD, ("members", "I"),
-               ("p2p", "I"), ("ts_start", "Q"), ("ts_end", "Q"), ("group", "Q"))
-COMM_SHRINK = Layout("nccl_comm_shrink", 40, ("type", "B"), ("_pad", "3x"), *_HEAD, ("nexcluded", "i"),
-                     ("flags", "i"), ("ts_start", "Q"), ("ts_end", "Q"), ("parent", "Q"), ("comm", "Q"),
-                     ("newcomm", "Q"), ("excluded", f"{SHRINK_MAX}i"))
-COMM_BIND = Layout("nccl_comm_bind", 41, ("type", "B"), ("_pad", "3x"), ("pid", "I"), ("tid", "I"), ("_pad2", "4x"),
-                   ("ts", "Q"), ("comm", "Q"), ("newcomm", "Q"))
-_PROF_HEAD = (("type", "B"), ("_pad", "3x"), ("pid", "I"), ("tid", "I"), ("_pad2", "4x"), ("ts", "Q"))
-PROF_COMM = Layout("nccl_prof_comm", 42, *_PROF_HEAD, ("context", "Q"), ("rec", f"{prof.COMM_REC.size}s"))
-PROF_COMM_END = Layout("nccl_prof_comm_end", 43, *_PROF_HEAD, ("context", "Q"))
-PROF_COLL = Layout("nccl_prof_coll", 44, *_PROF_HEAD, ("handle", "Q"), ("rec", f"{prof.COLL_REC.size}s"))
-PROF_P2P = Layout("nccl_prof_p2p", 45, *_PROF_HEAD, ("handle", "Q"), ("rec", f"{prof.P2P_REC.size}s"))
-PROF_GPU = Layout("nccl_prof_gpu", 46, ("type", "B"), ("_pad", "3x"), ("pid", "I"), ("channels", "I"),
-                  ("_pad2", "4x"), ("ts", "Q"), ("handle", "Q"), ("gpu_start", "Q"), ("gpu_stop", "Q"))
-LAYOUTS = (COMM_INIT, COMM_INIT_ALL, COMM_SPLIT, COMM_END, COMM_INFO, COLL, P2P, GROUP, COMM_SHRINK, COMM_BIND,
-           PROF_COMM, PROF_COMM_END, PROF_COLL, PROF_P2P, PROF_GPU)
-
-
 def _coll(symbol: str, entry: str, optional: bool = False) -> tuple[Probe, ...]:
     """The call and its NCCL 2.32 ``*Config`` variant (same leading arguments, optional)."""
     return (Probe(symbol, entry, "nccl_call_return", optional=optional),
@@ -187,10 +149,10 @@ class NcclReceiver(BpfReceiver):
             COMM_INFO.etype: self._comm_info, COLL.etype: self._coll, P2P.etype: self._p2p,
             GROUP.etype: self._group, COMM_SHRINK.etype: self._comm_shrink, COMM_BIND.etype: self._comm_bind,
             PROF_COMM.etype: self._prof_comm, PROF_COMM_END.etype: self._prof_comm_end,
-            PROF_COLL.etype: self._prof_coll, PROF_P2P.etype: self._prof_p2p, PROF_GPU.etype: self._prof_gpu,
+            PROF_OP.etype: self._prof_op,
         }
         self._plugin = prof.PluginProbes()
-        self._unreadable_seen = [0, 0, 0]  # counters[] as last read; only [2] is reported
+        self._counters_seen = [0] * len(COUNTERS)  # counters[] as last read
         self._last_sweep = time.monotonic()
 
     def start(self) -> None:
@@ -232,9 +194,12 @@ class NcclReceiver(BpfReceiver):
         return out
 
     def probes_for(self, path: str) -> Sequence[Probe]:
-        """NCCL's own library gets the uprobes; its plugins (net, tuner, profiler: libnccl-*.so), which the
-        kernel's openat match also reports, none (the profiler plugin is attached by :meth:`attach_library`)."""
-        return () if os.path.basename(path).startswith("libnccl-") else self.probes
+        """NCCL's own library gets the uprobes (none with ``host_calls: false``); its plugins (net, tuner,
+        profiler: libnccl-*.so), which the kernel's openat match also reports, none (the profiler plugin is
+        attached by :meth:`attach_library`)."""
+        if os.path.basename(path).startswith("libnccl-") or not self.config.host_calls:
+            return ()
+        return self.probes
 
     def attach_library(self, path: str) -> int:
         """libnccl: the base's uprobes. An NCCL profiler plugin: its USDT probes (profiler.py), one log line."""
@@ -270,7 +235,7 @@ class NcclReceiver(BpfReceiver):
         super().shutdown()
 
     def poll_maps(self) -> list[object]:
-        for name, grown in self._array_deltas("counters", ("", "", "pending_unreadable"), self._unreadable_seen):
+        for name, grown in self._array_deltas("counters", COUNTERS, self._counters_seen):
             if name:  # [0], [1] are id counters, not losses
                 self.ctx.telemetry.dropped(self.name, name, grown)
         now = time.monotonic()
@@ -282,19 +247,29 @@ class NcclReceiver(BpfReceiver):
     def sweep(self) -> int:
         """Free the kernel's communicator state (and non-blocking split children waiting for a
         handle) of processes that have exited (PyTorch often
-        exits without ncclCommDestroy), zombies included: they make no more calls; returns how
-        many entries were freed. PIDs are those of the agent's PID namespace, as everywhere in
+        exits without ncclCommDestroy), zombies included: they make no more calls; and the profiler's ops and
+        kernel channels (nccl_prof.bpf.c) of exited processes, or older than ``GPU_OP_MAX_AGE_S`` (a kernel that
+        never ended, channel events lost), those counted as ``otel_ebpf.events.dropped{reason=gpu_op_expired}``.
+        Returns how many entries were freed. PIDs are those of the agent's PID namespace, as everywhere in
         BpfReceiver. Poll thread only."""
         freed = 0
         for name in ("comms", "nb_pending"):  # keyed by (tgid, handle) / by tgid
             table = self.bpf[name]
-            gone = [k for k in table.keys() if process_gone(k.tgid if name == "comms" else k.value)]
-            for key in gone:
-                try:
-                    del table[key]
-                except KeyError:
-                    pass
-            freed += len(gone)
+            freed += _delete(table, [k for k in table.keys() if process_gone(k.tgid if name == "comms" else k.value)])
+        oldest = self.clock.now_monotonic_ns() - int(GPU_OP_MAX_AGE_S * 1e9)
+        for name in ("prof_ops", "prof_chs"):
+            table = self.bpf[name]
+            gone, expired = [], []
+            for k, v in table.items():
+                if process_gone(k.tgid):
+                    gone.append(k)
+                elif (v.op.ts if name == "prof_ops" else v.ts) < oldest:
+                    expired.append(k)
+            freed += _delete(table, gone)
+            lost = _delete(table, expired)
+            if lost and name == "prof_ops":
+                self.ctx.telemetry.dropped(self.name, "gpu_op_expired", lost)
+            freed += lost
         return freed
 
     def cflags(self) -> list[str]:
@@ -322,22 +297,17 @@ class NcclReceiver(BpfReceiver):
         _, pid, tid, ts, context = PROF_COMM_END.struct.unpack_from(raw)
         return NcclProfCommEnd(pid, tid, self._ns(ts), context)
 
-    def _prof_coll(self, raw: bytes) -> NcclProfColl:
-        _, pid, tid, ts, handle, rec = PROF_COLL.struct.unpack_from(raw)
+    def _prof_op(self, raw: bytes) -> NcclProfColl | NcclProfP2P:
+        _, kind, pid, tid, channels, ts, handle, gpu_start, gpu_stop, rec = PROF_OP.struct.unpack_from(raw)
+        if kind == PROF_KIND_P2P:
+            context, group, count, _buff, peer, nchannels, func, datatype, api = prof.P2P_REC.unpack_from(rec)
+            return NcclProfP2P(pid, tid, self._ns(ts), handle, context, group, api, prof.text(func), count,
+                               prof.text(datatype), peer, nchannels, gpu_start, gpu_stop, channels)
         (context, group, seq, count, _send, _recv, root, nchannels, nwarps, func, datatype, algo, proto,
          api) = prof.COLL_REC.unpack(rec)
         return NcclProfColl(pid, tid, self._ns(ts), handle, context, group, api, seq, prof.text(func), count,
-                            prof.text(datatype), root, prof.text(algo), prof.text(proto), nchannels, nwarps)
-
-    def _prof_p2p(self, raw: bytes) -> NcclProfP2P:
-        _, pid, tid, ts, handle, rec = PROF_P2P.struct.unpack_from(raw)
-        context, group, count, _buff, peer, nchannels, func, datatype, api = prof.P2P_REC.unpack(rec)
-        return NcclProfP2P(pid, tid, self._ns(ts), handle, context, group, api, prof.text(func), count,
-                           prof.text(datatype), peer, nchannels)
-
-    def _prof_gpu(self, raw: bytes) -> NcclProfGpu:
-        _, pid, channels, ts, handle, gpu_start, gpu_stop = PROF_GPU.struct.unpack_from(raw)
-        return NcclProfGpu(pid, self._ns(ts), handle, gpu_start, gpu_stop, channels)
+                            prof.text(datatype), root, prof.text(algo), prof.text(proto), nchannels, nwarps,
+                            gpu_start, gpu_stop, channels)
 
     def _comm_init(self, raw: bytes) -> NcclCommInit:
         _, kind, pid, tid, rc, nranks, rank, t0, t1, comm, uid = COMM_INIT.struct.unpack_from(raw)
@@ -391,3 +361,15 @@ class NcclReceiver(BpfReceiver):
         excluded = tuple(v[11:11 + max(0, min(n, SHRINK_MAX))])
         return NcclCommShrink(pid, tid, self._ns(t0), self._ns(t1), parent, comm, n, excluded, flags, rc,
                               newcomm)
+
+
+def _delete(table: object, keys: list[object]) -> int:
+    """Delete ``keys`` from BPF map ``table``; how many were there."""
+    n = 0
+    for key in keys:
+        try:
+            del table[key]  # type: ignore[attr-defined]
+            n += 1
+        except KeyError:
+            pass
+    return n

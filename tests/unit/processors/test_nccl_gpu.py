@@ -1,6 +1,6 @@
 """The NCCL processor's GPU spans from the profiler plugin's records (processors/nccl/gpu.py): matched to their
 host call by the CollApi/P2pApi handle in either order, parented on the host span, bandwidth as nccl-tests
-computes it, unknown ops and full tables counted, and passed through the gateway's join untouched."""
+computes it, full tables counted; a process whose NCCL the uprobes do not see gets spans from the plugin alone."""
 from __future__ import annotations
 
 import pytest
@@ -10,8 +10,7 @@ from otel_ebpf.core.ids import collective_ids
 from otel_ebpf.core.telemetry import DROPPED
 from otel_ebpf.processors.nccl.comms import comm_id_from_unique_id
 from otel_ebpf.processors.nccl.gpu import MAX_CLOCK_SKEW_NS, GpuBook, HostCall, bus_factor
-from otel_ebpf.receivers.nccl.events import NcclCollective, NcclP2P, NcclProfColl, NcclProfComm, NcclProfGpu, \
-    NcclProfP2P
+from otel_ebpf.receivers.nccl.events import NcclCollective, NcclP2P, NcclProfColl, NcclProfComm, NcclProfP2P
 from tests.unit.processors.test_nccl_processor import HANDLE, PIDS, UID, Harness, init
 
 T0 = 1_800_000_000_000_000_000  # epoch ns: the GPU clock reads the same epoch
@@ -22,13 +21,11 @@ def host(pid: int, seq: int, api: int = API, op: str = "AllReduce", count: int =
     return NcclCollective(pid, pid, T0, T0 + 20_000, op, HANDLE, count, 7, 0, None, 0xabc, seq, 0, 0, False, api)
 
 
-def plan(pid: int, seq: int = 0, handle: int = OP, api: int = API, func: str = "AllReduce") -> NcclProfColl:
+def gpu(pid: int, seq: int = 0, handle: int = OP, api: int = API, func: str = "AllReduce",
+        start: int = T0 + 30_000, dur: int = 4_000_000) -> NcclProfColl:
+    """The plugin's record of a collective whose 4 kernel channels ran from ``start`` for ``dur`` ns."""
     return NcclProfColl(pid, pid, T0 + 10_000, handle, CTX, 0x41, api, seq, func, 1 << 20, "ncclFloat32", 0,
-                        "RING", "SIMPLE", 4, 16)
-
-
-def gpu(pid: int, handle: int = OP, start: int = T0 + 30_000, dur: int = 4_000_000) -> NcclProfGpu:
-    return NcclProfGpu(pid, start + dur + 50_000, handle, start, start + dur, 4)
+                        "RING", "SIMPLE", 4, 16, start, start + dur, 4)
 
 
 def comm(pid: int, rank: int) -> NcclProfComm:
@@ -45,7 +42,7 @@ def ranks() -> Harness:
 def test_the_gpu_span_is_the_child_of_its_host_span_with_nccl_figures() -> None:
     h = ranks()
     pid = PIDS[1]
-    out = h.feed(plan(pid), host(pid, 0))
+    out = h.feed(host(pid, 0))
     host_span = next(s for s in out if isinstance(s, SpanRecord) and s.name == "ncclAllReduce")
     assert not any(isinstance(s, SpanRecord) and s.name.endswith(" gpu") for s in out)  # its kernel still runs
     out = h.feed(gpu(pid))
@@ -70,7 +67,7 @@ def test_the_gpu_span_is_the_child_of_its_host_span_with_nccl_figures() -> None:
 def test_a_gpu_time_that_comes_before_its_host_call_waits_for_it() -> None:
     h = ranks()
     pid = PIDS[0]
-    assert not [s for s in h.feed(plan(pid), gpu(pid)) if isinstance(s, SpanRecord)]
+    assert not [s for s in h.feed(gpu(pid)) if isinstance(s, SpanRecord)]
     spans = [s for s in h.feed(host(pid, 0)) if isinstance(s, SpanRecord)]
     assert sorted(s.name for s in spans) == ["nccl AllReduce", "ncclAllReduce", "ncclAllReduce gpu"]
 
@@ -79,8 +76,8 @@ def test_p2p_gets_a_gpu_span_and_calls_without_the_plugin_get_none() -> None:
     h = ranks()
     pid = PIDS[2]
     send = NcclP2P(pid, pid, T0, T0 + 100, "Send", HANDLE, 256, 7, 0, 0, 0, 0, 0, False, 0x77)
-    p = NcclProfP2P(pid, pid, T0 + 50, 0x99, CTX, 0x41, 0x77, "Send", 256, "ncclFloat32", 0, 2)
-    spans = [s for s in h.feed(send, p, gpu(pid, 0x99, dur=1000)) if isinstance(s, SpanRecord)]
+    p = NcclProfP2P(pid, pid, T0 + 50, 0x99, CTX, 0x41, 0x77, "Send", 256, "ncclFloat32", 0, 2, T0, T0 + 1000, 2)
+    spans = [s for s in h.feed(send, p) if isinstance(s, SpanRecord)]
     g = next(s for s in spans if s.name == "ncclSend gpu")
     assert g.trace_id is None and g.parent_span_id is None  # a trace of its own (the gateway moves the host span)
     assert g.attributes["nccl.peer"] == 0 and g.attributes["nccl.busbw"] == pytest.approx(1024 / 1e-6)
@@ -89,28 +86,53 @@ def test_p2p_gets_a_gpu_span_and_calls_without_the_plugin_get_none() -> None:
     assert [s.name for s in plain] == ["ncclAllReduce"]
 
 
-def test_unknown_ops_unsynced_clocks_exits_and_full_tables_are_counted() -> None:
+def test_unsynced_clocks_exits_and_full_tables_are_counted() -> None:
     h = ranks()
     pid = PIDS[1]
-    h.feed(gpu(pid, handle=0x1234))
-    assert h.ctx.telemetry.get(DROPPED, receiver="nccl", reason="gpu_op_unknown") == 1
     far = gpu(pid, start=T0 + 2 * MAX_CLOCK_SKEW_NS)
-    spans = [s for s in h.feed(plan(pid), host(pid, 0), far) if isinstance(s, SpanRecord)]
+    spans = [s for s in h.feed(host(pid, 0), far) if isinstance(s, SpanRecord)]
     g = next(s for s in spans if s.name.endswith(" gpu"))
     assert g.attributes["nccl.gpu.clock"] == "unsynced" and g.start_ns == T0 + 20_000  # the host call's end
-    assert g.end_ns - g.start_ns == 4_000_000
-    h.feed(plan(pid, 1, handle=0x55, api=0x66), ProcessExit(pid, T0 + 10**9, "rank", 0, "nccl"))
-    assert not h.proc.gpu.ops.items and not h.proc.gpu.comms.items.get((pid, CTX))
+    assert g.end_ns - g.start_ns == 4_000_000 and "nccl.gpu.queue_ns" not in g.attributes
+    h.feed(gpu(pid, 1, handle=0x55, api=0x66), ProcessExit(pid, T0 + 10**9, "rank", 0, "nccl"))
+    assert not h.proc.gpu.ready.items and not h.proc.gpu.comms.items.get((pid, CTX))
     book = GpuBook(2, h.ctx.telemetry)
     for i in range(3):
-        book.op(plan(pid, i, handle=i + 1))
+        book.host(pid, 100 + i, HostCall("ncclAllReduce", T0, {}, None, None, 2))
     assert h.ctx.telemetry.get(DROPPED, receiver="nccl", reason="gpu_table_full") == 1
     book = GpuBook(2, h.ctx.telemetry)
     for i in range(3):  # GPU results no host call claims (calls the uprobes did not see): pushed out, not lost
-        book.op(plan(pid, i, handle=i + 1, api=100 + i))
-        book.gpu(gpu(pid, handle=i + 1))
+        book.done(gpu(pid, i, handle=i + 1, api=100 + i))
     assert h.ctx.telemetry.get("otel_ebpf.nccl.gpu.unmatched") == 1
     assert h.ctx.telemetry.get(DROPPED, receiver="nccl", reason="gpu_table_full") == 1
+
+
+def test_a_process_whose_nccl_is_not_probed_gets_joinable_spans_from_the_plugin_alone() -> None:
+    """NCCL linked statically (no libnccl to uprobe): the plugin's records are the collective's spans, with the
+    plugin's identity (comm hash, rank, size, NCCL's per-function seq) and GPU time; rank 0 adds the root."""
+    h = Harness(host="node-b")
+    spans = {}
+    for rank, pid in enumerate(PIDS):
+        h.feed(comm(pid, rank))
+        out = [s for s in h.feed(gpu(pid, seq=5, start=T0 + 30_000 + rank * 1000)) if isinstance(s, SpanRecord)]
+        spans[rank] = out
+    assert sorted(s.name for s in spans[0]) == ["nccl AllReduce", "ncclAllReduce"]
+    assert [s.name for s in spans[1]] == ["ncclAllReduce"]
+    cid = "00000000feedbeef/AllReduce"
+    for rank in (1, 2):
+        (s,) = spans[rank]
+        a = s.attributes
+        trace, root, own = collective_ids(cid, 5, rank)
+        assert (s.trace_id, s.span_id, s.parent_span_id) == (trace, own, root)
+        assert (a["nccl.comm.id"], a["nccl.seq"], a["nccl.rank"], a["nccl.nranks"]) == (cid, 5, rank, 3)
+        assert (a["nccl.source"], a["nccl.timing"], a["nccl.op"], a["nccl.datatype"]) == \
+            ("profiler_plugin", "gpu", "AllReduce", "float32")
+        assert a["nccl.bytes"] == (1 << 20) * 4 and a["nccl.gpu.duration_ns"] == 4_000_000
+        assert (s.start_ns, s.end_ns) == (T0 + 30_000 + rank * 1000, T0 + 30_000 + rank * 1000 + 4_000_000)
+        assert a["nccl.busbw"] == pytest.approx((1 << 20) * 4 / 4e-3 * 2 * 2 / 3)
+    root = next(s for s in spans[0] if s.name == "nccl AllReduce")
+    assert root.span_id == collective_ids(cid, 5, 0)[1] and root.parent_span_id is None
+    assert "nccl.rank" not in root.attributes
 
 
 @pytest.mark.parametrize(("op", "n", "mult", "factor"), [
@@ -130,8 +152,9 @@ def test_a_split_childs_call_the_agent_could_not_rank_takes_nccls_rank_and_the_g
                     nranks=None)
     pid = PIDS[2]
     book.comm(NcclProfComm(pid, pid, T0, 0x12, 0xabc, 1, 2, 1, "", 1))
-    op = NcclProfColl(pid, pid, T0, 0x5, 0x12, 0, API, 0, "AllReduce", 1024, "ncclFloat32", 0, "RING", "LL", 2, 4)
-    _, _, attrs, parent = book.gpu_attributes(op, call, gpu(pid, 0x5))
+    op = NcclProfColl(pid, pid, T0, 0x5, 0x12, 0, API, 0, "AllReduce", 1024, "ncclFloat32", 0, "RING", "LL", 2, 4,
+                      T0, T0 + 4_000_000, 2)
+    _, _, attrs, parent = book.gpu_attributes(op, call)
     assert (attrs["nccl.rank"], attrs["nccl.nranks"]) == (1, 2)
     assert parent == collective_ids("00000000000000c1", 4, 1)[2]
     assert attrs["nccl.busbw"] == pytest.approx(4096 / 4e-3 * 2 * 1 / 2)  # AllReduce on the plugin's 2 ranks
