@@ -32,7 +32,9 @@ Out = list[object]
 
 
 def is_gpu(attrs: Mapping[str, Any]) -> bool:
-    return attrs.get("nccl.timing") == "gpu"
+    """A rank's GPU span, child of its host span; not a span from the profiler plugin alone (``nccl.source =
+    "profiler_plugin"``: GPU-timed too, but the rank span itself, joined as any)."""
+    return attrs.get("nccl.timing") == "gpu" and attrs.get("nccl.source") != "profiler_plugin"
 
 
 @dataclass
