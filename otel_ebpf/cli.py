@@ -236,7 +236,8 @@ def _report(agent, started: float) -> None:  # type: ignore[no-untyped-def]
             for eid, c in agent.cfg.exporters.items() if eid in used]
     drops = agent.drops()
     where = f" ({', '.join(f'{k}={v}' for k, v in sorted(drops.items()))})" if drops else ""
-    print(f"otel-ebpf: {s['events']} events, {s['spans']} spans, {s['dropped']} dropped{where}, "
+    logs = f"{s['logs']} log records, " if s.get("logs") else ""
+    print(f"otel-ebpf: {s['events']} events, {s['spans']} spans, {logs}{s['dropped']} dropped{where}, "
           f"{s['probes']} probes attached ({s['probe_failures']} failed) in {time.monotonic() - started:.1f}s; "
           f"exported to {', '.join(outs)}", file=sys.stderr)
 
@@ -331,7 +332,8 @@ def _gateway(args: argparse.Namespace) -> int:
         gateway.shutdown()
         n = gateway.summary()
         print(f"otel-ebpf gateway: {n['requests']} requests ({n['rejected']} rejected, {n['refused']} refused for "
-              f"room), {n['received']} items received, {n['spans']} spans out, {n['dropped']} dropped, "
+              f"room), {n['received']} items received, {n['spans']} spans out, {n['logs']} log records out, "
+              f"{n['dropped']} dropped, "
               f"{n['lost']} lost end to end (agents' drops included) in {time.monotonic() - started:.1f}s",
               file=sys.stderr)
     return 0

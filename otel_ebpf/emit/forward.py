@@ -1,14 +1,18 @@
-"""The gateway's emit stage: spans and metrics received from agents go out through the SDK.
+"""The gateway's emit stage: spans, metrics and log records received from agents go out through
+the SDK.
 
 * SDK ``ReadableSpan`` (received, joined or synthesized) -> every exporter's span queue (the
   :class:`~otel_ebpf.emit.emitter.Emitter`'s: bounded, own worker, batching, retries; drops
   counted in ``otel_ebpf.events.dropped{receiver=<exporter>}``).
+* SDK ``ReadableLogRecord`` (received) -> every exporter's log queue (the Emitter's; none for
+  Prometheus), drops counted in ``otel_ebpf.events.dropped{receiver=<exporter>, signal=logs}``.
 * SDK ``MetricsData`` (received from agents) -> every exporter's metric queue, as is; drops are
   counted in ``otel_ebpf.metrics.dropped``, failed attempts in ``otel_ebpf.export.failed``.
 * Anything else (the gateway's own ``MetricRecord``, ``Tick``) -> the Emitter.
 
 Thread safety: ``consume`` may be called from several pipeline workers at once (the trace and
 the metrics queue). It never waits for an exporter: one slow exporter delays no other.
+``spans_forwarded`` / ``logs_forwarded``: what it put on the queues so far.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
+from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk.metrics.export import MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
 
@@ -40,20 +45,26 @@ class Forwarder:
         self._telemetry = telemetry
         self._lock = threading.Lock()
         self.spans_forwarded = 0
+        self.logs_forwarded = 0
 
     def consume(self, events: Sequence[object]) -> None:
         others: list[object] = []
         spans: list[ReadableSpan] = []
+        logs: list[ReadableLogRecord] = []
         for ev in events:
             if isinstance(ev, ReadableSpan):
                 spans.append(ev)
+            elif isinstance(ev, ReadableLogRecord):
+                logs.append(ev)
             elif isinstance(ev, MetricsData):
                 self.emitter.export_metrics_data(ev)
             else:
                 others.append(ev)
         self.emitter.export_spans(spans)
+        self.emitter.export_logs(logs)
         with self._lock:
             self.spans_forwarded += len(spans)
+            self.logs_forwarded += len(logs)
         if others:
             self.emitter.consume(others)
 

@@ -8,12 +8,18 @@
 * :func:`metrics_from_request`: ``ExportMetricsServiceRequest`` -> SDK ``MetricsData`` with
   Sum, Gauge and (explicit-bucket) Histogram metrics, temporality and exemplars kept, for
   pass-through to the SDK metric exporters.
+* :func:`logs_from_request`: ``ExportLogsServiceRequest`` -> SDK ``ReadableLogRecord`` list, each
+  with its resource, instrumentation scope, times, severity (text and number; a number outside
+  the OTel range becomes UNSPECIFIED, as an unknown span kind becomes INTERNAL), body (any OTLP
+  value: strings, numbers, bytes, arrays as tuples, kvlists as dicts), attributes, event name,
+  trace flags and trace/span ids (empty or all-zero: none).
 
 Never raises on bad content (the OTLP server has already rejected undecodable bodies): a span
-with invalid ids, a link with invalid ids, a metric of another point type or a malformed point
-is left out and counted in the returned :class:`Drops` (``malformed_span``, ``malformed_link``,
-``unsupported_metric_type`` (points), ``malformed_metric`` (points)). Not preserved: the
-``dropped_*_count`` fields (the SDK only derives them from its own attribute limits).
+with invalid ids, a link with invalid ids, a metric of another point type, a malformed point or
+a log record with ids of the wrong length is left out and counted in the returned :class:`Drops`
+(``malformed_span``, ``malformed_link``, ``unsupported_metric_type`` (points),
+``malformed_metric`` (points), ``malformed_log``). Not preserved: the ``dropped_*_count``
+fields (the SDK only derives them from its own attribute limits).
 
 Requests with one resource or scope repeated are merged per resource and scope, because the
 SDK's metrics encoder keys its output by resource and would keep only the last. Pure
@@ -24,9 +30,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from opentelemetry._logs import LogRecord as SdkLogRecord
+from opentelemetry._logs import SeverityNumber
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import SpanFlags
+from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk.metrics import Exemplar
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -46,7 +56,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
-__all__ = ["Drops", "decode_attributes", "metrics_from_request", "spans_from_request"]
+from otel_ebpf.emit.logs import log_context
+
+__all__ = ["Drops", "decode_attributes", "logs_from_request", "metrics_from_request", "spans_from_request"]
 
 Drops = Counter[str]  # reason -> items left out
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -56,6 +68,7 @@ _KINDS = {0: SpanKind.INTERNAL, 1: SpanKind.INTERNAL, 2: SpanKind.SERVER, 3: Spa
           4: SpanKind.PRODUCER, 5: SpanKind.CONSUMER}
 _STATUS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
 _TEMPORALITY = {t.value: t for t in AggregationTemporality}
+_SEVERITY = {s.value: s for s in SeverityNumber}
 
 
 class _Malformed(Exception):
@@ -245,3 +258,42 @@ def metrics_from_request(request: ExportMetricsServiceRequest) -> tuple[MetricsD
                                       for scope, metrics in scopes.items() if metrics], resource.schema_url)
            for resource, scopes in by_resource.items()]
     return MetricsData([rm for rm in out if rm.scope_metrics]), drops
+
+
+# -- logs ------------------------------------------------------------------------------------
+def _optional_id(raw: bytes, size: int) -> int:
+    """A log record's id: empty or all-zero is none (0); another length raises _Malformed."""
+    if raw and len(raw) != size:
+        raise _Malformed(f"id of {len(raw)} bytes, expected {size}")
+    return int.from_bytes(raw, "big") if raw else 0
+
+
+def _log(pb: Any, resource: Resource, scope: InstrumentationScope) -> ReadableLogRecord:
+    trace_id, span_id = _optional_id(pb.trace_id, 16), _optional_id(pb.span_id, 8)
+    context = log_context(trace_id, span_id, TraceFlags(pb.flags & 0xFF))
+    record = SdkLogRecord(
+        timestamp=pb.time_unix_nano or None, observed_timestamp=pb.observed_time_unix_nano or None,
+        context=context, severity_text=pb.severity_text or None,
+        severity_number=_SEVERITY.get(pb.severity_number, SeverityNumber.UNSPECIFIED),
+        body=_value(pb.body) if pb.HasField("body") else None, attributes=decode_attributes(pb.attributes),
+        event_name=pb.event_name or None)
+    return ReadableLogRecord(record, resource, scope)
+
+
+def logs_from_request(request: ExportLogsServiceRequest) -> tuple[list[ReadableLogRecord], Drops]:
+    """Every convertible log record of ``request`` (request order) and what was left out, by
+    reason. Records of one ``ResourceLogs`` share one ``Resource`` object, those of one
+    ``ScopeLogs`` one ``InstrumentationScope``. A record without ``observed_time_unix_nano``
+    gets the time of decoding (the SDK's default), one without ``time_unix_nano`` none."""
+    logs: list[ReadableLogRecord] = []
+    drops: Drops = Counter()
+    for rl in request.resource_logs:
+        resource = _resource(rl.resource, rl.schema_url)
+        for sl in rl.scope_logs:
+            scope = _scope(sl.scope, sl.schema_url)
+            for pb in sl.log_records:
+                try:
+                    logs.append(_log(pb, resource, scope))
+                except (_Malformed, ValueError, TypeError):
+                    drops["malformed_log"] += 1
+    return logs, drops

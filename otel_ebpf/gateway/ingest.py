@@ -1,32 +1,35 @@
 """The gateway's ingest: the stage after its OTLP receiver (:mod:`otel_ebpf.receivers.otlp`).
-Each decoded export request becomes SDK objects (:mod:`otel_ebpf.emit.otlp_in`): spans go to
-one queue, each request's ``MetricsData`` to another (:class:`Queue`: thread-safe ``offer``,
-e.g. BoundedQueues).
+Each decoded export request becomes SDK objects (:mod:`otel_ebpf.emit.otlp_in`): spans and log
+records (``ReadableLogRecord``) go to one queue, the pipeline's (its processors pass on what they
+do not handle), each request's ``MetricsData`` to another (:class:`Queue`: thread-safe
+``offer``, e.g. BoundedQueues).
 
 Backpressure: a request is queued whole or not at all. When its queue has no room for all of
 it after the receiver's ``wait_for_room``, :meth:`OtlpIngest.offer` returns False and the
 receiver refuses the request (UNAVAILABLE / 503 with a ``retry_after`` hint): nothing of it is
 kept or counted as received, so the agent's retry duplicates nothing. Refusals count in the
 receiver's stats (``refused`` requests) and in ``otel_ebpf.events.refused{receiver, signal}``
-(spans / points).
+(spans / points / log records; signal traces, metrics or logs).
 
 Counted in the gateway's Telemetry once a request is queued: ``otel_ebpf.events.received
-{receiver}`` (spans and metric data points converted) and ``otel_ebpf.events.dropped{receiver,
-reason}`` (``malformed_span``, ``malformed_link``, ``malformed_metric``,
-``unsupported_metric_type``). Each queued metrics request is read by ``losses`` (the agents'
-drop counters, :mod:`otel_ebpf.gateway.losses`). Rejected requests (malformed, too large) are
-counted by the receiver's server. Thread-safe: called on the receiver's server threads.
+{receiver}`` (spans, metric data points and log records converted) and
+``otel_ebpf.events.dropped{receiver, reason}`` (``malformed_span``, ``malformed_link``,
+``malformed_metric``, ``unsupported_metric_type``, ``malformed_log``). Each queued metrics
+request is read by ``losses`` (the agents' drop counters, :mod:`otel_ebpf.gateway.losses`).
+Rejected requests (malformed, too large) are counted by the receiver's server. Thread-safe:
+called on the receiver's server threads.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_ebpf.core.telemetry import RECEIVED, REFUSED, Telemetry
-from otel_ebpf.emit.otlp_in import metrics_from_request, spans_from_request
+from otel_ebpf.emit.otlp_in import logs_from_request, metrics_from_request, spans_from_request
 from otel_ebpf.gateway.losses import AgentLossLedger
 from otel_ebpf.receivers.otlp import count_items
 
@@ -39,9 +42,10 @@ class Queue(Protocol):
 
 
 class OtlpIngest:
-    """Decoded OTLP requests -> SDK spans (``spans``) and MetricsData (``metrics``), counted
-    under ``receiver=name``. ``losses``: reads the agents' drop counters from each queued
-    metrics request (optional). Requests of other types are ignored."""
+    """Decoded OTLP requests -> SDK spans and log records (``spans``, the pipeline's queue) and
+    MetricsData (``metrics``), counted under ``receiver=name``. ``losses``: reads the agents'
+    drop counters from each queued metrics request (optional). Requests of other types are
+    ignored."""
 
     def __init__(self, telemetry: Telemetry, spans: Queue, metrics: Queue, name: str = "otlp",
                  losses: AgentLossLedger | None = None) -> None:
@@ -57,7 +61,10 @@ class OtlpIngest:
             if isinstance(request, ExportTraceServiceRequest):
                 if not self._traces(request, block_s):
                     return False
-            elif isinstance(request, ExportMetricsServiceRequest) and not self._metrics_in(request, block_s):
+            elif isinstance(request, ExportMetricsServiceRequest):
+                if not self._metrics_in(request, block_s):
+                    return False
+            elif isinstance(request, ExportLogsServiceRequest) and not self._logs_in(request, block_s):
                 return False
         return True
 
@@ -85,4 +92,12 @@ class OtlpIngest:
         self._count(max(0, count_items(request) - sum(drops.values())), drops)
         if self._losses is not None:
             self._losses.observe(request)
+        return True
+
+    def _logs_in(self, request: ExportLogsServiceRequest, block_s: float) -> bool:
+        logs, drops = logs_from_request(request)
+        if not self._spans.offer(logs, block_s=block_s):
+            self._telemetry.add(REFUSED, len(logs), receiver=self.name, signal="logs")
+            return False
+        self._count(len(logs), drops)
         return True

@@ -4,13 +4,16 @@ the layer that lost it.
 ``otel_ebpf.events.lost{layer, receiver, reason}`` (unit ``{event}``, monotonic):
 
 * ``layer=gateway``: every ``otel_ebpf.events.dropped`` the gateway counts itself (its queues,
-  its exporters' queues and failed exports, malformed spans), mirrored as it is counted
-  (:class:`GatewayTelemetry`).
+  its exporters' span and log queues and failed exports, malformed spans and log records),
+  mirrored as it is counted (:class:`GatewayTelemetry`).
 * ``layer=agent``: the agents' own ``otel_ebpf.events.dropped{receiver, reason}``, read from the
   OTLP metrics they send through the gateway (:class:`AgentLossLedger`), summed over agents.
   Cumulative series are turned into increments per (agent resource, attributes); a value below
   the last one, or a new start time, is a restarted agent: its new value counts in full.
   Delta series count as they come. The same cumulative point sent twice (a retry) adds nothing.
+
+An exporter's lost log records carry ``signal=logs`` in ``otel_ebpf.events.dropped`` (its spans
+no signal); ``otel_ebpf.events.lost`` keeps that attribute, so ``signal="logs"`` selects them.
 
 Not counted: reasons that lose nothing (:data:`NOT_LOST`); requests the gateway refused
 (``otel_ebpf.events.refused``): the agent retries them, and counts them dropped if it gives up,
@@ -41,13 +44,15 @@ _EVICTED = "otel_ebpf.gateway.loss_series.evicted"
 
 class GatewayTelemetry(Telemetry):
     """The gateway's Telemetry: each ``otel_ebpf.events.dropped`` it counts is also counted as
-    ``otel_ebpf.events.lost{layer=gateway}`` (unless its reason is in :data:`NOT_LOST`)."""
+    ``otel_ebpf.events.lost{layer=gateway}`` (unless its reason is in :data:`NOT_LOST`), with its
+    ``signal`` when it has one."""
 
     def add(self, name: str, value: int = 1, **attrs: str) -> None:
         super().add(name, value, **attrs)
         if name == DROPPED and value > 0 and attrs.get("reason") not in NOT_LOST:
+            signal = {"signal": attrs["signal"]} if "signal" in attrs else {}
             super().add(LOST, value, layer="gateway", receiver=attrs.get("receiver", ""),
-                        reason=attrs.get("reason", ""))
+                        reason=attrs.get("reason", ""), **signal)
 
 
 def _resource_key(attributes: Iterable[Any]) -> tuple[tuple[str, str], ...]:
@@ -63,7 +68,7 @@ class AgentLossLedger:
         self._telemetry = telemetry
         self._max = max_series
         self._lock = threading.Lock()
-        # (resource, receiver, reason) -> (start time ns, last cumulative value)
+        # (resource, point attributes) -> (start time ns, last cumulative value)
         self._last: OrderedDict[tuple[Any, ...], tuple[int, int]] = OrderedDict()
 
     def observe(self, request: Any) -> int:
@@ -91,9 +96,10 @@ class AgentLossLedger:
         receiver, reason = attrs.get("receiver", ""), attrs.get("reason", "")
         if reason in NOT_LOST:
             return 0
+        signal = {"signal": attrs["signal"]} if "signal" in attrs else {}
         value: int = dp.as_int
-        if cumulative:
-            key = (resource, receiver, reason)
+        if cumulative:  # keyed by every attribute: an exporter's span and log drops are two series
+            key = (resource, tuple(sorted(attrs.items())))
             with self._lock:
                 start, last = self._last.pop(key, (dp.start_time_unix_nano, 0))
                 restarted = value < last or start != dp.start_time_unix_nano
@@ -106,5 +112,5 @@ class AgentLossLedger:
             self._telemetry.add(_EVICTED, evicted)
         else:
             increment = value
-        self._telemetry.add(LOST, increment, layer="agent", receiver=receiver, reason=reason)
+        self._telemetry.add(LOST, increment, layer="agent", receiver=receiver, reason=reason, **signal)
         return increment

@@ -2,17 +2,21 @@
 
 ::
 
-    OtlpReceiver -> OtlpIngest -spans-> BoundedQueue(traces) -> collective_join -> ... -> ExportGate -> Forwarder
-                               -metrics-> BoundedQueue(metrics) ---------------------------------> Forwarder
-    ticker ------------------Tick-----> BoundedQueue(traces)   (timeouts fire while a hung job sends nothing)
+    OtlpReceiver -> OtlpIngest -spans+logs-> BoundedQueue(traces) -> collective_join -> ... -> ExportGate -> Forwarder
+                               -metrics---> BoundedQueue(metrics) ---------------------------------> Forwarder
+    ticker ------------------Tick-------> BoundedQueue(traces)   (timeouts fire while a hung job sends nothing)
 
 Backpressure, end to end: a stalled exporter fills its span queue; the ExportGate then holds the
 pipeline worker (up to ``service.max_export_wait``); the trace queue fills; the receiver refuses
 requests whole (UNAVAILABLE / 503 with ``retry_after``) and the agents retry. Losses anywhere
 are counted in ``otel_ebpf.events.lost{layer}`` (:mod:`otel_ebpf.gateway.losses`).
 
-Spans and metrics leave through the SDK (:class:`~otel_ebpf.emit.forward.Forwarder`: each
-exporter's BatchSpanProcessor, metric exporters as is); the gateway's own metrics (join
+Received log records (SDK ``ReadableLogRecord``, their resources kept) share the trace queue
+and pass through the processors, which pass on what they do not handle; the ExportGate waits for
+room in the exporters' span and log queues alike.
+
+Spans, log records and metrics leave through the SDK (:class:`~otel_ebpf.emit.forward.Forwarder`:
+each exporter's sending queues, metric exporters as is); the gateway's own metrics (join
 metrics, drop counters) go through an :class:`~otel_ebpf.emit.emitter.Emitter` on the
 resource ``service.name=otel-ebpf-gateway``.
 
@@ -30,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
-from otel_ebpf.emit.exporters import build_exporters, check_output_directory
+from otel_ebpf.emit.exporters import build_exporters, build_log_exporter, check_output_directory
 from otel_ebpf.emit.forward import Forwarder
 from otel_ebpf.core.errors import OtelEbpfError
 from otel_ebpf.core.events import Tick
@@ -64,13 +68,14 @@ class Gateway:
         for eid in pipe.exporters:
             ecfg = cfg.exporters[eid]
             spans, metrics = build_exporters(ecfg)
-            specs.append(ExporterSpec.of(eid, spans, metrics, ecfg))  # batch and retry_on_failure from config
+            # batch and retry_on_failure from config
+            specs.append(ExporterSpec.of(eid, spans, metrics, ecfg, logs=build_log_exporter(ecfg)))
         emitter = Emitter(specs, self.ctx.telemetry, resource_of=lambda pid, comm: {},
                           agent_attributes=gateway_resource_attributes(), max_processes=1,
                           metrics_interval=svc.metrics_interval)
         self.forwarder = Forwarder(emitter, specs, self.ctx.telemetry)
         factories = components.processors()
-        self.gate = ExportGate(self.forwarder, lambda: getattr(emitter, "span_queues", ()),
+        self.gate = ExportGate(self.forwarder, lambda: [*emitter.span_queues, *emitter.log_queues],
                                max_wait=svc.max_export_wait)
         nxt: Consumer = self.gate
         self.processors: list[Any] = []
@@ -146,7 +151,8 @@ class Gateway:
                 "received": tel.get("otel_ebpf.events.received"),
                 "dropped": tel.get("otel_ebpf.events.dropped"),
                 "lost": tel.get(LOST),
-                "spans": self.forwarder.spans_forwarded}
+                "spans": self.forwarder.spans_forwarded,
+                "logs": self.forwarder.logs_forwarded}
 
 
 def _quietly(fn: Callable[[], None], what: str) -> None:

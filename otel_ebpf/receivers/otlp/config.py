@@ -19,7 +19,7 @@ class Config:
                                                "empty: off). Loopback unless set; 4327/4328 leave 4317/4318 "
                                                "to a Collector on the same host.")
     http_endpoint: str = doc("127.0.0.1:4328", "OTLP/HTTP listen address HOST:PORT (POST /v1/traces, "
-                                               "/v1/metrics); empty: off.")
+                                               "/v1/metrics, /v1/logs); empty: off.")
     max_request_bytes: int = doc(16 * _MIB, "Largest export request accepted once decompressed; larger ones "
                                             "are refused (RESOURCE_EXHAUSTED / 413) and counted.", min=1)
     max_workers: int = doc(8, "Server threads per transport (each handles one request at a time).", min=1)

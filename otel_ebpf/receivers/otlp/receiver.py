@@ -1,6 +1,6 @@
 """The OTLP receiver component: an :class:`~.server.OtlpServer` whose decoded export requests
-(``ExportTraceServiceRequest``, ``ExportMetricsServiceRequest``: one typed event per request)
-go to the next stage.
+(``ExportTraceServiceRequest``, ``ExportMetricsServiceRequest``, ``ExportLogsServiceRequest``: one
+typed event per request) go to the next stage.
 
 Backpressure: when the next stage can refuse (:class:`Offering`, e.g. a ``BoundedQueue`` or
 the gateway's ingest), each request is offered whole with ``wait_for_room`` to wait; a refused
@@ -9,7 +9,7 @@ and counted in the server's :attr:`stats` (``refused``), so the sender's retry d
 nothing. A plain :class:`~otel_ebpf.core.pipeline.Consumer` takes every request.
 
 Threads: the next stage is called on the server's threads (up to ``max_workers`` per
-transport at once), so it must be thread-safe. Logs are not accepted (UNIMPLEMENTED / 404).
+transport at once), so it must be thread-safe. Traces, metrics and logs are all accepted.
 ``start`` raises OtlpBindError naming the endpoint; ``shutdown`` is safe without start and twice.
 """
 from __future__ import annotations
@@ -40,8 +40,9 @@ class OtlpReceiver:
         self._wait = config.wait_for_room
         self.server = OtlpServer(grpc_endpoint=config.grpc_endpoint or None,
                                  http_endpoint=config.http_endpoint or None, on_traces=self._hand,
-                                 on_metrics=self._hand, max_request_bytes=config.max_request_bytes,
-                                 max_workers=config.max_workers, retry_after=config.retry_after)
+                                 on_metrics=self._hand, on_logs=self._hand,
+                                 max_request_bytes=config.max_request_bytes, max_workers=config.max_workers,
+                                 retry_after=config.retry_after)
         self._started = False
 
     @property

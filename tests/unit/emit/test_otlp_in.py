@@ -1,22 +1,29 @@
-"""otel_ebpf.emit.otlp_in: OTLP protobuf requests -> SDK ReadableSpan / MetricsData, round trip."""
+"""otel_ebpf.emit.otlp_in: OTLP protobuf requests -> SDK ReadableSpan / MetricsData / ReadableLogRecord,
+round trip."""
 from __future__ import annotations
 
 from opentelemetry import trace as trace_api
+from opentelemetry._logs import LogRecord as SdkLogRecord
+from opentelemetry._logs import SeverityNumber
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.metrics.v1 import metrics_pb2
+from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
-from otel_ebpf.emit.otlp_in import metrics_from_request, spans_from_request
+from otel_ebpf.emit.otlp_in import logs_from_request, metrics_from_request, spans_from_request
 
 T0 = 1_700_000_000_000_000_000
 
@@ -137,3 +144,60 @@ def test_repeated_resource_is_merged_so_the_encoder_keeps_all():
     assert sum(len(sm.metrics) for sm in data.resource_metrics[0].scope_metrics) == 8
     sums = [m.data for sm in data.resource_metrics[0].scope_metrics for m in sm.metrics if m.name == "nccl.calls"]
     assert sums[0].aggregation_temporality is AggregationTemporality.CUMULATIVE and sums[0].is_monotonic
+
+
+# -- logs ------------------------------------------------------------------------------------
+def _sdk_logs() -> list[ReadableLogRecord]:
+    """Log records of two resources, one with ids, nested and binary bodies."""
+    rank = Resource({"host.name": "node-a", "process.pid": 42}, "https://opentelemetry.io/schemas/1.26.0")
+    scope = InstrumentationScope("otel_ebpf.hang", "1.0", None, {"k": "v"})
+    ctx = trace_api.set_span_in_context(trace_api.NonRecordingSpan(
+        SpanContext(0xABC, 0xDEF, is_remote=False, trace_flags=TraceFlags(1))))
+    none = trace_api.set_span_in_context(trace_api.INVALID_SPAN)
+
+    def rec(context, **kw):
+        return SdkLogRecord(timestamp=T0, observed_timestamp=T0 + 9, context=context, **kw)
+
+    return [
+        ReadableLogRecord(rec(ctx, severity_text="WARN", severity_number=SeverityNumber.WARN, body="a\nb",
+                              attributes={"nccl.rank": 3, "ranks": (1, 2), "ok": True, "r": 0.5},
+                              event_name="otel_ebpf.nccl.rank.stack"), rank, scope),
+        ReadableLogRecord(rec(none, severity_number=SeverityNumber.ERROR2, body={"frames": ("f", "g"), "n": 2},
+                              event_name="otel_ebpf.nccl.straggler"), rank, scope),
+        ReadableLogRecord(rec(none, body=b"\x00\x01"), Resource({"service.name": "otel-ebpf"}),
+                          InstrumentationScope("otel_ebpf")),
+    ]
+
+
+def _log_fields(r: ReadableLogRecord):
+    lr, scope = r.log_record, r.instrumentation_scope
+    return (lr.timestamp, lr.observed_timestamp, lr.trace_id, lr.span_id, int(lr.trace_flags), lr.severity_text,
+            lr.severity_number or SeverityNumber.UNSPECIFIED,  # none and UNSPECIFIED are both 0 on the wire
+            lr.body, dict(lr.attributes or {}), lr.event_name, dict(r.resource.attributes), r.resource.schema_url,
+            scope and (scope.name, scope.version, dict(scope.attributes or {})))
+
+
+def test_logs_round_trip_through_the_sdk_encoder_unchanged():
+    original = _sdk_logs()
+    converted, drops = logs_from_request(_wire(encode_logs(original), ExportLogsServiceRequest))
+    assert not drops
+    assert [_log_fields(r) for r in converted] == [_log_fields(r) for r in original]
+    assert converted[0].log_record.trace_id == 0xABC and converted[1].log_record.trace_id == 0
+    assert converted[1].log_record.body == {"frames": ("f", "g"), "n": 2}
+    assert converted[0].resource is converted[1].resource  # one Resource per ResourceLogs
+    assert encode_logs(converted) == encode_logs(original)  # and back to the same protobuf
+
+
+def test_logs_with_bad_ids_are_left_out_and_counted_odd_severities_kept():
+    request = encode_logs(_sdk_logs())
+    records = request.resource_logs[0].scope_logs[0].log_records
+    records[0].trace_id = b"\x01" * 5  # neither empty nor 16 bytes
+    records[1].severity_number = 99  # outside the OTel range: kept, UNSPECIFIED
+    records[1].ClearField("time_unix_nano")
+    converted, drops = logs_from_request(request)
+    assert drops == {"malformed_log": 1} and len(converted) == 2
+    assert converted[0].log_record.severity_number is SeverityNumber.UNSPECIFIED
+    assert converted[0].log_record.timestamp is None and converted[0].log_record.observed_timestamp == T0 + 9
+    records[1].span_id = b"\x02" * 3
+    assert logs_from_request(request)[1] == {"malformed_log": 2}
+    assert logs_from_request(ExportLogsServiceRequest()) == ([], {})

@@ -21,8 +21,8 @@ class FakeAgent:
                                     metric_readers=[self.reader])
         self.dropped = self.meters.get_meter("otel_ebpf.service.agent").create_counter(DROPPED)
 
-    def drop(self, n: int, receiver: str = "cuda", reason: str = "ringbuf_full") -> None:
-        self.dropped.add(n, {"receiver": receiver, "reason": reason})
+    def drop(self, n: int, receiver: str = "cuda", reason: str = "ringbuf_full", **more: str) -> None:
+        self.dropped.add(n, {"receiver": receiver, "reason": reason, **more})
 
     def request(self):
         return encode_metrics(self.reader.get_metrics_data())
@@ -86,3 +86,23 @@ def test_gateway_telemetry_mirrors_its_own_drops_as_lost():
     assert tel.get(DROPPED) == 12
     assert tel.get(LOST, layer="gateway") == 7 and tel.get(LOST, layer="gateway", reason="export_failed") == 4
     assert tel.get(LOST, layer="agent") == 0
+
+
+def test_an_exporters_span_and_log_drops_are_two_series_each_counted_once():
+    tel = Telemetry()
+    ledger = AgentLossLedger(tel)
+    agent = FakeAgent("node-a")
+    agent.drop(5, "otlp", "export_queue_full")
+    agent.drop(2, "otlp", "export_queue_full", signal="logs")
+    assert ledger.observe(agent.request()) == 7
+    agent.drop(1, "otlp", "export_queue_full", signal="logs")
+    assert ledger.observe(agent.request()) == 1  # not taken for a restart of the span series
+    assert tel.get(LOST, layer="agent") == 8 and tel.get(LOST, layer="agent", signal="logs") == 3
+
+
+def test_gateway_telemetry_keeps_the_signal_of_a_lost_log_record():
+    tel = GatewayTelemetry()
+    tel.add(DROPPED, 2, receiver="otlp", reason="export_failed", signal="logs")
+    tel.dropped("otlp", "export_failed", 4)
+    assert tel.get(LOST, layer="gateway", reason="export_failed") == 6
+    assert tel.get(LOST, layer="gateway", signal="logs") == 2
