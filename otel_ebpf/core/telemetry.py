@@ -8,8 +8,8 @@ Metric names (all on the agent's own resource, ``service.name=otel-ebpf``):
 * ``otel_ebpf.events.received`` {receiver}: events read from a receiver.
 * ``otel_ebpf.events.dropped`` {receiver, reason}: events lost, and why
   (``ringbuf_full``, ``queue_full``, ``map_full``, ``decode_error``, ``process_cache``...).
-* ``otel_ebpf.events.refused`` {receiver, signal}: spans / metric points an OTLP receiver (the
-  gateway's) refused for lack of room, answering UNAVAILABLE / 503 so the sender retries them.
+* ``otel_ebpf.events.refused`` {receiver, signal}: spans / metric points / log records an OTLP receiver
+  (the gateway's) refused for lack of room, answering UNAVAILABLE / 503 so the sender retries them.
 * ``otel_ebpf.events.lost`` {layer, receiver, reason}: the gateway's end-to-end loss count, its own
   drops (layer=gateway) plus the drops its agents report (layer=agent): otel_ebpf/gateway/losses.py.
 * ``otel_ebpf.probes.attached`` / ``otel_ebpf.probes.failed`` {receiver, library}.
@@ -31,8 +31,8 @@ LOST = "otel_ebpf.events.lost"
 _DESCRIPTIONS = {
     DROPPED: "Events lost before export, by receiver and reason.",
     RECEIVED: "Events read from receivers.",
-    REFUSED: "Spans or metric points an OTLP receiver refused for lack of room (UNAVAILABLE / 503 with a retry "
-             "hint): not lost, the sender retries them or counts them dropped.",
+    REFUSED: "Spans, metric points or log records an OTLP receiver refused for lack of room (UNAVAILABLE / 503 "
+             "with a retry hint): not lost, the sender retries them or counts them dropped.",
     LOST: "Events lost end to end, by the layer that lost them: the gateway's own drops (layer=gateway) plus "
           "the drops its agents report in their otel_ebpf.events.dropped (layer=agent).",
     "otel_ebpf.probes.attached": "Probes attached, by receiver and library.",

@@ -56,9 +56,10 @@ class GatewayServiceConfig:
     pipelines: dict[str, PipelineConfig] = doc({}, "Exactly one named pipeline.")
     metrics_interval: float = doc(10.0, "How often the gateway's own metrics are exported.", duration=True,
                                   min=0.05)
-    max_queue: int = doc(65536, "Most spans waiting between the receiver and the join; a request that does not "
-                                "fit is refused whole (UNAVAILABLE / 503, see receivers.otlp.retry_after) and "
-                                "counted in otel_ebpf.events.refused; the agent retries it.", min=1)
+    max_queue: int = doc(65536, "Most spans and log records waiting between the receiver and the join; a request "
+                                "that does not fit is refused whole (UNAVAILABLE / 503, see "
+                                "receivers.otlp.retry_after) and counted in otel_ebpf.events.refused; the agent "
+                                "retries it.", min=1)
     max_metric_queue: int = doc(256, "Most metrics requests (one per agent export, each at most "
                                      "receivers.otlp.max_request_bytes) waiting for the exporters; beyond it "
                                      "requests are refused like spans.", min=1)
