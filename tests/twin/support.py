@@ -123,7 +123,8 @@ class GatewayView:
     p2p_roots: dict[bytes, list[dict[str, Any]]]  # trace id -> its "nccl GroupP2P" roots' attributes
     unranked: list[dict[str, Any]]  # collective spans without nccl.rank
     orphans: list[str]  # spans whose parent is not in their trace
-    # GPU spans (nccl.timing = "gpu", the NCCL profiler plugin's): trace id -> (name, global rank or -1, attributes)
+    # GPU spans (nccl.timing = "gpu", the NCCL profiler plugin's, children of host spans; those from the plugin
+    # alone, nccl.source = "profiler_plugin", are rank spans): trace id -> (name, global rank or -1, attributes)
     gpu: dict[bytes, list[tuple[str, int, dict[str, Any]]]] = field(default_factory=dict)
 
     def phase_of(self, rank: int, start_ns: int) -> str:
@@ -158,7 +159,7 @@ def gateway_view(traces: Path, records: Sequence[Mapping[str, Any]]) -> GatewayV
         if not isinstance(comm, str) or not isinstance(seq, int) or span.name.startswith("ncclComm"):
             continue
         rank = rank_of.get((str(res.get("host.name")), int(res.get("process.pid", -1))))
-        if attrs.get("nccl.timing") == "gpu":
+        if attrs.get("nccl.timing") == "gpu" and attrs.get("nccl.source") != "profiler_plugin":
             view.gpu.setdefault(span.trace_id, []).append((span.name, -1 if rank is None else rank, attrs))
             continue
         if span.name in ("ncclSend", "ncclRecv"):

@@ -370,6 +370,7 @@ class NcclProcessor(NcclCommunicators):
             trace, parent, span = collective_ids(comm_id, seq, rank)
             if rank == 0 and self.config.root_spans:
                 root = {k: attrs[k] for k in COLLECTIVE_ROOT_ATTRIBUTES if k in attrs}
+                root["nccl.source"] = "profiler_plugin"  # a root, not a GPU child span (collective_join.gpu)
                 out.append(SpanRecord(op.pid, f"nccl {op.func}", start, end, root, SCOPE, trace_id=trace,
                                       span_id=parent))
         out.append(SpanRecord(op.pid, name, start, end, attrs, SCOPE, trace_id=trace, span_id=span,

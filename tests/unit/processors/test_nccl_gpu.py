@@ -132,7 +132,7 @@ def test_a_process_whose_nccl_is_not_probed_gets_joinable_spans_from_the_plugin_
         assert a["nccl.busbw"] == pytest.approx((1 << 20) * 4 / 4e-3 * 2 * 2 / 3)
     root = next(s for s in spans[0] if s.name == "nccl AllReduce")
     assert root.span_id == collective_ids(cid, 5, 0)[1] and root.parent_span_id is None
-    assert "nccl.rank" not in root.attributes
+    assert "nccl.rank" not in root.attributes and root.attributes["nccl.source"] == "profiler_plugin"
 
 
 @pytest.mark.parametrize(("op", "n", "mult", "factor"), [
