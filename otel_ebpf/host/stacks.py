@@ -25,8 +25,9 @@ during the capture: checked against its start time in /proc, so a reused pid is 
 taken past the timeout), ``error`` (anything else, with py-spy's message).
 
 Thread safety: :func:`capture` may be called from any thread. At most one capture per pid runs at
-once and at most :data:`MAX_CONCURRENT` overall (process-wide). It blocks up to ``timeout_s``
-(plus the reaping of a killed py-spy); it never raises for a bad pid or a failed capture.
+once and at most :data:`MAX_CONCURRENT` overall (process-wide). It blocks up to ``timeout_s``, plus
+0.1 s after a failed read (to tell a target that was dying from other failures) and the reaping of a
+killed py-spy; it never raises for a bad pid or a failed capture.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ __all__ = ["MAX_CONCURRENT", "Frame", "Outcome", "StackCapture", "ThreadStack", 
 Outcome = Literal["ok", "exited", "not_python", "permission", "timeout", "missing", "busy", "error"]
 MAX_CONCURRENT = 2  # py-spy processes at once, process-wide
 _MAX_OUTPUT = 8 << 20  # py-spy's stdout + stderr read at most (a 1000-thread process's JSON is ~2.5 MB)
+_EXIT_GRACE_S = 0.1  # after a failed read: how long a dying target may take to show as gone
 _NOT_PYTHON = ("Failed to find python version", "Failed to find a python interpreter")
 _PERMISSION = ("Permission Denied", "Operation not permitted", "os error 1)")
 _FIX_PERMISSION = (
@@ -174,7 +176,7 @@ def _capture(exe: str, pid: int, native: bool, timeout_s: float, max_frames: int
         return "exited", f"no process {pid}", (), 0
     argv = [exe, "dump", "--pid", str(pid), "--json", "--native" if native else "--nonblocking"]
     rc, out, err, why = _run(argv, timeout_s)
-    if _start_time(pid) != started:
+    if _ended(pid, started, _EXIT_GRACE_S if why or rc != 0 else 0.0):
         return "exited", f"process {pid} exited during the capture", (), 0
     if why:
         return ("timeout" if why.startswith("no answer") else "error"), why, (), 0
@@ -237,6 +239,17 @@ def _run(argv: list[str], timeout_s: float) -> tuple[int | None, bytes, str, str
         proc.stderr.close()  # type: ignore[union-attr]
     out, err = (b"".join(c) for c in chunks.values())
     return proc.returncode, out, err.decode("utf-8", "replace"), why
+
+
+def _ended(pid: int, started: bytes, grace_s: float) -> bool:
+    """``pid`` is no longer the process that started at ``started``, now or within ``grace_s``: a process
+    being killed loses its memory (py-spy fails) a little before it turns zombie."""
+    deadline = time.monotonic() + grace_s
+    while _start_time(pid) == started:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _start_time(pid: int) -> bytes | None:

@@ -20,14 +20,12 @@ TARGET = """\
 import sys, threading, time
 
 def stuck_in_dataloader_fetch():
-    while True:
-        time.sleep(0.02)  # MAIN
+    time.sleep(3600)  # MAIN
 
 def waits_in_second_thread(depth):
     if depth:
         return waits_in_second_thread(depth - 1)
-    while True:
-        time.sleep(0.02)  # SECOND
+    time.sleep(3600)  # SECOND
 
 threading.Thread(target=waits_in_second_thread, args=(int(sys.argv[1]),), name="nccl-waiter", daemon=True).start()
 time.sleep(0.2)
