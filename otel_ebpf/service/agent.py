@@ -1,6 +1,8 @@
 """The agent: builds pipelines from an AgentConfig, starts them, and stops them in order.
 
-Start order: emitters, processors, queues, receivers (which load BPF and attach).
+Start order: emitters, processors, queues, the ticker, receivers (which load BPF and attach).
+The ticker puts a ``Tick`` into every pipeline each :data:`TICK_INTERVAL_S`, so stages with timeouts
+act while no data flows (nccl_watch: a hung job makes no NCCL call).
 Stop order is the reverse and drains every stage into the next, so nothing collected is lost:
 receivers read their ring buffers dry, queues hand over what they hold, processors flush
 pending state (e.g. leak reports), emitters export the last metrics and spans.
@@ -28,6 +30,7 @@ from otel_ebpf.emit.exporters import build_exporters, build_log_exporter, check_
 from otel_ebpf.core.errors import OtelEbpfError, TargetError
 from otel_ebpf.host.timeline import HostStats
 from otel_ebpf.bpf.clock import KernelClock
+from otel_ebpf.core.events import Tick
 from otel_ebpf.core.telemetry import DROPPED
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context, Fanout
 from otel_ebpf.host import gpus
@@ -39,6 +42,7 @@ from otel_ebpf.service.settings import AgentConfig
 __all__ = ["Agent", "PausedChild", "exit_status"]
 
 log = logging.getLogger(__name__)
+TICK_INTERVAL_S = 1.0  # how often every pipeline gets a Tick (nccl_watch's silence checks)
 
 
 class PausedChild:
@@ -146,6 +150,8 @@ class Agent:
         self.pipelines: list[_Pipeline] = []
         self.receivers: dict[str, Any] = {}
         self._started = False
+        self._ticks_stop = threading.Event()
+        self._ticker: threading.Thread | None = None
         self.health: Any = None  # otel_ebpf.service.health.HealthServer while started
         self._build()
 
@@ -201,6 +207,8 @@ class Agent:
                 for proc in p.processors:
                     proc.start()
                 p.queue.start()
+            self._ticker = threading.Thread(target=self._tick, name="otel-ebpf-tick", daemon=True)
+            self._ticker.start()
             for rid, r in self.receivers.items():
                 t0 = time.monotonic()
                 r.start()
@@ -211,6 +219,11 @@ class Agent:
         except BaseException:
             self.shutdown(timeout=_FAILED_START_S)  # nothing collected yet is worth a long wait
             raise
+
+    def _tick(self) -> None:
+        while not self._ticks_stop.wait(TICK_INTERVAL_S):
+            for p in self.pipelines:
+                p.queue.offer([Tick(time.time_ns())])  # a full queue wakes the stages anyway: no drop to count
 
     def _preflight(self) -> None:
         """PrivilegeError/BccMissingError/KernelHeadersError when a BPF receiver cannot load; a
@@ -236,6 +249,10 @@ class Agent:
             health.shutdown()
         for rid, r in self.receivers.items():
             _quietly(r.shutdown, f"receiver {rid}")
+        self._ticks_stop.set()
+        ticker, self._ticker = self._ticker, None
+        if ticker is not None:
+            ticker.join()
         # one budget for handing on the backlog: pipelines, then exporters (service.shutdown_timeout)
         deadline = time.monotonic() + (self.cfg.service.shutdown_timeout if timeout is None else timeout)
         for p in self.pipelines:

@@ -23,13 +23,14 @@ def receivers() -> dict[str, Factory]:
 
 
 def processors() -> dict[str, Factory]:
-    from otel_ebpf.processors import cuda, nccl
+    from otel_ebpf.processors import cuda, nccl, nccl_watch
     from otel_ebpf.processors import blockio, memory, perf
     from otel_ebpf.processors import sched
     from otel_ebpf.processors import python as python_processor, torch as torch_processor
     from otel_ebpf.processors import apptrace as apptrace_processor, probes as probes_processor
 
-    return {f.type: f for f in (cuda.factory, nccl.factory,
+    # nccl_watch right after nccl: it reads the nccl processor's call spans (the default pipeline keeps this order)
+    return {f.type: f for f in (cuda.factory, nccl.factory, nccl_watch.factory,
                                 blockio.factory, memory.factory, perf.factory,
                                 sched.factory, python_processor.factory, torch_processor.factory,
                                 probes_processor.factory, apptrace_processor.factory)}
