@@ -25,15 +25,17 @@ def node(host: str) -> Resource:
 
 
 def rank_span(seq: int, rank: int, start_ns: int, *, nranks: int = 4, comm: str = COMM, count: int = 1024,
-              op: str = "AllReduce", dur: int = 1000, host: str | None = None) -> ReadableSpan:
-    """Rank ``rank``'s span of collective ``seq`` (host: node-a for ranks 0-1, else node-b)."""
+              op: str = "AllReduce", dur: int = 1000, host: str | None = None, resource: Resource | None = None,
+              extra: dict | None = None) -> ReadableSpan:
+    """Rank ``rank``'s span of collective ``seq`` (host: node-a for ranks 0-1, else node-b; or ``resource``), with
+    ``extra`` attributes (``hw.id``, ``ml.step.*``...)."""
     trace, parent, span = collective_ids(comm, seq, rank)
     attrs = {"nccl.op": op, "nccl.count": count, "nccl.datatype": "float32", "nccl.bytes": count * 4,
              "nccl.redop": "sum", "nccl.timing": "host_enqueue", "nccl.seq": seq, "nccl.comm.id": comm,
-             "nccl.rank": rank, "nccl.nranks": nranks, "thread.id": 100 + rank}
+             "nccl.rank": rank, "nccl.nranks": nranks, "thread.id": 100 + rank, **(extra or {})}
     return ReadableSpan(f"nccl{op}", context=SpanContext(trace, span, False, _SAMPLED),
                         parent=SpanContext(trace, parent, True, _SAMPLED),
-                        resource=node(host or ("node-a" if rank < 2 else "node-b")), attributes=attrs,
+                        resource=resource or node(host or ("node-a" if rank < 2 else "node-b")), attributes=attrs,
                         start_time=start_ns, end_time=start_ns + dur, instrumentation_scope=SCOPE)
 
 

@@ -6,7 +6,52 @@ from dataclasses import dataclass
 from otel_ebpf.core.config import doc, key_path
 from otel_ebpf.core.errors import ConfigError
 
-__all__ = ["Config"]
+__all__ = ["Config", "StragglerConfig"]
+
+
+@dataclass
+class StragglerConfig:
+    """Persistent stragglers (:mod:`.stragglers`); defaults measured in docs/collectives.md."""
+
+    enabled: bool = doc(True, "Name a rank that is last to arrive in most recent complete collectives of a "
+                              "communicator: an otel_ebpf.nccl.straggler log record, the nccl.straggler.persistent "
+                              "gauge and a warning, and the same (state cleared) when it recovers.")
+    window: int = doc(
+        50, "The window holds at least this many of the communicator's latest complete collectives (grouped "
+            "send/recv, partial and evicted ones are not counted) before a rank can be named.", min=2)
+    min_span: float = doc(
+        1.5, "The window also reaches back at least this far (collective start times): a host's lateness lasts a whole "
+             "training step (its later calls are shifted too), so 50 collectives of one 20-collective step are "
+             "about 3 draws of noise; 1.5s is 15-25 steps of 60-90 ms. 0: the window is `window` collectives.",
+        duration=True)
+    max_window: int = doc(
+        512, "Most collectives a window holds (per communicator, however many min_span would take); with "
+             "max_comms it bounds memory: each entry keeps its collective's straggler figures (~1 KiB).", min=2)
+    ratio: float = doc(
+        0.8, "A rank is named when it is the last to arrive in at least this share of the window's collectives "
+             "(above 0; a share above 0.5 names at most one rank).", max=1.0)
+    clear_ratio: float = doc(
+        0.5, "It is cleared when its share falls below this (hysteresis: no event per collective around ratio).",
+        min=0.0, max=1.0)
+    min_lead: float = doc(
+        0.001, "A collective counts as someone's only when its last rank started at least this much after the "
+               "next-to-last (the time the job waited for that rank alone); closer ones count for nobody. Above "
+               "Python's enqueue jitter (10-100 us) and LAN NTP offsets between nodes (docs/collectives.md), "
+               "below 5 % of a 60 ms step.", duration=True)
+    idle_timeout: float = doc(
+        120.0, "A communicator with no complete collective for this long is forgotten; a rank named on it is "
+               "cleared (reason idle), so a finished job does not leave the gauge at 1.", duration=True, min=0.001)
+    max_comms: int = doc(
+        1024, "Communicators followed at once; beyond it the least recently active is forgotten (cleared, "
+              "reason evicted) and counted in nccl.straggler.comms.evicted.", min=1)
+
+    def validate(self, path: str) -> None:
+        if self.ratio <= 0:
+            raise ConfigError(key_path(path, "ratio"), f"must be > 0 and <= 1, got {self.ratio}")
+        if self.clear_ratio >= self.ratio:
+            raise ConfigError(key_path(path, "clear_ratio"), f"must be below ratio ({self.ratio})")
+        if self.max_window < self.window:
+            raise ConfigError(key_path(path, "max_window"), f"must be >= window ({self.window})")
 
 
 @dataclass
@@ -36,6 +81,10 @@ class Config:
     max_ranks: int = doc(
         65536, "Largest nccl.nranks accepted; spans claiming more (or a rank outside 0..nranks-1) are "
                "passed through unjoined and counted in otel_ebpf.collective_join.unjoined{reason=bad_rank}.", min=1)
+
+    persistent_straggler: StragglerConfig = doc(
+        StragglerConfig(), "Persistent stragglers: a rank last to arrive in most recent collectives of a "
+                           "communicator, named once and cleared when it recovers.")
 
     @property
     def effective_desync_timeout(self) -> float:

@@ -10,6 +10,11 @@ __all__ = ["METRICS", "ranges_text"]
 
 METRICS: dict[str, MetricSpec] = {
     "nccl.straggler.count": ("counter", "{collective}", "Complete collectives in which this rank started last."),
+    "nccl.straggler.persistent": ("gauge", "1", "1 while this rank is a persistent straggler of this communicator "
+                                  "(last to arrive in at least persistent_straggler.ratio of its recent complete "
+                                  "collectives), 0 once cleared."),
+    "nccl.straggler.comms.evicted": ("counter", "{communicator}", "Communicators whose persistent-straggler window "
+                                     "was forgotten to stay within persistent_straggler.max_comms."),
     "nccl.desync.count": ("counter", "{collective}",
                           "Collectives reported as hung: ranks missing after desync_timeout."),
     "nccl.join.released": ("counter", "{collective}", "Collectives released by the join, by outcome."),

@@ -27,7 +27,11 @@ Input: finished SDK spans (``ReadableSpan``, read through its API; new spans are
   ``nccl.desync`` event for its root span (``nccl.missing_ranks``, ``nccl.missing.hosts``,
   ``nccl.last_seq`` per rank, -1 = never seen), ``nccl.desync.count`` and a warning naming the
   missing ranks and each rank's last seq (at most one warning per communicator per
-  ``desync_timeout``; the rest are counted in the next). Needs ``Tick`` events (or traffic).
+  ``desync_timeout``; the rest are counted in the next). Needs ``Tick`` events (or traffic). (:mod:`.desync`)
+* Persistent stragglers (:mod:`.stragglers`): a rank last to arrive (by ``min_lead`` at least) in ``ratio`` of a
+  communicator's recent complete collectives is named once (an ``otel_ebpf.nccl.straggler`` log record, the
+  ``nccl.straggler.persistent`` gauge, a warning, a ``nccl.straggler.persistent`` event on the deciding root
+  span) and cleared once when it recovers (``persistent_straggler`` config).
 * Split children the agent could not rank (no ``nccl.rank``, but ``nccl.parent.rank``): ranked
   here from every parent rank's ``ncclCommSplit`` span (:mod:`.splits`), held until then
   (``max_spans`` spans at most, each ``timeout`` at most; released unranked, counted in
@@ -42,7 +46,8 @@ Metrics (gateway resource, scope ``otel_ebpf.collective_join``): ``nccl.collecti
 {nccl.comm.id, nccl.op}, ``nccl.straggler.count`` {nccl.rank, host.name},
 ``nccl.desync.count`` {nccl.comm.id, nccl.op}, ``nccl.join.released`` {outcome},
 ``nccl.join.p2p.released`` {outcome} (grouped send/recv: apart, so straggler ratios stay per collective),
-``nccl.join.late`` {nccl.span}. Everything else passes through unchanged.
+``nccl.join.late`` {nccl.span}, ``nccl.straggler.persistent`` {nccl.comm.id, nccl.rank, host.name} (gauge),
+``nccl.straggler.comms.evicted``. Everything else passes through unchanged.
 
 Sharding by trace id (the Collector's ``loadbalancing`` exporter, ``routing_key: traceID``)
 gives the same spans as one instance: every span of one collective shares its trace id.
@@ -50,13 +55,11 @@ Single-threaded (one pipeline worker); ``shutdown`` releases what is pending, as
 """
 from __future__ import annotations
 
-import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from otel_ebpf.core.events import AttrValue, SpanEventRecord
+from otel_ebpf.core.events import AttrValue
 from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, collective_ids, collective_root_span_id
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.core.processing import EventProcessor, handles
@@ -65,15 +68,16 @@ from otel_ebpf.host.identity import gateway_resource_attributes
 from otel_ebpf.host.timeline import straggler_attributes
 
 from .config import Config
+from .desync import DesyncReports
 from .gpu import GpuJoin, is_gpu
-from .metrics import METRICS, ranges_text
+from .metrics import METRICS
 from .p2p import P2PJoin, is_p2p
 from .splits import SplitBook, split_call
-from .store import Collective, Front, Store
+from .store import Collective, Store
+from .stragglers import PersistentStragglers
 
 __all__ = ["METRICS", "SCOPE", "CollectiveJoin", "create"]
 
-log = logging.getLogger(__name__)
 SCOPE = "otel_ebpf.collective_join"
 _SIG = ("nccl.op", "nccl.count", "nccl.datatype")
 Out = list[object]
@@ -103,9 +107,12 @@ class CollectiveJoin(EventProcessor[Config]):
                            lambda: self._count("nccl.join.late", **{"nccl.span": "p2p"}))
         self.gpu = GpuJoin(self._maker, config.timeout, config.max_pending, config.max_ranks,
                            lambda outcome: self._count("nccl.join.gpu.released", outcome=outcome))
+        self.desync = DesyncReports(self.store, self._desync, config.max_comms, wall_ns, lambda comm, op: self._count(
+            "nccl.desync.count", **{"nccl.comm.id": comm, "nccl.op": op}))
+        self.persistent = PersistentStragglers(config.persistent_straggler, METRICS, SCOPE, wall_ns,
+                                               lambda: self._count("nccl.straggler.comms.evicted"))
         self._now = clock()  # clock() at the start of the batch being consumed
         self._pending_metrics: Out = []  # skew records, sent after the batch's spans
-        self._warned: OrderedDict[str, list[Any]] = OrderedDict()  # comm -> [last warning, left out since]
 
     def shutdown(self) -> None:
         """Release everything pending (as partial) to the next stage. Safe twice."""
@@ -136,6 +143,7 @@ class CollectiveJoin(EventProcessor[Config]):
     def end_batch(self, out: Out) -> None:
         self._expire(self._now, out)
         self.gpu.expire(self._now, out)
+        self.persistent.expire(self._now, out)
         self._flush_metrics(out)
 
     def _flush_metrics(self, out: Out) -> None:
@@ -274,49 +282,9 @@ class CollectiveJoin(EventProcessor[Config]):
         store = self.store
         while (entry := store.oldest_unchecked()) is not None and now - entry.first >= self._desync:
             store.checked(entry)
-            self._report_desync(entry, now)
+            self.desync.report(entry, now)
         while (entry := store.oldest()) is not None and now - entry.first >= self._timeout:
             self._release(store.pop(entry.key), "partial", out)
-
-    def _report_desync(self, entry: Collective, now: float) -> None:
-        comm, seq = entry.key
-        missing = entry.missing()
-        front = self.store.front(comm)
-        seqs = front.seqs if front else {}
-        last = tuple(seqs.get(r, -1) for r in range(entry.nranks))
-        hosts = sorted({str(h) for h in (_host_of(front, r) for r in missing) if h is not None})
-        op = entry.sig[0] if entry.sig else None
-        entry.events.append(SpanEventRecord("nccl.desync", self._wall_ns(), {
-            "nccl.missing_ranks": tuple(missing), "nccl.missing.hosts": tuple(hosts), "nccl.last_seq": last,
-            "nccl.waited_ns": int((now - entry.first) * 1e9)}))
-        self._count("nccl.desync.count", **{"nccl.comm.id": comm, "nccl.op": str(op)})
-        if self._quiet(comm, now):
-            return
-        by_seq: dict[int, list[int]] = {}
-        for r, s in enumerate(last):
-            by_seq.setdefault(s, []).append(r)
-        fronts = "; ".join(f"{'never' if s < 0 else s}: ranks {ranges_text(rs)}"
-                           for s, rs in sorted(by_seq.items(), reverse=True)[:16])
-        quieted = self._warned[comm][1]
-        self._warned[comm][1] = 0
-        log.warning("NCCL desync: comm %s seq %d (%s) has waited %.1fs for ranks %s of %d (hosts: %s); "
-                    "last seq per rank: %s%s", comm, seq, op, now - entry.first, ranges_text(missing), entry.nranks,
-                    ", ".join(hosts[:16]) or "unknown", fronts,
-                    f" ({quieted} more hung collectives of this communicator not logged)" if quieted else "")
-
-    def _quiet(self, comm: str, now: float) -> bool:
-        """One warning per communicator per desync_timeout (a hang stalls every later collective
-        too); True when this one is to be left out (counted, and said in the next warning)."""
-        seen = self._warned.get(comm)
-        if seen is not None and now - seen[0] < self._desync:
-            seen[1] += 1
-            return True
-        if seen is None:
-            while len(self._warned) >= self.config.max_comms:
-                self._warned.popitem(last=False)
-            seen = self._warned[comm] = [now, 0]
-        seen[0] = now
-        return False
 
     # ---- release ---------------------------------------------------------------------
     def _release(self, entry: Collective, outcome: str, out: Out) -> None:
@@ -336,10 +304,13 @@ class CollectiveJoin(EventProcessor[Config]):
                 host = resource_attribute(ranks[last_rank], "host.name")
                 join["nccl.straggler.rank"] = last_rank
                 join["nccl.straggler.host"] = "" if host is None else str(host)
-                join.update(straggler_attributes({r: _attributes(sp) for r, sp in ranks.items()}, last_rank))
+                why = straggler_attributes({r: _attributes(sp) for r, sp in ranks.items()}, last_rank)
+                join.update(why)
                 if entry.nranks > 1:
                     dims: dict[str, AttrValue] = {"nccl.rank": last_rank, "host.name": str(host)}
                     self._count("nccl.straggler.count", **dims)
+                    if event := self.persistent.observe(entry.key, entry.trace_id, ranks, why, self._now, out):
+                        entry.events.append(event)
         join["nccl.ranks.arrived"] = len(ranks)
         if len(ranks) < entry.nranks:
             join["nccl.partial"] = True
@@ -386,12 +357,6 @@ def _attributes(span: ReadableSpan) -> Mapping[str, Any]:
 def _times(span: ReadableSpan) -> tuple[int, int]:
     """(start, end) epoch ns of a finished span (always set on one received over OTLP)."""
     return span.start_time or 0, span.end_time or 0
-
-
-def _host_of(front: Front | None, rank: int) -> Any:
-    """host.name of the resource a rank's last span came from, or None."""
-    resource = front.resources.get(rank) if front is not None else None
-    return resource.attributes.get("host.name") if resource is not None else None
 
 
 def create(config: Config, ctx: Context, next_: Consumer) -> CollectiveJoin:

@@ -188,7 +188,7 @@ def test_desync_is_reported_while_the_job_hangs_then_on_the_root(sink, clock, ca
     join.consume([rank_span(4, r, 40) for r in range(3)])  # enqueued behind the hang
     sink.take()
     clock.t = 1.0
-    with caplog.at_level(logging.WARNING, logger="otel_ebpf.processors.collective_join.processor"):
+    with caplog.at_level(logging.WARNING, logger="otel_ebpf.processors.collective_join"):
         join.consume([Tick(0)])
     out = sink.take()
     assert metric(out, "nccl.desync.count", **{"nccl.comm.id": COMM}) == 1
@@ -197,7 +197,7 @@ def test_desync_is_reported_while_the_job_hangs_then_on_the_root(sink, clock, ca
     assert "seq 3" in msg and "for ranks 3 of 4" in msg and "hosts: node-b" in msg
     assert "4: ranks 0-2" in msg and "2: ranks 3" in msg
     clock.t = 1.5
-    with caplog.at_level(logging.WARNING, logger="otel_ebpf.processors.collective_join.processor"):
+    with caplog.at_level(logging.WARNING, logger="otel_ebpf.processors.collective_join"):
         join.consume([Tick(0)])  # seq 4 is hung too: counted, not logged again so soon
     assert metric(sink.take(), "nccl.desync.count") == 1 and len(caplog.records) == 1
     clock.t = 5.0

@@ -1,0 +1,281 @@
+"""Persistent stragglers: the rank that is last to arrive in most recent collectives of a communicator.
+
+The join calls :meth:`PersistentStragglers.observe` for each COMPLETE collective it releases with at least 2
+ranks (partial and evicted collectives and grouped send/recv never come here). Per communicator a window keeps
+the latest collectives: at least ``window`` of them reaching back at least ``min_span`` (by collective start
+time), at most ``max_window``. Each counts for its last rank when that rank started at least ``min_lead`` after
+the next-to-last one (its *lead*: how long the job waited for it alone), else for nobody: with 2 ranks someone is
+always last by nanoseconds, and clock offsets between nodes are of that order too.
+
+A rank whose share of the full window reaches ``ratio`` is *raised* once; it is *cleared* once its share falls
+below ``clear_ratio`` (hysteresis), when the communicator has had no complete collective for ``idle_timeout``
+(reason ``idle``) or when it is pushed out by ``max_comms`` (reason ``evicted``, counted in
+``nccl.straggler.comms.evicted``). Both go out as one :class:`~otel_ebpf.core.events.LogRecord` (gateway
+resource, event name ``otel_ebpf.nccl.straggler``, ``nccl.straggler.state`` raised (WARN) / cleared (INFO)) tied
+to the root span of the collective that decided it, the gauge ``nccl.straggler.persistent`` (1 / 0) and a warning
+or info log line (at most one per ``_LOG_EVERY`` seconds; the rest are counted in the next). A raise also puts a
+``nccl.straggler.persistent`` event on that collective's root span.
+
+Why the window spans time as well as a count: a rank's host lateness (a slow data loader, a noisy neighbour)
+shifts all its calls until the next host synchronisation, usually the whole training step, so the 20+
+collectives of one FSDP step are one draw of noise, not 20; ``min_span`` (1.5 s: 15-25 steps of 60-90 ms) keeps
+a 2-rank communicator from naming a rank after 2-3 unlucky steps. Simulated figures: docs/collectives.md.
+
+Single-threaded (the join's). Memory: at most ``max_comms`` x ``max_window`` entries, each with the straggler's
+"why late" figures of that collective (the dict the join put on its root span, shared, not copied).
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import statistics
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_ebpf.core.events import AttrValue, LogRecord, SpanEventRecord
+from otel_ebpf.core.ids import collective_root_span_id
+from otel_ebpf.core.processing import MetricSpec, metric_record
+from otel_ebpf.core.readable import ReadableSpan
+
+from .config import StragglerConfig
+
+__all__ = ["EVENT_NAME", "PersistentStragglers"]
+
+log = logging.getLogger(__name__)
+EVENT_NAME = "otel_ebpf.nccl.straggler"
+_LOG_EVERY = 10.0  # seconds between two log lines (all communicators together)
+_RESOURCE_KEYS = ("host.name", "k8s.pod.name", "k8s.namespace.name", "process.pid")
+_SPAN_KEYS = ("hw.id", "nccl.device")
+_WHY = ("nccl.straggler.", "nccl.peers_median.")
+Out = list[object]
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One complete collective: its last rank (None: nobody led by min_lead) and what that rank did."""
+
+    start_ns: int
+    rank: int | None
+    lead_ns: int
+    skew_ns: int
+    op: str
+    figures: Mapping[str, Any]
+
+
+@dataclass(slots=True)
+class _Comm:
+    entries: deque[_Entry] = field(default_factory=deque)
+    counts: dict[int, int] = field(default_factory=dict)
+    raised: dict[int, dict[str, AttrValue]] = field(default_factory=dict)  # rank -> its identity at the raise
+    seen: float = 0.0  # monotonic time of the last complete collective
+
+
+@dataclass(frozen=True, slots=True)
+class _Decided:
+    """The collective that decided a raise or clear: the log record is tied to its root span."""
+
+    comm: str
+    seq: int
+    trace_id: int
+    time_ns: int
+
+
+class PersistentStragglers:
+    """See the module doc. ``metrics``/``scope``: the join's table and scope (``nccl.straggler.persistent``);
+    ``wall_ns``: epoch ns for the records; ``evicted``: called once per communicator pushed out by max_comms."""
+
+    def __init__(self, config: StragglerConfig, metrics: Mapping[str, MetricSpec], scope: str,
+                 wall_ns: Callable[[], int], evicted: Callable[[], None]) -> None:
+        self.config = config
+        self._metrics, self._scope, self._wall_ns, self._evicted = metrics, scope, wall_ns, evicted
+        self._comms: OrderedDict[str, _Comm] = OrderedDict()
+        self._logged = float("-inf")  # monotonic time of the last log line
+        self._unlogged = 0
+
+    def __len__(self) -> int:
+        return len(self._comms)
+
+    def raised(self) -> dict[str, list[int]]:
+        """comm id -> the ranks raised on it now."""
+        return {c: sorted(s.raised) for c, s in self._comms.items() if s.raised}
+
+    def observe(self, key: tuple[str, int], trace_id: int, ranks: Mapping[int, ReadableSpan],
+                figures: Mapping[str, Any], now: float, out: Out) -> SpanEventRecord | None:
+        """One complete collective ``key`` = (comm id, seq) with >= 2 ``ranks`` (rank -> its span); ``figures``:
+        the straggler's "why late" attributes the join put on the root. Appends the records of a raise or clear
+        to ``out``; returns the span event for the root span on a raise."""
+        cfg = self.config
+        if not cfg.enabled or len(ranks) < 2:
+            return None
+        comm = self._comm(key[0], now, out)
+        comm.seen = now
+        entry = _entry(ranks, figures, int(cfg.min_lead * 1e9))
+        _push(comm, entry)
+        span_ns = int(cfg.min_span * 1e9)
+        while len(comm.entries) > cfg.max_window or (
+                len(comm.entries) > cfg.window and entry.start_ns - comm.entries[1].start_ns >= span_ns):
+            _pop(comm)
+        decided = _Decided(key[0], key[1], trace_id, self._wall_ns())
+        event = None
+        full = len(comm.entries) >= cfg.window and entry.start_ns - comm.entries[0].start_ns >= span_ns
+        if full and entry.rank is not None and entry.rank not in comm.raised \
+                and comm.counts.get(entry.rank, 0) >= cfg.ratio * len(comm.entries):
+            comm.raised[entry.rank] = _identity(ranks[entry.rank])
+            record = self._record(comm, entry.rank, "raised", decided, now, out)
+            event = SpanEventRecord("nccl.straggler.persistent", decided.time_ns, {
+                k: record.attributes[k] for k in ("nccl.rank", "nccl.straggler.share", "nccl.straggler.window")})
+        for rank in [r for r in comm.raised if comm.counts.get(r, 0) < cfg.clear_ratio * len(comm.entries)]:
+            comm.raised[rank] = {**comm.raised[rank], **_identity(ranks[rank])}
+            self._clear(comm, rank, "recovered", decided, now, out)
+        return event
+
+    def expire(self, now: float, out: Out) -> None:
+        """Forget communicators idle for ``idle_timeout`` (least recently active first), clearing their ranks."""
+        while self._comms:
+            name, comm = next(iter(self._comms.items()))
+            if now - comm.seen < self.config.idle_timeout:
+                return
+            self._forget(name, "idle", now, out)
+
+    def clear(self) -> None:
+        self._comms.clear()
+
+    # ---- state -----------------------------------------------------------------------
+    def _comm(self, name: str, now: float, out: Out) -> _Comm:
+        comm = self._comms.get(name)
+        if comm is not None:
+            self._comms.move_to_end(name)
+            return comm
+        while len(self._comms) >= self.config.max_comms:
+            self._evicted()
+            self._forget(next(iter(self._comms)), "evicted", now, out)
+        comm = self._comms[name] = _Comm(seen=now)
+        return comm
+
+    def _forget(self, name: str, reason: str, now: float, out: Out) -> None:
+        comm = self._comms.pop(name)
+        decided = _Decided(name, -1, 0, self._wall_ns())
+        for rank in list(comm.raised):
+            self._clear(comm, rank, reason, decided, now, out)
+
+    def _clear(self, comm: _Comm, rank: int, reason: str, decided: _Decided, now: float, out: Out) -> None:
+        self._record(comm, rank, "cleared", decided, now, out, reason)
+        del comm.raised[rank]
+
+    # ---- records ---------------------------------------------------------------------
+    def _record(self, comm: _Comm, rank: int, state: str, decided: _Decided, now: float, out: Out,
+                reason: str = "") -> LogRecord:
+        """The log record, the gauge and the log line of a raise or clear of ``rank``."""
+        attrs = _summary(comm, rank)
+        attrs.update({"nccl.comm.id": decided.comm, "nccl.rank": rank, **comm.raised[rank],
+                      "nccl.straggler.state": state})
+        if decided.seq >= 0:
+            attrs["nccl.seq"] = decided.seq
+        if reason:
+            attrs["nccl.straggler.cleared.reason"] = reason
+        body = _body(attrs)
+        record = LogRecord(None, decided.time_ns, EVENT_NAME, body, attrs, severity="WARN" if state == "raised"
+                           else "INFO", scope=self._scope, trace_id=decided.trace_id,
+                           span_id=collective_root_span_id(decided.comm, decided.seq) if decided.trace_id else 0)
+        out.append(record)
+        dims: dict[str, AttrValue] = {"nccl.comm.id": decided.comm, "nccl.rank": rank,
+                                      "host.name": str(attrs.get("host.name", ""))}
+        out.append(metric_record(self._metrics, self._scope, None, "nccl.straggler.persistent",
+                                 1 if state == "raised" else 0, dims))
+        self._log(state, body, now)
+        return record
+
+    def _log(self, state: str, body: str, now: float) -> None:
+        if now - self._logged < _LOG_EVERY:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more straggler changes not logged)" if self._unlogged else ""
+        self._logged, self._unlogged = now, 0
+        log.log(logging.WARNING if state == "raised" else logging.INFO, "NCCL %s%s", body, more)
+
+
+def _push(comm: _Comm, entry: _Entry) -> None:
+    comm.entries.append(entry)
+    if entry.rank is not None:
+        comm.counts[entry.rank] = comm.counts.get(entry.rank, 0) + 1
+
+
+def _pop(comm: _Comm) -> None:
+    old = comm.entries.popleft()
+    if old.rank is not None:
+        left = comm.counts[old.rank] - 1
+        if left:
+            comm.counts[old.rank] = left
+        else:
+            del comm.counts[old.rank]
+
+
+def _entry(ranks: Mapping[int, ReadableSpan], figures: Mapping[str, Any], min_lead_ns: int) -> _Entry:
+    """The collective (>= 2 ``ranks``) and its last rank (None when it led the next-to-last by less than
+    ``min_lead_ns``)."""
+    starts = [(span.start_time or 0, rank) for rank, span in ranks.items()]
+    (last, last_rank), (second, _) = heapq.nlargest(2, starts)
+    first = min(starts)[0]
+    lead = last - second
+    meaningful = lead >= min_lead_ns
+    op = (ranks[last_rank].attributes or {}).get("nccl.op")
+    return _Entry(last, last_rank if meaningful else None, lead, last - first, str(op), figures if meaningful else {})
+
+
+def _identity(span: ReadableSpan) -> dict[str, AttrValue]:
+    """Where the rank runs: its resource's host, pod, namespace, pid and its span's GPU (hw.id, nccl.device)."""
+    attrs = span.attributes or {}
+    found: dict[str, AttrValue] = {}
+    for key, value in [(k, span.resource.attributes.get(k)) for k in _RESOURCE_KEYS] + \
+            [(k, attrs.get(k)) for k in _SPAN_KEYS]:
+        if isinstance(value, (str, int, float)):  # bool is an int: never one of these keys
+            found[key] = value
+    return found
+
+
+def _summary(comm: _Comm, rank: int) -> dict[str, AttrValue]:
+    """Share, counts, the medians of its lead and of the skew, and the mean of each "why late" figure over the
+    window's collectives it was last in."""
+    mine = [e for e in comm.entries if e.rank == rank]
+    entries = comm.entries
+    attrs: dict[str, AttrValue] = {
+        "nccl.straggler.share": round(len(mine) / len(entries), 4), "nccl.straggler.last_count": len(mine),
+        "nccl.straggler.window": len(entries), "nccl.straggler.window_ns": entries[-1].start_ns - entries[0].start_ns}
+    if mine:
+        attrs["nccl.straggler.lead_ns"] = int(statistics.median(e.lead_ns for e in mine))
+        attrs["nccl.straggler.skew_ns"] = int(statistics.median(e.skew_ns for e in mine))
+        attrs["nccl.ops"] = tuple(sorted({e.op for e in mine}))[:8]
+    sums: dict[str, list[float]] = {}
+    for e in mine:
+        for key, value in e.figures.items():
+            if key.startswith(_WHY) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                sums.setdefault(key, []).append(float(value))
+    for key, values in sums.items():
+        attrs[key] = sum(values) / len(values)
+    return attrs
+
+
+def _body(attrs: Mapping[str, Any]) -> str:
+    """'rank 2 (host b, pod p, GPU 1 GPU-5d1e...) was last in 46 of the last 50 collectives (AllReduce) of comm X,
+    ahead of the next-to-last by median 4.8 ms; why (mean per collective): off_cpu 3.9 ms (peers 0.1)'"""
+    where = [f"host {attrs['host.name']}"] if "host.name" in attrs else []
+    if "k8s.pod.name" in attrs:
+        where.append(f"pod {attrs['k8s.pod.name']}")
+    gpu = " ".join(str(attrs[k]) for k in ("nccl.device", "hw.id") if k in attrs)
+    if gpu:
+        where.append(f"GPU {gpu}")
+    head = f"rank {attrs['nccl.rank']}" + (f" ({', '.join(where)})" if where else "")
+    seen = (f"last in {attrs['nccl.straggler.last_count']} of the last {attrs['nccl.straggler.window']} "
+            f"collectives ({', '.join(attrs.get('nccl.ops', ())) or 'none'}) of comm {attrs['nccl.comm.id']}")
+    if attrs["nccl.straggler.state"] == "cleared":
+        return f"persistent straggler cleared ({attrs.get('nccl.straggler.cleared.reason')}): {head} was {seen}"
+    why = sorted(((k[len("nccl.straggler."):-len(".duration")], v) for k, v in attrs.items()
+                  if k.startswith("nccl.straggler.") and k.endswith(".duration")
+                  and k != "nccl.straggler.interval.duration"), key=lambda w: -w[1])
+    why_text = ", ".join(f"{name} {value * 1e3:.1f} ms (peers "
+                         f"{attrs.get(f'nccl.peers_median.{name}.duration', 0) * 1e3:.1f})" for name, value in why[:4])
+    return (f"persistent straggler: {head} was {seen}, ahead of the next-to-last by median "
+            f"{attrs.get('nccl.straggler.lead_ns', 0) / 1e6:.1f} ms" + (f"; why (mean per collective): {why_text}"
+                                                                       if why_text else ""))

@@ -1,0 +1,223 @@
+"""otel_ebpf/processors/collective_join/stragglers.py: a rank last in most recent complete collectives of a
+communicator is named once (log record, gauge, warning, root span event) and cleared once when it recovers."""
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+
+from otel_ebpf.core.config import build
+from otel_ebpf.core.errors import ConfigError
+from otel_ebpf.core.events import LogRecord, MetricRecord, Tick
+from otel_ebpf.core.ids import collective_ids, collective_root_span_id
+from otel_ebpf.core.pipeline import Context, ListConsumer
+from otel_ebpf.processors.collective_join import CollectiveJoin, Config
+from otel_ebpf.processors.collective_join.stragglers import EVENT_NAME
+from tests.support import nccl_spans
+from tests.support.nccl_spans import COMM
+from tests.unit.processors.straggler_sim import figures, simulate
+
+T0 = 1_700_000_000_000_000_000
+MS = 1_000_000
+POD = {r: Resource.create({"host.name": f"node-{r // 2}", "service.name": "train", "k8s.pod.name": f"train-{r}",
+                           "k8s.namespace.name": "ml"}) for r in range(4)}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Job:
+    """A 4-rank job whose collectives start every ``every_ms``; ``late`` ms added to some ranks' starts."""
+
+    def __init__(self, nranks: int = 4, every_ms: float = 10.0, comm: str = COMM, **cfg: object) -> None:
+        self.sink, self.clock = ListConsumer(), Clock()
+        config = Config()
+        for key, value in cfg.items():
+            setattr(config.persistent_straggler, key, value)
+        self.join = CollectiveJoin(config, Context(), self.sink, clock=self.clock, wall_ns=lambda: T0 + 7)
+        self.nranks, self.every, self.comm, self.seq = nranks, every_ms, comm, 0
+
+    def run(self, n: int, late: dict[int, float] | None = None, rng: random.Random | None = None,
+            noise_ms: float = 0.0, why: bool = False) -> list[object]:
+        out: list[object] = []
+        for _ in range(n):
+            at = self.seq * self.every
+            batch = []
+            for r in range(self.nranks):
+                ms = at + (late or {}).get(r, 0.0) + (rng.uniform(0, noise_ms) if rng else 0.0)
+                extra = {"hw.id": f"GPU-{r}", "nccl.device": r % 2}
+                if why:
+                    extra["ml.step.off_cpu.duration"] = 0.004 if (late or {}).get(r) else 0.0001
+                batch.append(nccl_spans.rank_span(self.seq, r, T0 + int(ms * MS), nranks=self.nranks, comm=self.comm,
+                                                  resource=POD[r % 4], extra=extra))
+            self.join.consume(batch)
+            self.seq += 1
+            out += self.sink.take()
+        return out
+
+
+def records(events) -> list[LogRecord]:
+    return [e for e in events if isinstance(e, LogRecord) and e.event_name == EVENT_NAME]
+
+
+def gauges(events) -> list[MetricRecord]:
+    return [e for e in events if isinstance(e, MetricRecord) and e.name == "nccl.straggler.persistent"]
+
+
+def test_a_rank_late_to_every_collective_is_named_once_when_the_window_is_full_with_where_and_why(caplog):
+    job = Job()
+    with caplog.at_level(logging.WARNING, logger="otel_ebpf.processors.collective_join"):
+        # 10 ms apart: the window (>= 50 collectives, >= 1.5 s) is full at the 151st
+        before = job.run(150, late={2: 3.0}, why=True)
+        assert not records(before)
+        out = job.run(1, late={2: 3.0}, why=True) + job.run(300, late={2: 3.0}, why=True)
+    (rec,) = records(out)
+    a = rec.attributes
+    assert rec.severity == "WARN" and rec.pid is None and rec.scope == "otel_ebpf.collective_join"
+    assert a["nccl.straggler.state"] == "raised" and a["nccl.seq"] == 150
+    assert (a["nccl.comm.id"], a["nccl.rank"], a["host.name"], a["k8s.pod.name"], a["k8s.namespace.name"]) == (
+        COMM, 2, "node-1", "train-2", "ml")
+    assert (a["hw.id"], a["nccl.device"]) == ("GPU-2", 0)
+    assert a["nccl.straggler.share"] == 1.0 and a["nccl.straggler.window"] == a["nccl.straggler.last_count"] == 151
+    assert a["nccl.straggler.window_ns"] == 1500 * MS
+    assert a["nccl.straggler.lead_ns"] == 3 * MS and a["nccl.straggler.skew_ns"] == 3 * MS
+    assert a["nccl.ops"] == ("AllReduce",)
+    assert a["nccl.straggler.off_cpu.duration"] == pytest.approx(0.004)
+    assert a["nccl.peers_median.off_cpu.duration"] == pytest.approx(0.0001)
+    trace, root, _ = collective_ids(COMM, 150, 0)
+    assert (rec.trace_id, rec.span_id) == (trace, root) == (trace, collective_root_span_id(COMM, 150))
+    assert rec.body.startswith("persistent straggler: rank 2 (host node-1, pod train-2, GPU 0 GPU-2) was last in "
+                               "151 of the last 151 collectives (AllReduce) of comm 00c0ffee00c0ffee")
+    assert "by median 3.0 ms" in rec.body and "off_cpu 4.0 ms (peers 0.1)" in rec.body
+    (gauge,) = gauges(out)
+    assert gauge.kind == "gauge" and gauge.value == 1
+    assert dict(gauge.attributes) == {"nccl.comm.id": COMM, "nccl.rank": 2, "host.name": "node-1"}
+    (root_span,) = [s for s in out if isinstance(s, ReadableSpan) and s.parent is None
+                    and s.attributes["nccl.seq"] == 150]
+    (event,) = root_span.events
+    assert event.name == "nccl.straggler.persistent" and event.attributes["nccl.rank"] == 2
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "rank 2" in caplog.records[0].getMessage()
+    assert job.join.persistent.raised() == {COMM: [2]}
+
+
+def test_it_is_cleared_once_when_it_recovers_and_named_again_when_it_relapses():
+    job = Job()
+    assert len(records(job.run(400, late={2: 3.0}))) == 1
+    rng = random.Random(5)
+    out = job.run(600, rng=rng, noise_ms=5.0)  # every rank as likely to be last
+    (rec,) = records(out)
+    a = rec.attributes
+    assert rec.severity == "INFO" and a["nccl.straggler.state"] == "cleared"
+    assert a["nccl.straggler.cleared.reason"] == "recovered" and a["nccl.rank"] == 2
+    assert a["nccl.straggler.share"] < 0.5 and a["host.name"] == "node-1"
+    assert [g.value for g in gauges(out)] == [0]
+    assert rec.body.startswith("persistent straggler cleared (recovered): rank 2")
+    assert job.join.persistent.raised() == {}
+    assert [r.attributes["nccl.rank"] for r in records(job.run(400, late={1: 3.0}))] == [1]
+
+
+def test_between_the_thresholds_nothing_changes():
+    """Hysteresis: a share between clear_ratio (0.5) and ratio (0.8) neither raises nor clears."""
+    job = Job()
+    out = job.run(200, late={2: 3.0})
+    for _ in range(20):  # 60 %: 3 of every 5 collectives
+        out += job.run(3, late={2: 3.0}) + job.run(2, late={0: 3.0})
+    assert [r.attributes["nccl.straggler.state"] for r in records(out)] == ["raised"]
+    out = []
+    for _ in range(100):
+        out += job.run(3, late={2: 3.0}) + job.run(2, late={0: 3.0})
+    assert not records(out)
+
+
+@pytest.mark.parametrize("nranks", [2, 4, 8])
+def test_noise_alone_names_nobody(nranks):
+    """Every rank's start drawn at random, per collective: over 3,000 collectives and 3 seeds nobody is named
+    (many more seeds: straggler_sim.py)."""
+    for seed in range(3):
+        job = Job(nranks=nranks)
+        out = job.run(3000, rng=random.Random(seed), noise_ms=5.0)
+        assert not records(out) and not gauges(out)
+
+
+def test_two_ranks_a_hair_apart_are_nobodys_straggler():
+    """With 2 ranks someone is always last: 20 us every time is no persistent straggler (min_lead 1 ms)."""
+    job = Job(nranks=2)
+    assert not records(job.run(500, late={1: 0.02}))
+    assert [r.attributes["nccl.rank"] for r in records(Job(nranks=2, min_lead=0.0).run(500, late={1: 0.02}))] == [1]
+
+
+def test_partial_collectives_are_not_counted():
+    job = Job(nranks=4)
+    for seq in range(300):  # rank 3 never comes: every collective is released partial at timeout
+        job.join.consume([nccl_spans.rank_span(seq, r, T0 + seq * 10 * MS + (3 * MS if r == 2 else 0))
+                          for r in range(3)])
+    job.clock.t = 10.0
+    out = job.join.consume([Tick(T0)]) or job.sink.take()
+    assert not records(out) and len(job.join.persistent) == 0
+
+
+def test_communicators_are_bounded_and_evictions_counted_and_cleared():
+    job = Job(max_comms=2)
+    out = job.run(400, late={3: 3.0})
+    assert len(records(out)) == 1
+    for comm in ("c2", "c3"):
+        job.comm, job.seq = comm, 0
+        out += job.run(1)
+    assert len(job.join.persistent) == 2
+    cleared = [r for r in records(out) if r.attributes["nccl.straggler.state"] == "cleared"]
+    assert [(r.attributes["nccl.comm.id"], r.attributes["nccl.straggler.cleared.reason"]) for r in cleared] == [
+        (COMM, "evicted")]
+    assert cleared[0].trace_id == 0 and "nccl.seq" not in cleared[0].attributes
+    assert sum(m.value for m in out if isinstance(m, MetricRecord) and m.name == "nccl.straggler.comms.evicted") == 1
+
+
+def test_an_idle_communicator_is_cleared_and_forgotten():
+    job = Job(idle_timeout=60.0)
+    assert len(records(job.run(400, late={3: 3.0}))) == 1
+    job.clock.t = 59.0
+    job.join.consume([Tick(T0)])
+    assert not records(job.sink.take())
+    job.clock.t = 61.0
+    job.join.consume([Tick(T0)])
+    out = job.sink.take()
+    assert [r.attributes["nccl.straggler.cleared.reason"] for r in records(out)] == ["idle"]
+    assert [g.value for g in gauges(out)] == [0] and len(job.join.persistent) == 0
+
+
+def test_disabled_names_nobody():
+    job = Job(enabled=False)
+    assert not records(job.run(400, late={3: 3.0})) and len(job.join.persistent) == 0
+
+
+def test_config_keys_are_validated_with_their_path():
+    path = "processors.collective_join"
+    cfg = build(Config, {"persistent_straggler": {"window": 20, "min_span": "500ms", "ratio": 0.9}}, path)
+    assert (cfg.persistent_straggler.window, cfg.persistent_straggler.min_span) == (20, 0.5)
+    for bad, key in (({"clear_ratio": 0.8}, "clear_ratio"), ({"ratio": 0}, "ratio"), ({"ratio": 1.5}, "ratio"),
+                     ({"window": 1}, "window"), ({"max_window": 10}, "max_window"), ({"bogus": 1}, "bogus"),
+                     ({"min_lead": -1}, "min_lead"), ({"max_comms": 0}, "max_comms")):
+        with pytest.raises(ConfigError, match=rf"{path}\.persistent_straggler\.{key}"):
+            build(Config, {"persistent_straggler": bad}, path)
+
+
+def test_a_rank_5_percent_of_a_step_late_among_noisy_ranks_is_named_fast_and_right():
+    """The issue's case, simulated through the join: 75 ms steps of 20 collectives, every rank's host shifted by
+    0..2.5 % of a step each step, rank 1 5 % more from step 60. Figures for the docs come from straggler_sim.py;
+    here sane bounds only: the right rank in every run, within 4 s (53 steps), no alarm without a straggler."""
+    f = figures(4, nranks=4, noise=0.025, steps=140)
+    assert f["right_rank"] == 1.0 and 0 <= f["max_steps"] <= 53 and f["false_alarm"] == 0.0
+
+
+def test_the_same_noise_correlated_over_a_step_fools_a_window_of_50_collectives_alone():
+    """Why min_span: 50 collectives are 2.5 steps here, so a 2-rank communicator names a rank on noise alone."""
+    fooled = sum(bool(simulate(seed, nranks=2, noise=0.05, steps=200, min_span=0.0).raised) for seed in range(6))
+    kept = sum(bool(simulate(seed, nranks=2, noise=0.05, steps=200).raised) for seed in range(6))
+    assert fooled >= 3 and kept == 0
