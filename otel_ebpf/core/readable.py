@@ -1,4 +1,5 @@
-"""Finished SDK spans (``ReadableSpan``) for stages that work on spans received over OTLP.
+"""Finished SDK spans (``ReadableSpan``) and received log records (``ReadableLogRecord``) for stages that
+work on what arrived over OTLP.
 
 The gateway's processors (``collective_join``) receive spans other agents already finished,
 as SDK ``ReadableSpan`` objects (see :mod:`otel_ebpf.emit.otlp_in`). They read them through
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -20,7 +22,7 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 from otel_ebpf.core.events import SpanEventRecord
 
-__all__ = ["ReadableSpan", "SpanMaker", "resource_attribute", "with_changes"]
+__all__ = ["ReadableLogRecord", "ReadableSpan", "SpanMaker", "log_fields", "resource_attribute", "with_changes"]
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
@@ -72,3 +74,10 @@ class SpanMaker:
             parent=parent, resource=self.resource, attributes=attributes, events=_events(events),
             kind=SpanKind.INTERNAL, start_time=start_ns, end_time=max(start_ns, end_ns),
             instrumentation_scope=self.scope)
+
+
+def log_fields(rec: ReadableLogRecord) -> tuple[str | None, Mapping[str, Any], Any, Mapping[str, Any]]:
+    """(event name, attributes, body, resource attributes) of a received log record."""
+    lr = rec.log_record
+    resource = rec.resource.attributes if rec.resource is not None else {}
+    return lr.event_name, lr.attributes or {}, lr.body, resource

@@ -78,6 +78,15 @@ class Config:
     max_comms: int = doc(
         4096, "Communicators whose wavefront (each rank's highest nccl.seq) is kept for desync reports; "
               "beyond it the least recently active is forgotten.", min=1)
+    max_stacks: int = doc(
+        1024, "Silent ranks' stacks (the agents' otel_ebpf.nccl.rank.stack log records) kept, the latest per "
+              "(communicator, rank), for the desync reports of their hangs; least recently received out, counted in "
+              "otel_ebpf.collective_join.unjoined{reason=stack_evicted}. Each keeps at most 16 KiB of stack text.",
+        min=1)
+    stack_max_age: float = doc(
+        600.0, "A stack names what a missing rank is doing for this long after it arrived (and only while the rank "
+               "made no NCCL call since); a hang's desync report is updated with stacks that come later for as "
+               "long.", duration=True, min=0.001)
     max_ranks: int = doc(
         65536, "Largest nccl.nranks accepted; spans claiming more (or a rank outside 0..nranks-1) are "
                "passed through unjoined and counted in otel_ebpf.collective_join.unjoined{reason=bad_rank}.", min=1)

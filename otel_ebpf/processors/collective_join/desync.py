@@ -11,6 +11,7 @@ from typing import Any
 
 from otel_ebpf.core.events import SpanEventRecord
 
+from .hangs import HangStacks
 from .metrics import ranges_text
 from .store import Collective, Front, Store
 
@@ -23,12 +24,14 @@ class DesyncReports:
     """``count(comm, op)`` adds one to ``nccl.desync.count``; ``wall_ns`` stamps the events."""
 
     def __init__(self, store: Store, desync: float, max_comms: int, wall_ns: Callable[[], int],
-                 count: Callable[[str, str], None]) -> None:
+                 count: Callable[[str, str], None], hangs: HangStacks) -> None:
         self._store, self._desync, self._max_comms = store, desync, max_comms
-        self._wall_ns, self._count = wall_ns, count
+        self._wall_ns, self._count, self._hangs = wall_ns, count, hangs
         self._warned: OrderedDict[str, list[Any]] = OrderedDict()  # comm -> [last warning, left out since]
 
-    def report(self, entry: Collective, now: float) -> None:
+    def report(self, entry: Collective, now: float, out: list[object]) -> None:
+        """The report of ``entry``'s hang: its span event, count and warning here, its log record (with the
+        missing ranks' stacks: :mod:`.hangs`) into ``out``."""
         comm, seq = entry.key
         missing = entry.missing()
         front = self._store.front(comm)
@@ -36,9 +39,12 @@ class DesyncReports:
         last = tuple(seqs.get(r, -1) for r in range(entry.nranks))
         hosts = sorted({str(h) for h in (host_of(front, r) for r in missing) if h is not None})
         op = entry.sig[0] if entry.sig else None
+        waited = int((now - entry.first) * 1e9)
+        stacks, where = self._hangs.desync(comm, seq, str(op), missing, sorted(entry.ranks), hosts, entry.trace_id,
+                                           waited, now, out)
         entry.events.append(SpanEventRecord("nccl.desync", self._wall_ns(), {
             "nccl.missing_ranks": tuple(missing), "nccl.missing.hosts": tuple(hosts), "nccl.last_seq": last,
-            "nccl.waited_ns": int((now - entry.first) * 1e9)}))
+            "nccl.waited_ns": waited, **stacks}))
         self._count(comm, str(op))
         if self._quiet(comm, now):
             return
@@ -50,8 +56,8 @@ class DesyncReports:
         quieted = self._warned[comm][1]
         self._warned[comm][1] = 0
         log.warning("NCCL desync: comm %s seq %d (%s) has waited %.1fs for ranks %s of %d (hosts: %s); "
-                    "last seq per rank: %s%s", comm, seq, op, now - entry.first, ranges_text(missing), entry.nranks,
-                    ", ".join(hosts[:16]) or "unknown", fronts,
+                    "last seq per rank: %s%s%s", comm, seq, op, now - entry.first, ranges_text(missing), entry.nranks,
+                    ", ".join(hosts[:16]) or "unknown", fronts, where,
                     f" ({quieted} more hung collectives of this communicator not logged)" if quieted else "")
 
     def _quiet(self, comm: str, now: float) -> bool:

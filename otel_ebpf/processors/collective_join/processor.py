@@ -63,13 +63,21 @@ from otel_ebpf.core.events import AttrValue
 from otel_ebpf.core.ids import COLLECTIVE_ROOT_ATTRIBUTES, collective_ids, collective_root_span_id
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.core.processing import EventProcessor, handles
-from otel_ebpf.core.readable import ReadableSpan, SpanMaker, resource_attribute, with_changes
+from otel_ebpf.core.readable import (
+    ReadableLogRecord,
+    ReadableSpan,
+    SpanMaker,
+    log_fields,
+    resource_attribute,
+    with_changes,
+)
 from otel_ebpf.host.identity import gateway_resource_attributes
 from otel_ebpf.host.timeline import straggler_attributes
 
 from .config import Config
 from .desync import DesyncReports
 from .gpu import GpuJoin, is_gpu
+from .hangs import HangStacks
 from .metrics import METRICS
 from .p2p import P2PJoin, is_p2p
 from .splits import SplitBook, split_call
@@ -107,8 +115,10 @@ class CollectiveJoin(EventProcessor[Config]):
                            lambda: self._count("nccl.join.late", **{"nccl.span": "p2p"}))
         self.gpu = GpuJoin(self._maker, config.timeout, config.max_pending, config.max_ranks,
                            lambda outcome: self._count("nccl.join.gpu.released", outcome=outcome))
+        self.hangs = HangStacks(config.max_stacks, config.max_comms, config.stack_max_age, SCOPE, wall_ns,
+                                self._front_seq, lambda: self._unjoined("stack_evicted"))
         self.desync = DesyncReports(self.store, self._desync, config.max_comms, wall_ns, lambda comm, op: self._count(
-            "nccl.desync.count", **{"nccl.comm.id": comm, "nccl.op": op}))
+            "nccl.desync.count", **{"nccl.comm.id": comm, "nccl.op": op}), self.hangs)
         self.persistent = PersistentStragglers(config.persistent_straggler, METRICS, SCOPE, wall_ns,
                                                lambda: self._count("nccl.straggler.comms.evicted"))
         self._now = clock()  # clock() at the start of the batch being consumed
@@ -154,6 +164,19 @@ class CollectiveJoin(EventProcessor[Config]):
     # ---- intake ----------------------------------------------------------------------
     def _unjoined(self, reason: str) -> None:
         self.ctx.telemetry.add("otel_ebpf.collective_join.unjoined", 1, reason=reason)
+
+    @handles(ReadableLogRecord)
+    def _log(self, rec: ReadableLogRecord, out: Out) -> None:
+        """A silent rank's stack (core.rankstack) is kept for the desync reports (:mod:`.hangs`); every log
+        record passes on."""
+        out.append(rec)
+        name, attrs, body, resource = log_fields(rec)
+        if self.hangs.is_stack(name):
+            self.hangs.add(attrs, body, resource, self._now, out)
+
+    def _front_seq(self, comm: str, rank: int) -> int:
+        front = self.store.front(comm)
+        return front.seqs.get(rank, -1) if front is not None else -1
 
     @handles(ReadableSpan)
     def _span(self, span: ReadableSpan, out: Out) -> None:
@@ -242,6 +265,7 @@ class CollectiveJoin(EventProcessor[Config]):
         self.store.spans += 1
         self.store.advance(entry.key[0], rank, entry.key[1], span.resource)
         if len(entry.ranks) >= entry.nranks:
+            self.hangs.progressed(*entry.key)
             self._release(self.store.pop(entry.key), "complete", out)
 
     def _new(self, key: tuple[str, int], trace_id: int, nranks: int, now: float, out: Out) -> Collective:
@@ -282,7 +306,7 @@ class CollectiveJoin(EventProcessor[Config]):
         store = self.store
         while (entry := store.oldest_unchecked()) is not None and now - entry.first >= self._desync:
             store.checked(entry)
-            self.desync.report(entry, now)
+            self.desync.report(entry, now, out)
         while (entry := store.oldest()) is not None and now - entry.first >= self._timeout:
             self._release(store.pop(entry.key), "partial", out)
 
