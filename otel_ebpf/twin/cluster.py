@@ -142,7 +142,8 @@ class _Cluster:
 
     def prepare(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
-        for stale in (self.out / "traces.jsonl", self.out / "metrics.jsonl", *self.logs.glob("*.log")):
+        for stale in (self.out / "traces.jsonl", self.out / "metrics.jsonl", self.out / "logs.jsonl",
+                      *self.logs.glob("*.log")):
             stale.unlink(missing_ok=True)  # the file exporter appends: start from empty files
         self.net = nodes_mod.create(self.spec.nodes)
         if self.net.removed:
