@@ -41,6 +41,10 @@ desync). One lane per rank (or process): upper row NCCL calls, lower row CUDA ca
 <table id="slow"></table>
 <h2>Collectives by skew (first to last rank arrival)</h2>
 <table id="skew"></table>
+<h2>Hangs and stragglers</h2>
+<p class="muted">Desync reports with what each missing rank was doing, persistent stragglers raised and cleared (the
+gateway's), and silent ranks' live stacks (the agents'): log records, newest last. Click a row for its stack.</p>
+<div id="forensics"></div>
 <div id="tip"></div>
 <script type="application/json" id="oe-data">{data}</script>
 <script>

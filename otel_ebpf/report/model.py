@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from otel_ebpf.host.timeline import straggler_figures, why_late
-from otel_ebpf.report.otlpfiles import MetricPoint, OtlpData, SpanRow
+from otel_ebpf.report.otlpfiles import LogRow, MetricPoint, OtlpData, SpanRow
 
 __all__ = ["DEFAULT_MAX_SPANS", "MAX_CHARTS", "MAX_POINTS", "MAX_SERIES", "build", "is_collective_root",
            "lane_key"]
@@ -76,7 +76,10 @@ def _collective(s: SpanRow, t0: int) -> dict[str, Any]:
             "arrived": a.get("nccl.ranks.arrived"), "nranks": a.get("nccl.nranks"),
             "partial": bool(a.get("nccl.partial")), "missing": list(a.get("nccl.missing_ranks", ())),
             "desyncs": [{"t": (e.time_ns - t0) / 1e3, "missing": list(e.attributes.get("nccl.missing_ranks", ())),
-                         "waited_ms": e.attributes.get("nccl.waited_ns", 0) / 1e6}
+                         "waited_ms": e.attributes.get("nccl.waited_ns", 0) / 1e6,
+                         "where": [f"rank {r}: {f}" for r, f in zip(e.attributes.get("nccl.missing.stack_ranks", ()),
+                                                                    e.attributes.get("nccl.missing.functions", ()),
+                                                                    strict=False)]}
                         for e in s.events if e.name == "nccl.desync"],
             "attrs": {k: _short(v) for k, v in a.items()}}
 
@@ -212,6 +215,27 @@ def _header(data: OtlpData, spans: list[SpanRow], roots: list[dict[str, Any]], t
             "dropped": dropped, "dropped_by": dropped_rows, "bad_lines": data.bad_lines, "files": data.files}
 
 
+# the log records of hang forensics (issue 17): agents' silent-rank stacks, the gateway's desync reports and
+# persistent stragglers (processors/nccl_watch, processors/collective_join/hangs.py, stragglers.py)
+FORENSICS = ("otel_ebpf.nccl.desync", "otel_ebpf.nccl.straggler", "otel_ebpf.nccl.rank.stack")
+_BODY_CHARS = 8192
+
+
+def _forensics(logs: list[LogRow], t0: int, cap: int) -> list[dict[str, Any]]:
+    """The newest ``cap`` hang-forensics records, oldest first: what, when, who, and the body (a stack)."""
+    rows = sorted((r for r in logs if r.event_name in FORENSICS), key=lambda r: r.time_ns)[-cap:]
+    out = []
+    for r in rows:
+        body = str(r.body or "")
+        who = r.resource.get("host.name") or ""
+        if "process.pid" in r.resource and r.event_name.endswith("rank.stack"):
+            who = f"{who} pid {r.resource['process.pid']}"
+        out.append({"t": (r.time_ns - t0) / 1e3 if r.time_ns else None, "event": r.event_name,
+                    "severity": r.severity_text, "who": who, "title": body.split("\n", 1)[0][:300],
+                    "body": body[:_BODY_CHARS], "attrs": {k: _short(v) for k, v in r.attributes.items()}})
+    return out
+
+
 def build(data: OtlpData, *, max_spans: int = DEFAULT_MAX_SPANS, top: int = 25, title: str = "") -> dict[str, Any]:
     """The report's data (JSON-ready). ``max_spans`` caps the timeline; ``top`` the tables."""
     spans = data.spans
@@ -225,6 +249,7 @@ def build(data: OtlpData, *, max_spans: int = DEFAULT_MAX_SPANS, top: int = 25, 
                      key=lambda c: (not c["partial"], -(c["skew_ms"] or 0.0)))[:top]
     return {"title": title, "meta": _header(data, spans, roots, t0, t1), "lanes": lanes, "spans": tl,
             "span_note": note, "collectives": roots[-max_spans:], "charts": _charts(data.metrics, t0),
+            "forensics": _forensics(data.logs, t0, top * 2),
             "top_slow": _top_slow(spans, t0, top),
             "by_skew": [{k: c[k] for k in ("op", "seq", "skew_ms", "straggler_rank", "straggler_host", "arrived",
                                            "nranks", "partial", "missing", "start")} for c in by_skew]}

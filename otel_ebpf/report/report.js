@@ -152,7 +152,7 @@
         var p = el("path", { d: "M" + tx(d.t) + "," + (y + ROW) + "l-5,-9h10z", class: "desync" }, g);
         hover(p, function () {
           return ["nccl.desync: " + c.op + " seq " + c.seq, "missing ranks " + d.missing.join(",") + ", waited " +
-                  d.waited_ms.toFixed(0) + " ms"];
+                  d.waited_ms.toFixed(0) + " ms"].concat(d.where || []);
         });
       });
     });
@@ -289,4 +289,16 @@
                    (r.partial ? " (missing " + r.missing.join(",") + ")" : ""); }],
                  ["at", function (r) { return fmtUs(r.start); }]],
         D.by_skew, function (r) { return r.partial ? "err" : ""; });
+  forensics();
+
+  function forensics() {
+    var box = document.getElementById("forensics"), rows = D.forensics || [];
+    if (!rows.length) { h("p", "none", box, "muted"); return; }
+    rows.forEach(function (r) {
+      var d = h("details", null, box, r.severity === "WARN" ? "err" : "");
+      h("summary", (r.t === null ? "" : fmtUs(r.t) + "  ") + r.event.replace("otel_ebpf.", "") +
+        (r.who ? " [" + r.who + "]" : "") + ": " + r.title, d);
+      h("pre", r.body, d);
+    });
+  }
 })();

@@ -190,3 +190,21 @@ def test_why_late_keeps_the_figures_where_the_straggler_spent_more_than_its_peer
                         "nccl.straggler.interval.duration": 0.04, "nccl.peers_median.interval.duration": 0.035}}
              for i in range(3)]
     assert _why_late(roots) == [["on_cpu", 31.0, 3.0]]  # medians; off-CPU (less) and the interval left out
+
+
+def test_hang_forensics_records_are_listed_newest_last_with_their_stacks() -> None:
+    """The gateway's desync reports and persistent stragglers and the agents' silent-rank stacks (log records)."""
+    from otel_ebpf.report.otlpfiles import LogRow, OtlpData
+
+    def row(t: int, event: str, body: str, **res: Any) -> LogRow:
+        return LogRow(t, t, "WARN", 13, event, body, "", "", "s", {"host.name": "node-b", **res}, {"nccl.rank": 2})
+
+    stack = "Thread 7 (idle): \"MainThread\"\n    stuck_in_dataloader_fetch (train.py:14)"
+    logs = [row(3_000, "otel_ebpf.nccl.desync", "NCCL desync: comm c, seq 3 (AllReduce) has waited 2.0 s\nrank 2 ..."),
+            row(2_000, "otel_ebpf.nccl.rank.stack", stack, **{"process.pid": 4242}),
+            row(1_000, "app.log", "not forensics")]
+    built = model.build(OtlpData(spans=[], metrics=[], logs=logs))
+    f = built["forensics"]
+    assert [r["event"] for r in f] == ["otel_ebpf.nccl.rank.stack", "otel_ebpf.nccl.desync"]
+    assert f[0]["who"] == "node-b pid 4242" and f[0]["body"] == stack and f[0]["title"].startswith("Thread 7")
+    assert f[1]["title"] == "NCCL desync: comm c, seq 3 (AllReduce) has waited 2.0 s" and f[1]["t"] == 3.0  # us
