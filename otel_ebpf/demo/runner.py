@@ -187,7 +187,8 @@ def run(opts: DemoOptions, echo: Callable[[str], None] | None = None) -> int:
     write_collector_config(out)
     found = summary.read(result.traces)
     say("summary:\n" + summary.render(found, straggler=opts.straggler_rank, killed=opts.kill_rank, out_dir=out,
-                                      report=summary.html_report(out), comms=summary.read_comms(out)))
+                                      report=summary.html_report(out), comms=summary.read_comms(out),
+                                      hangs=summary.read_hangs(result.traces.with_name("logs.jsonl"))))
     if not found.collectives:
         problems.append(f"the gateway joined no collective (logs in {result.logs})")
     if problems:

@@ -123,3 +123,32 @@ def test_why_late_names_the_figures_where_the_straggler_exceeds_its_peers(tmp_pa
 def test_why_late_says_so_when_the_host_figures_match_the_peers(tmp_path: Path) -> None:
     text = _why(tmp_path, {"on_cpu.duration": (0.003, 0.003), "off_cpu.sleep.duration": (0.02, 0.0205)})
     assert "match its peers': the delay is not on the host" in text
+
+
+def test_hang_lines_come_from_the_gateways_desync_and_straggler_log_records(tmp_path: Path) -> None:
+    """Written by the real file exporter (emit/jsonfile.py) from the join's own LogRecords."""
+    from opentelemetry.sdk.resources import Resource
+
+    from otel_ebpf.core.events import LogRecord
+    from otel_ebpf.emit.jsonfile import JsonLinesLogExporter
+    from otel_ebpf.emit.logs import LogBuilder
+
+    records = [
+        LogRecord(None, 1, "otel_ebpf.nccl.desync", "NCCL desync ...", {
+            "nccl.comm.id": "00000000000000aa", "nccl.seq": 3, "nccl.op": "AllReduce", "nccl.missing_ranks": (2,),
+            "nccl.missing.stack_ranks": (2,), "nccl.missing.functions": ("stuck_in_dataloader_fetch (train.py:14)",),
+            "nccl.missing.silence_ms": (18_400.0,)}, severity="WARN"),
+        LogRecord(None, 2, "otel_ebpf.nccl.desync", "no stack yet", {"nccl.comm.id": "aa", "nccl.seq": 3}),
+        LogRecord(None, 3, "otel_ebpf.nccl.straggler", "...", {
+            "nccl.straggler.state": "raised", "nccl.rank": 1, "host.name": "node-0", "nccl.comm.id": "bb",
+            "nccl.straggler.share": 0.92}, severity="WARN"),
+    ]
+    builder, resource = LogBuilder(), Resource.create({"service.name": "gateway"})
+    JsonLinesLogExporter(tmp_path).export([builder.build(r, resource) for r in records])
+    lines = summary.read_hangs(tmp_path / "logs.jsonl")
+    assert lines == ["hang: AllReduce seq 3 of comm 00000000000000aa: rank 2 is in stuck_in_dataloader_fetch "
+                     "(train.py:14), silent 18s",
+                     "persistent straggler raised: rank 1 on node-0 (comm bb, share 92%)"]
+    assert summary.read_hangs(tmp_path / "missing.jsonl") == []
+    text = summary.render(summary.Summary(), straggler=None, killed=None, out_dir=tmp_path, hangs=lines)
+    assert lines[0] in text
