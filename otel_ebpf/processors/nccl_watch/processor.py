@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_ebpf.core.events import AttrValue, LogRecord, ProcessExit, SpanRecord, Tick
+from otel_ebpf.core.ids import collective_ids
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.core.processing import EventProcessor, MetricSpec, handles
 from otel_ebpf.core.rankstack import RANK_STACK_EVENT
@@ -211,7 +212,14 @@ class NcclWatchProcessor(EventProcessor[Config]):
                 if value is not None:
                     attrs[key] = value
             attrs.update(common)
-            out.append(LogRecord(due.pid, time_ns, RANK_STACK_EVENT, body, attrs, severity="WARN", scope=SCOPE))
+            # the trace of the collective the rank is expected to join next on this comm (seq + 1): where the
+            # record shows beside the hung collective, and what a Collector's loadbalancing exporter routes by, so
+            # the record reaches the gateway holding that collective's desync (collective_join/hangs.py)
+            trace = 0
+            if comm.seq is not None and comm.op not in ("Send", "Recv"):
+                trace = collective_ids(comm.comm_id, comm.seq + 1, 0)[0]
+            out.append(LogRecord(due.pid, time_ns, RANK_STACK_EVENT, body, attrs, severity="WARN", scope=SCOPE,
+                                 trace_id=trace))
         spent = len(body.encode()) * len(due.comms)
         self._tokens += self._reserve(due) - spent
         self.sums.add(None, "otel_ebpf.nccl.stack.bytes", spent, {})

@@ -16,6 +16,7 @@ import pytest
 from otel_ebpf.core.config import build
 from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.core.events import LogRecord, MetricRecord, ProcessExit, SpanRecord, Tick
+from otel_ebpf.core.ids import collective_ids
 from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.core.rankstack import RANK_STACK_ATTRIBUTES, RANK_STACK_EVENT
 from otel_ebpf.core.telemetry import DROPPED
@@ -215,6 +216,9 @@ def test_one_record_per_communicator_sharing_the_capture(make: Callable[..., Any
         "code.line.number": 14}
     assert recs["world"].attributes["nccl.silence_ms"] == 13_000 and recs["world"].attributes["nccl.rank"] == 3
     assert set(recs["dp"].attributes) <= set(RANK_STACK_ATTRIBUTES)
+    # in the trace of the collective each comm waits for next: routed (and shown) with the hung collective
+    assert recs["dp"].trace_id == collective_ids("dp", 42, 0)[0]
+    assert recs["tp"].trace_id == collective_ids("tp", 100, 0)[0]
     body = len(recs["dp"].body.encode())
     assert counted(sink, "otel_ebpf.nccl.stack.bytes") == 3 * body
 
