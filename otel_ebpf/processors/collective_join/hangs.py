@@ -60,7 +60,8 @@ class Stack:
 
 @dataclass
 class _Hang:
-    """An open desync of one communicator: the collective, who is missing, whose stack went out."""
+    """An open desync of one communicator: the collective, who is missing, whose stack went out. ``since``: the
+    report (join clock, s); ``first``: the collective's first arrival, what ``nccl.waited_ns`` counts from."""
 
     seq: int
     op: str
@@ -68,6 +69,7 @@ class _Hang:
     waiting: tuple[int, ...]
     trace_id: int
     since: float
+    first: float
     sent: set[int] = field(default_factory=set)
 
 
@@ -119,7 +121,7 @@ class HangStacks:
         stack attributes for the report's span event, and "; rank R is in F" per stack for its warning."""
         hang = self._hangs.get(comm)
         if hang is None or hang.seq != seq:
-            hang = _Hang(seq, op, tuple(missing), tuple(waiting), trace_id, now)
+            hang = _Hang(seq, op, tuple(missing), tuple(waiting), trace_id, now, now - waited_ns / 1e9)
             self._hangs.pop(comm, None)
             self._hangs[comm] = hang
             while len(self._hangs) > self._max_comms:
@@ -146,7 +148,7 @@ class HangStacks:
 
     def _record(self, comm: str, hang: _Hang, stacks: list[Stack], now: float, *, update: bool = False,
                 hosts: Sequence[str] = (), waited_ns: int | None = None) -> LogRecord:
-        waited = waited_ns if waited_ns is not None else int((now - hang.since) * 1e9)
+        waited = waited_ns if waited_ns is not None else int((now - hang.first) * 1e9)
         attrs: dict[str, AttrValue] = {
             "nccl.comm.id": comm, "nccl.seq": hang.seq, "nccl.op": hang.op, "nccl.missing_ranks": hang.missing,
             "nccl.waiting_ranks": hang.waiting, "nccl.waited_ns": waited}

@@ -104,7 +104,9 @@ def test_a_stack_after_the_report_is_sent_as_an_update_once(sink) -> None:
     (update,) = logs(sink.take())
     assert update.attributes["nccl.desync.update"] is True
     assert update.attributes["nccl.missing.stack_ranks"] == (3,)
-    assert update.attributes["nccl.waited_ns"] == 10_000_000_000
+    # waited since the collective's first arrival (t=0), as in the report, not since the report (t=1)
+    assert update.attributes["nccl.waited_ns"] == 11_000_000_000
+    assert update.body.startswith(f"NCCL desync: comm {COMM}, seq 3 (AllReduce) has waited 11.0 s for rank 3 of 4")
     join.consume([stack_record(3, 2, silence_ms=40_000.0)])  # the next capture of the same hang: not again
     assert logs(sink.take()) == []
 
