@@ -180,7 +180,9 @@ static __always_inline void sched_in(u32 tid, u64 now, u32 cpu)
     if (!p)
         return;
     __sync_fetch_and_add(&p->runq_ns, runq);
-    u32 slot = runq ? bpf_log2l(runq) : 0;
+    /* BCC's bpf_log2l(v) is floor(log2(v)) + 1 (the bit count, as its print_log2_hist labels
+     * slot s [2^(s-1), 2^s)); sched.h's slot i is [2^i, 2^(i+1)): one less. */
+    u32 slot = runq ? bpf_log2l(runq) - 1 : 0;
     if (slot >= SCHED_HIST_SLOTS)
         slot = SCHED_HIST_SLOTS - 1;
     __sync_fetch_and_add(&p->hist[slot], 1);
