@@ -13,7 +13,12 @@ names come from, in precedence order:
 2. The process's own downward-API environment, names in :data:`DOWNWARD_ENV` (``POD_NAME``,
    ``POD_NAMESPACE``, ``NODE_NAME``, ``CONTAINER_NAME``, ``POD_UID`` and their ``K8S_`` /
    ``MY_`` spellings), as a pod spec sets them with ``fieldRef``. The process declares these
-   itself, like ``OTEL_SERVICE_NAME``: the kubelet's answer wins where there is one.
+   itself, like ``OTEL_SERVICE_NAME``: the kubelet's answer wins where there is one, and the
+   cgroup's pod uid over ``POD_UID``.
+
+Only a process whose cgroup names a pod gets any ``k8s.*`` attribute: variables such as
+``CONTAINER_NAME`` are common outside Kubernetes (docker compose, CI runners), so on their own
+they name no pod.
 3. ``k8s.node.name``: the agent's own ``NODE_NAME`` (the DaemonSet's ``spec.nodeName``), for a
    process in a pod.
 
@@ -162,16 +167,14 @@ class K8sMetadata:
 
     def attributes(self, pod_uid: str | None, container_id: str | None,
                    env: Mapping[str, str]) -> dict[str, str]:
-        """k8s.* attributes of a process in pod ``pod_uid`` (from its cgroup; None: not in a pod
-        as far as the cgroup tells) with downward-API ``env``. Never raises."""
-        if not self.config.enabled:
+        """k8s.* attributes of a process in pod ``pod_uid`` (from its cgroup) with downward-API
+        ``env``; none at all when ``pod_uid`` is None (not in a pod as far as the cgroup tells: a
+        ``CONTAINER_NAME`` or ``POD_NAME`` in a host process's environment names no pod). Never raises."""
+        if not self.config.enabled or not pod_uid:
             return {}
         attrs = _downward(env)
-        uid = pod_uid or attrs.get(K8S_POD_UID)
-        if not uid:
-            return attrs
-        attrs[K8S_POD_UID] = uid
-        pod = self._pod(uid)
+        attrs[K8S_POD_UID] = pod_uid
+        pod = self._pod(pod_uid)
         if pod is not None:
             for key, value in ((K8S_POD_NAME, pod.name), (K8S_NAMESPACE_NAME, pod.namespace),
                                (K8S_NODE_NAME, pod.node), (K8S_CONTAINER_NAME, pod.containers.get(container_id or ""))):

@@ -19,6 +19,7 @@ import yaml
 
 from tests.e2e.test_nvml import latest
 from tests.support.build import build_stand_in_nvml
+from tests.support.cgroup import PodCgroup
 from tests.support.otlp_sink import decode_attrs, metrics_from_jsonl, spans_from_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,14 +90,19 @@ def _config(tmp_path: Path, out: Path) -> Path:
 
 
 def test_per_process_gpu_memory_sums_by_pod_on_a_shared_gpu(tmp_path: Path) -> None:
-    """Three processes share GPU 0: two in pod trainer-0, one in pod notebook (downward-API
-    environment). Each process's hw.gpu.memory.usage is on its own resource with its pod's
-    names, so summing by k8s.pod.name gives each pod's share of the GPU."""
+    """Three processes share GPU 0: two in pod trainer-0, one in pod notebook (each in a real
+    cgroup named for its pod, names from its downward-API environment). Each process's
+    hw.gpu.memory.usage is on its own resource with its pod's names, so summing by k8s.pod.name
+    gives each pod's share of the GPU."""
     lib = build_stand_in_nvml()
     pods = [("trainer-0", "ml-team", 3 << 30), ("trainer-0", "ml-team", 1 << 30), ("notebook", "notebooks", 2 << 30)]
+    uids = {"trainer-0": "7d1e3c5a-2b4f-4e6a-8c0d-1f3a5b7c9e2d", "notebook": "0a2c4e6f-8b1d-4f3a-9c5e-7d9f1b3a5c7e"}
+    cgroups = {name: PodCgroup(uid) for name, uid in uids.items()}
     procs = [subprocess.Popen(["sleep", "60"], env={"PATH": os.environ.get("PATH", ""), "POD_NAME": name,
                                                     "POD_NAMESPACE": ns, "CONTAINER_NAME": "main"})
              for name, ns, _ in pods]
+    for p, (name, _, _) in zip(procs, pods, strict=True):
+        cgroups[name].add(p.pid)  # before the agent reads its /proc
     scenario = tmp_path / "scenario.txt"
     scenario.write_text("gpu 0\nmem_used 8589934592\n" + "".join(f"proc {p.pid} {used}\n" for p, (_, _, used)
                                                                    in zip(procs, pods, strict=True)))
@@ -117,6 +123,8 @@ def test_per_process_gpu_memory_sums_by_pod_on_a_shared_gpu(tmp_path: Path) -> N
         for p in procs:
             p.kill()
             p.wait()
+        for cgroup in cgroups.values():
+            cgroup.remove()
         try:
             _, stderr = agent.communicate(timeout=30)
         except subprocess.TimeoutExpired:
@@ -125,9 +133,9 @@ def test_per_process_gpu_memory_sums_by_pod_on_a_shared_gpu(tmp_path: Path) -> N
     assert agent.returncode == 0, stderr
     per_process = [(res, attrs, value) for res, attrs, value in latest(rows, "hw.gpu.memory.usage")
                    if res.get("process.pid") in {p.pid for p in procs}]
-    assert sorted((res["process.pid"], res["k8s.pod.name"], res["k8s.namespace.name"], res["k8s.container.name"],
-                   attrs["hw.id"], value) for res, attrs, value in per_process) == sorted(
-        (p.pid, name, ns, "main", GPU0, used) for p, (name, ns, used) in zip(procs, pods, strict=True))
+    assert sorted((res["process.pid"], res["k8s.pod.uid"], res["k8s.pod.name"], res["k8s.namespace.name"],
+                   res["k8s.container.name"], attrs["hw.id"], value) for res, attrs, value in per_process) == sorted(
+        (p.pid, uids[name], name, ns, "main", GPU0, used) for p, (name, ns, used) in zip(procs, pods, strict=True))
     by_pod: dict[tuple[str, str], float] = defaultdict(float)  # sum by (k8s_pod_name, hw_id), as in docs/nvml.md
     for res, attrs, value in per_process:
         by_pod[(res["k8s.pod.name"], attrs["hw.id"])] += value

@@ -144,8 +144,9 @@ def test_the_downward_api_environment_names_a_pod_without_a_kubelet() -> None:
     assert meta.attributes(uid, None, env) == {"k8s.pod.name": "trainer-3", "k8s.namespace.name": "ml-team",
                                                "k8s.container.name": "trainer", "k8s.pod.uid": uid,
                                                "k8s.node.name": "agent-node"}
-    assert meta.attributes(None, None, {"K8S_POD_NAME": "p", "MY_POD_NAMESPACE": "n"}) == {
-        "k8s.pod.name": "p", "k8s.namespace.name": "n"}  # not in a pod as far as the cgroup says: no node
+    # not in a pod as far as the cgroup says: what the environment declares names no pod
+    assert meta.attributes(None, None, {"K8S_POD_NAME": "p", "MY_POD_NAMESPACE": "n"}) == {}
+    assert meta.attributes(None, None, {"CONTAINER_NAME": "web", "POD_UID": uid}) == {}
     assert meta.attributes(None, None, {}) == {}
     assert metadata("off", enabled=False).attributes(uid, None, env) == {}
 
@@ -262,3 +263,25 @@ def test_resource_cache_adds_pod_names_to_a_process_in_a_pod(kubelet: Kubelet, t
     assert cache.environment(4242) == ({"POD_NAME": "declared", "CUDA_VISIBLE_DEVICES": "1"}, True)
     assert cache.environment(999) is None
     assert "k8s.pod.name" not in ResourceCache(proc_root=str(tmp_path)).get(4242)  # no K8sMetadata: as before
+
+
+@pytest.mark.parametrize("fixture", ["host_user_session_v2.txt", "host_slurm_step_v2.txt", "docker_v2.txt",
+                                     "podman_rootful_v1.txt"])
+def test_container_name_in_the_environment_of_a_process_outside_a_pod_is_no_k8s_attribute(
+        fixture: str, tmp_path: Path) -> None:
+    """Issue 18: a host (or plain docker) process with CONTAINER_NAME / POD_NAME in its environment
+    got k8s.container.name with no pod uid or name. Only a cgroup that names a pod counts."""
+    cgroup = (DATA / "cgroup" / fixture).read_text()
+    make_proc(tmp_path, 4242, cgroup=cgroup, environ=_env(CONTAINER_NAME="web", POD_NAME="p", CUDA_VISIBLE_DEVICES="1"))
+    attrs = ResourceCache(proc_root=str(tmp_path), k8s=metadata("off")).get(4242)
+    assert not [k for k in attrs if k.startswith("k8s.")], attrs
+    assert attrs["cuda.visible_devices"] == "1"  # the environment was read
+
+
+def test_container_name_in_the_environment_of_a_process_in_a_pod_is_its_k8s_container_name(tmp_path: Path) -> None:
+    cgroup = (DATA / "cgroup" / "containerd_k8s_burstable_systemd_v2.txt").read_text()
+    make_proc(tmp_path, 4242, cgroup=cgroup, environ=_env(CONTAINER_NAME="web", POD_NAME="p"))
+    attrs = ResourceCache(proc_root=str(tmp_path), k8s=metadata("off")).get(4242)
+    assert {k: v for k, v in attrs.items() if k.startswith("k8s.")} == {
+        "k8s.container.name": "web", "k8s.pod.name": "p", "k8s.pod.uid": "8f2c4e6a-1b3d-4f5a-9c7e-0d2b4f6a8c1e",
+        "k8s.node.name": "agent-node"}
