@@ -104,6 +104,24 @@ def _check_pipelines(cfg: AgentConfig) -> None:
                                       f"'{cid}' is not defined under '{kind}:'")
         if not p.receivers or not p.exporters:
             raise ConfigError(f"service.pipelines.{name}", "needs at least one receiver and one exporter")
+        _check_receiver_processors(name, p.receivers, p.processors)
+
+
+def _check_receiver_processors(name: str, receivers: list[str], processors: list[str]) -> None:
+    """A receiver whose type has a processor of the same type (cuda, python, ...) emits raw events only that
+    processor turns into spans and metrics; the emit stage ignores them. Without it in the same pipeline the
+    receiver would load its probes and produce nothing, so that is a config error naming the fix (the
+    Collector's way: no component is added behind the user's back). nvml has no processor."""
+    ptypes = {component_type(pid) for pid in processors}
+    known = components.processors()
+    for i, rid in enumerate(receivers):
+        rtype = component_type(rid)
+        if rtype in known and rtype not in ptypes:
+            raise ConfigError(f"service.pipelines.{name}.receivers[{i}]",
+                              f"receiver '{rid}' needs processor '{rtype}' in the same pipeline: without it "
+                              "its events become no span or metric",
+                              hint=f"add '{rtype}' to service.pipelines.{name}.processors (it pairs the probe "
+                                   f"records), or remove '{rid}' from the receivers")
 
 
 def load(path: str | None = None, *, output: str | None = None, endpoint: str | None = None,

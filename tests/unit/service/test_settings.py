@@ -39,7 +39,8 @@ def _create(config, ctx, next_):
 
 
 RECEIVERS = {"fake": Factory("fake", FakeReceiverConfig, _create),
-             "other": Factory("other", FakeReceiverConfig, _create)}
+             "other": Factory("other", FakeReceiverConfig, _create),
+             "pair": Factory("pair", FakeReceiverConfig, _create, default_on=False)}  # needs processor 'pair'
 PROCESSORS = {"pair": Factory("pair", FakeProcessorConfig, _create)}
 
 
@@ -66,7 +67,7 @@ def load_error(*args, **kwargs) -> ConfigError:
 
 def test_default_config_is_valid_and_complete():
     cfg = settings.load()
-    assert set(cfg.receivers) == {"fake", "other"} and set(cfg.processors) == {"pair"}
+    assert set(cfg.receivers) == {"fake", "other", "pair"} and set(cfg.processors) == {"pair"}
     assert cfg.receivers["fake"] == FakeReceiverConfig()
     assert cfg.exporters == {"file": FileExporterConfig()}
     p = cfg.service.pipelines["default"]
@@ -132,6 +133,33 @@ def test_flags_override_the_file(tmp_path):
     cfg = settings.load(path, output=str(tmp_path / "o"))
     assert cfg.service.pipelines["default"].exporters == ["file"]
     assert cfg.exporters["otlp"].protocol == "http"  # still defined, just not in the pipeline
+
+
+@pytest.mark.parametrize("receivers, processors, index", [
+    (["pair"], [], 0),
+    (["fake", "pair"], [], 1),
+    (["pair/gpu1"], [], 0),
+])
+def test_a_receiver_without_its_processor_is_an_error_naming_the_fix(tmp_path, receivers, processors, index):
+    path = config_file(tmp_path, {"receivers": {r: {} for r in receivers},
+                                  "service": {"pipelines": {"p": {"receivers": receivers, "processors": processors,
+                                                                  "exporters": ["file"]}}}})
+    err = load_error(path)
+    assert err.path == f"service.pipelines.p.receivers[{index}]"
+    assert "needs processor 'pair'" in str(err) and "add 'pair' to service.pipelines.p.processors" in str(err)
+
+
+def test_a_receiver_with_its_processor_by_another_id_or_with_none_to_need_validates(tmp_path):
+    path = config_file(tmp_path, {"receivers": {"pair/a": {}}, "processors": {"pair/x": {}},
+                                  "service": {"pipelines": {"p": {"receivers": ["pair/a", "fake"],
+                                                                  "processors": ["pair/x"], "exporters": ["file"]}}}})
+    assert settings.load(path).service.pipelines["p"].receivers == ["pair/a", "fake"]
+
+
+def test_the_real_registry_pairs_every_bpf_receiver_with_its_processor(monkeypatch):
+    monkeypatch.undo()  # the real registries: only nvml has no processor of its own type
+    from otel_ebpf.service import components as real
+    assert sorted(set(real.receivers()) - set(real.processors())) == ["nvml"]
 
 
 def test_bad_endpoint_flag_is_a_config_error():
