@@ -178,8 +178,10 @@ def _parser() -> argparse.ArgumentParser:
                          epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--config", help=f"YAML config merged over the defaults (env {ENV_PREFIX}CONFIG)")
     run.add_argument("--output", metavar="DIR", help="write OTLP JSON lines to DIR (default ./otel-ebpf-out when "
-                                                     "no endpoint is given)")
-    run.add_argument("--otlp-endpoint", metavar="URL", help="export with OTLP to this collector")
+                                                     "no endpoint is given); added to the exporters a --config "
+                                                     "file lists")
+    run.add_argument("--otlp-endpoint", metavar="URL", help="export with OTLP to this collector (added to the "
+                                                            "exporters a --config file lists)")
     run.add_argument("--otlp-protocol", choices=["grpc", "http"], help="OTLP transport (default grpc)")
     run.add_argument("--pid", type=int, action="append", default=[], help="attach to a running process (repeatable)")
     run.add_argument("--all-processes", action="store_true",

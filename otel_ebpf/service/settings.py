@@ -2,8 +2,10 @@
 
 Order (later wins): built-in defaults (each component's Config) < the YAML file (deep-merged:
 mappings merge, lists and scalars replace) < ``OTEL_EBPF_*`` environment < command-line flags.
-Unknown component types, unknown keys and pipelines naming undefined components raise
-ConfigError with the key path, before any probe is loaded.
+``--output`` / ``--otlp-endpoint`` (and their variables) add their exporter to every pipeline whose
+exporters the file lists, and replace the built-in default ``[file]`` elsewhere.
+Unknown component types, unknown keys, pipelines naming undefined components and receivers
+without their processor raise ConfigError with the key path, before any probe is loaded.
 """
 from __future__ import annotations
 
@@ -59,23 +61,38 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _overrides(output: str | None, endpoint: str | None, protocol: str | None) -> dict[str, Any]:
+def _overrides(output: str | None, endpoint: str | None, protocol: str | None) -> tuple[dict[str, Any], list[str]]:
+    """The exporter configs the flags (or their environment variables) set, and the exporter ids they add."""
     output = output or os.environ.get(f"{ENV_PREFIX}OUTPUT")
     endpoint = endpoint or os.environ.get(f"{ENV_PREFIX}OTLP_ENDPOINT")
     protocol = protocol or os.environ.get(f"{ENV_PREFIX}OTLP_PROTOCOL")
-    over: dict[str, Any] = {"exporters": {}}
+    exporters: dict[str, Any] = {}
     names: list[str] = []
     if endpoint:
-        over["exporters"]["otlp"] = {"endpoint": endpoint, **({"protocol": protocol} if protocol else {})}
+        exporters["otlp"] = {"endpoint": endpoint, **({"protocol": protocol} if protocol else {})}
         names.append("otlp")
     if output:
-        over["exporters"]["file"] = {"directory": output}
+        exporters["file"] = {"directory": output}
         names.append("file")
-    if names:
-        over["service"] = {"pipelines": {"default": {"exporters": names}}}
-    elif protocol:
-        over["exporters"]["otlp"] = {"protocol": protocol}  # applies to a configured otlp exporter
-    return over
+    if not names and protocol:
+        exporters["otlp"] = {"protocol": protocol}  # applies to a configured otlp exporter
+    return exporters, names
+
+
+def _add_flag_exporters(pipelines: dict[str, Any], names: list[str], from_file: set[str]) -> None:
+    """``--output`` / ``--otlp-endpoint`` add their exporters to every pipeline. A pipeline whose exporters the
+    config file lists keeps them (a prometheus exporter there still listens); one with the built-in default
+    (``[file]``, written to ./otel-ebpf-out) has it replaced: a flag says where the data goes instead."""
+    if not names:
+        return
+    for pname, pdata in pipelines.items():
+        if not isinstance(pdata, dict):
+            continue  # reported by the pipeline's own validation
+        current = pdata.get("exporters")
+        if pname in from_file and isinstance(current, list):
+            pdata["exporters"] = current + [n for n in names if n not in current]
+        else:
+            pdata["exporters"] = list(names)
 
 
 def _build_section(section: str, data: Any, registry: dict[str, type]) -> dict[str, Any]:
@@ -128,6 +145,7 @@ def load(path: str | None = None, *, output: str | None = None, endpoint: str | 
          protocol: str | None = None, extra: dict[str, Any] | None = None) -> AgentConfig:
     """Build and validate the agent config. Raises ConfigError naming the key path."""
     data = default_data()
+    from_file: set[str] = set()  # pipelines whose exporters the file lists
     path = path or os.environ.get(f"{ENV_PREFIX}CONFIG")
     if path:
         user = load_yaml_file(path)
@@ -139,12 +157,15 @@ def load(path: str | None = None, *, output: str | None = None, endpoint: str | 
         user_pipes = (user.get("service") or {}).get("pipelines") if isinstance(user.get("service"), dict) else None
         if isinstance(user_pipes, dict):  # the file's pipelines are the ones that run; same-named ones merge
             data["service"]["pipelines"] = {k: v for k, v in data["service"]["pipelines"].items() if k in user_pipes}
-    over = _overrides(output, endpoint, protocol)
-    if "otlp" in over["exporters"] and "otlp" not in data.get("exporters", {}) and not (endpoint or os.environ.get(
+            from_file = {str(k) for k, v in user_pipes.items() if isinstance(v, dict) and "exporters" in v}
+    flag_exporters, names = _overrides(output, endpoint, protocol)
+    if "otlp" in flag_exporters and "otlp" not in data.get("exporters", {}) and not (endpoint or os.environ.get(
             f"{ENV_PREFIX}OTLP_ENDPOINT")):
         raise ConfigError("exporters.otlp", "--otlp-protocol (or OTEL_EBPF_OTLP_PROTOCOL) was given but no OTLP "
                                             "endpoint: add --otlp-endpoint or an 'otlp' exporter to the config")
-    data = _merge(data, over)
+    data = _merge(data, {"exporters": flag_exporters})
+    if isinstance(data.get("service"), dict) and isinstance(data["service"].get("pipelines"), dict):
+        _add_flag_exporters(data["service"]["pipelines"], names, from_file)
     if extra:
         data = _merge(data, extra)
     cfg = AgentConfig(

@@ -127,12 +127,28 @@ def test_endpoint_and_output_export_to_both(tmp_path):
     assert cfg.exporters["otlp"].protocol == "http" and cfg.exporters["file"].directory == str(tmp_path)
 
 
-def test_flags_override_the_file(tmp_path):
-    path = config_file(tmp_path, {"exporters": {"otlp": {"endpoint": "a:1", "protocol": "http"}},
-                                  "service": {"pipelines": {"default": {"exporters": ["otlp"]}}}})
+def test_flags_add_to_the_exporters_the_file_lists(tmp_path):
+    path = config_file(tmp_path, {"exporters": {"otlp": {"endpoint": "a:1", "protocol": "http"},
+                                                "prometheus": {"endpoint": "127.0.0.1:0"}},
+                                  "service": {"pipelines": {"default": {"exporters": ["otlp", "prometheus"]}}}})
     cfg = settings.load(path, output=str(tmp_path / "o"))
-    assert cfg.service.pipelines["default"].exporters == ["file"]
-    assert cfg.exporters["otlp"].protocol == "http"  # still defined, just not in the pipeline
+    assert cfg.service.pipelines["default"].exporters == ["otlp", "prometheus", "file"]
+    assert cfg.exporters["file"].directory == str(tmp_path / "o")
+
+
+def test_flags_add_to_every_pipeline_of_the_file_once(tmp_path):
+    path = config_file(tmp_path, {"exporters": {"otlp": {"endpoint": "a:1"}},
+                                  "service": {"pipelines": {"a": {"receivers": ["fake"], "exporters": ["otlp"]},
+                                                            "b": {"receivers": ["other"], "exporters": ["file"]}}}})
+    cfg = settings.load(path, output=str(tmp_path / "o"), endpoint="b:2")
+    assert cfg.service.pipelines["a"].exporters == ["otlp", "file"]
+    assert cfg.service.pipelines["b"].exporters == ["file", "otlp"]
+    assert cfg.exporters["otlp"].endpoint == "b:2"  # the flag sets the endpoint of the file's otlp exporter
+
+
+def test_a_flag_replaces_the_built_in_default_file_exporter(tmp_path):
+    path = config_file(tmp_path, {"service": {"pipelines": {"default": {"receivers": ["other"]}}}})
+    assert settings.load(path, endpoint="c:4317").service.pipelines["default"].exporters == ["otlp"]
 
 
 @pytest.mark.parametrize("receivers, processors, index", [
