@@ -185,6 +185,23 @@ class Emitter:
         self._procs[pid] = proc
         return proc
 
+    def resource_changed(self, pid: int, attributes: Mapping[str, Any]) -> None:
+        """``pid`` exec'd (``ResourceCache.subscribe``): from now on its records go on a resource of
+        ``attributes`` (plus the extra attributes). What it recorded before is exported once more on
+        the old resource, which is then let go; nothing happens when the pid has no provider yet or
+        its resource is already that one. Any thread; never raises."""
+        attrs = dict(attributes)
+        attrs.update(self._extra)
+        resource = self._base_resource.merge(Resource(attrs))
+        with self._lock:
+            proc = self._procs.get(pid)
+            if proc is None or proc.resource.attributes == resource.attributes:
+                return
+            self._retire(proc)
+            fresh = ProcessMeters.on(resource)
+            fresh.exited_ns = proc.exited_ns
+            self._procs[pid] = fresh
+
     def _retire(self, proc: ProcessMeters) -> None:
         """Keep a process's final metrics for the next export, then let it go."""
         rm = proc.collect(time.time_ns())

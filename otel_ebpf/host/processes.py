@@ -28,12 +28,13 @@ resources :mod:`otel_ebpf.host.identity`, attribute types and text cleaning
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import pwd
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from opentelemetry.semconv._incubating.attributes import host_attributes as _host
 from opentelemetry.semconv._incubating.attributes import process_attributes as _proc
@@ -90,6 +91,7 @@ _GPU_ENV = frozenset(("CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES"))
 ENV_VARIABLES = (frozenset(v for vs in _INT_SOURCES.values() for v in vs) | frozenset(_STR_SOURCES.values())
                  | _GPU_ENV | DOWNWARD_ENV_NAMES)
 
+log = logging.getLogger(__name__)
 _UINT = re.compile(r"^[0-9]{1,19}$")  # /proc/PID/stat numbers
 _SMALL_UINT = re.compile(r"^[0-9]{1,9}$")  # ranks and sizes from the environment
 
@@ -286,7 +288,16 @@ class ResourceCache:
         self._k8s = k8s
         self._entries: OrderedDict[int, tuple[int, Attributes, dict[str, str]]] = OrderedDict()
         self._lock = threading.Lock()
+        self._subscribers: list[Callable[[int, Attributes], None]] = []
         self.hits = self.misses = self.evictions = 0
+
+    def subscribe(self, changed: Callable[[int, Attributes], None]) -> None:
+        """Call ``changed(pid, attributes)`` whenever :meth:`refresh` finds ``pid``'s attributes
+        different from those served before (an exec: another program, command line, environment),
+        so a consumer that built something from the old ones (the Emitter's per-process SDK
+        resource) replaces it. Called on the refreshing thread, outside the lock; an exception
+        is logged, never raised. Subscribe before the cache is shared between threads."""
+        self._subscribers.append(changed)
 
     def __len__(self) -> int:
         with self._lock:
@@ -317,6 +328,10 @@ class ResourceCache:
         if stat is None:
             return attrs, env
         with self._lock:
+            old = self._entries.get(pid)
+            if old is not None and old[0] == stat[2]:  # filled while we read (a refresh at exec is newer)
+                self._entries.move_to_end(pid)
+                return old[1], old[2]
             old = self._entries.pop(pid, None)
             if old is not None and old[0] != stat[2]:
                 self.evictions += 1  # PID reuse: the old process's entry (not a racing thread's)
@@ -348,11 +363,18 @@ class ResourceCache:
         if _proc.PROCESS_PARENT_PID not in attrs:
             return  # exited (or reused) during the read
         with self._lock:
-            self._entries.pop(pid, None)
+            old = self._entries.pop(pid, None)
             self._entries[pid] = (stat[2], attrs, env)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
                 self.evictions += 1
+        if old is not None and old[1] == attrs:
+            return  # another receiver's refresh of the same exec got here first
+        for changed in self._subscribers:
+            try:
+                changed(pid, attrs)
+            except Exception:  # a subscriber's fault must not reach a receiver's poll loop
+                log.exception("resource change subscriber %r failed for pid %d", changed, pid)
 
     def evict(self, pid: int) -> None:
         """Forget ``pid`` (call on process exit). No-op when absent."""

@@ -173,6 +173,7 @@ class Agent:
                               agent_attributes=agent_resource_attributes(),
                               extra_attributes=svc.resource_attributes,
                               max_processes=svc.max_processes, metrics_interval=svc.metrics_interval)
+            self.resources.subscribe(emitter.resource_changed)  # resources follow exec (issue 18)
             nxt: Consumer = emitter
             procs: list[Any] = []
             for proc_id in reversed(p.processors):

@@ -258,3 +258,43 @@ def test_collective_spans_carry_the_host_figures_of_the_step_before_them(
     assert sleep["ml.step.off_cpu.duration"] == pytest.approx(0.15, rel=0.3)
     assert sleep["ml.step.on_cpu.duration"] < 0.03
     assert sleep["ml.step.interval.duration"] == pytest.approx(0.15, rel=0.3)
+
+
+def test_a_process_resource_follows_its_exec_through_the_emitter(bpf_ready: None) -> None:
+    """Issue 18: the shell spins (its sched figures reach the Emitter, building its resource from
+    /proc: ``sh -c ...``), then execs Python. The exec's re-read replaces the resource: the
+    process span, ended after the exec, and Python's figures carry Python's command line."""
+    from otel_ebpf.emit.emitter import Emitter, ExporterSpec
+    from otel_ebpf.host.processes import ResourceCache
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from tests.unit.emit.test_emitter import StoringMetricExporter
+
+    spans, metrics = InMemorySpanExporter(), StoringMetricExporter()
+    code = "import time; time.sleep(0.4)"
+    script = f"i=0; while [ $i -lt 60000 ]; do i=$((i+1)); done; sleep 0.3; exec {sys.executable} -c '{code}'"
+    child = subprocess.Popen(["/bin/sh", "-c", "read go; " + script], stdin=subprocess.PIPE, text=True)
+    ctx = Context(target_pids=[child.pid])
+    cache = ctx.resources = ResourceCache()
+    emitter = Emitter([ExporterSpec("mem", spans, metrics, batch_delay=0.05)], ctx.telemetry,
+                      resource_of=cache.get, agent_attributes={}, metrics_interval=3600)
+    cache.subscribe(emitter.resource_changed)
+    receiver = SchedReceiver(Config(stats_interval=0.05), ctx, SchedProcessor(ProcessorConfig(), ctx, emitter))
+    try:
+        receiver.start()
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        child.wait(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+        receiver.shutdown()
+        emitter.flush(10)
+        emitter.shutdown()
+    lines = {rm.resource.attributes.get("process.command_line") for data in metrics.exports
+             for rm in data.resource_metrics if rm.resource.attributes.get("process.pid") == child.pid}
+    assert any(line.startswith("/bin/sh -c read go;") for line in lines), lines  # seen before the exec
+    assert f"{sys.executable} -c {code}" in lines, lines
+    (span,) = [s for s in spans.get_finished_spans() if s.attributes.get("process.pid") == child.pid]
+    assert span.resource.attributes["process.command_line"] == f"{sys.executable} -c {code}"

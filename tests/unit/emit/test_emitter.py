@@ -533,3 +533,34 @@ def test_shutdown_is_bounded_with_a_hung_exporter_and_counts_the_rest():
     assert {(dict(p.attributes)["receiver"], dict(p.attributes)["reason"]): p.value
             for p in points(agent["otel_ebpf.events.dropped"])} == expected
     print(f"\nshutdown with a hung exporter: {took:.2f}s")
+
+
+def test_a_resource_follows_exec_once_the_cache_rereads_the_process(tmp_path):
+    """Issue 18: ``run -- python train.py`` forks the agent, which execs the command; a record
+    seen before the exec built the pid's resource from the fork's /proc (the agent's own command
+    line), and every later span and metric kept it. Wired as the Agent wires them, the cache's
+    re-read at exec replaces the resource for later records; what was recorded before goes out
+    once more on the old one."""
+    from otel_ebpf.host.processes import ResourceCache
+    from tests.unit.host.test_resources import make_proc
+
+    make_proc(tmp_path, 4242, cmdline=b"/usr/bin/python3\0/usr/bin/otel-ebpf\0run\0--\0python\0train.py\0")
+    cache = ResourceCache(proc_root=str(tmp_path))
+    rig = Rig(resource_of=cache.get)
+    cache.subscribe(rig.emitter.resource_changed)
+    rig.emitter.consume([metric(pid=4242, value=1), span(4242, name="before")])
+    make_proc(tmp_path, 4242, cmdline=b"python\0train.py\0")  # exec: same pid and start time
+    cache.refresh(4242)
+    cache.refresh(4242)  # every receiver sees the exec: one new resource, not one per receiver
+    rig.emitter.consume([metric(pid=4242, value=2), span(4242, name="after")])
+    lines = {s.name: s.resource.attributes["process.command_line"] for s in rig.finished()}
+    assert lines == {"before": "/usr/bin/python3 /usr/bin/otel-ebpf run -- python train.py",
+                     "after": "python train.py"}
+    rig.export()
+    values = {(rm.resource.attributes["process.command_line"], p.value)
+              for data in rig.metrics.exports for rm in data.resource_metrics
+              if rm.resource.attributes.get("process.pid") == 4242
+              for sm in rm.scope_metrics for m in sm.metrics for p in points(m)}
+    assert values == {("/usr/bin/python3 /usr/bin/otel-ebpf run -- python train.py", 1), ("python train.py", 2)}
+    assert rig.emitter.process_count() == 1
+    rig.emitter.shutdown()
