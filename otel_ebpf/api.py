@@ -10,7 +10,8 @@
 A :class:`Session` composes the registered receivers (``otel_ebpf.service.components``) with an
 in-memory bounded buffer instead of exporters; no OTel SDK, no files unless asked.
 ``processed=False`` (default): :meth:`Session.sample` returns the receivers' raw typed events
-(``receivers/<name>/events.py``) plus ProcessExit / LibraryLoaded. ``processed=True``: the
+(``receivers/<name>/events.py``) plus ProcessExit (one per process, whichever receiver's
+arrived first: its ``source``) / LibraryLoaded. ``processed=True``: the
 events first go through the matching processors (``cuda``, ``nccl``), so it returns the
 SpanRecord / MetricRecord they make, plus whatever they pass on unchanged.
 
@@ -29,7 +30,7 @@ import os
 import signal
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +39,7 @@ from typing import Any
 from otel_ebpf.service import components
 from otel_ebpf.core.config import build
 from otel_ebpf.core.errors import ConfigError, OtelEbpfError, TargetError
+from otel_ebpf.core.events import ProcessExit
 from otel_ebpf.host.timeline import HostStats
 from otel_ebpf.bpf.clock import KernelClock
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context
@@ -46,22 +48,43 @@ from otel_ebpf.core.telemetry import DROPPED
 
 __all__ = ["Session", "read_otlp_json"]
 
+#: another receiver's report of the same exit arrives within a few poll rounds; a pid reused and
+#: exited again this soon is taken for the same process (its exit is left out)
+_EXIT_DEDUP_NS = 2_000_000_000
 _EXIT_GRACE_S = 0.5  # after the last target died: time for the receivers' last poll rounds (0.1 s each)
 _API = "api"
 
 
 class _Buffer:
     """Thread-safe bounded list: receivers' threads add, :meth:`take` empties. Overflow (the
-    newest events) is dropped and counted."""
+    newest events) is dropped and counted.
+
+    One :class:`ProcessExit` per process: every BPF receiver reports each exit (its ``source``),
+    so the first to arrive is kept and the others of the same pid within
+    :data:`_EXIT_DEDUP_NS` of it are left out (not counted as lost: nothing is missing)."""
 
     def __init__(self, ctx: Context, max_events: int) -> None:
         self._ctx, self._max = ctx, max_events
         self._lock = threading.Lock()
         self._items: deque[object] = deque()
+        self._exits: OrderedDict[int, int] = OrderedDict()  # pid -> time_ns of the exit kept
         self.dropped = 0
+
+    def _repeated_exit(self, ev: object) -> bool:
+        if not isinstance(ev, ProcessExit):
+            return False
+        kept = self._exits.get(ev.pid)
+        if kept is not None and abs(ev.time_ns - kept) < _EXIT_DEDUP_NS:
+            return True
+        self._exits[ev.pid] = ev.time_ns  # a first exit, or a reused pid's
+        self._exits.move_to_end(ev.pid)
+        if len(self._exits) > 65536:
+            self._exits.popitem(last=False)
+        return False
 
     def consume(self, events: Sequence[object]) -> None:
         with self._lock:
+            events = [e for e in events if not self._repeated_exit(e)]
             room = self._max - len(self._items)
             self._items.extend(events[:max(room, 0)])
             lost = len(events) - max(room, 0)

@@ -2,6 +2,7 @@
 libcudart.so.12 (no GPU: every call returns 35, the probes still fire). Every wait is bounded."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from pathlib import Path
@@ -76,3 +77,15 @@ def test_dead_pid_and_bad_config_are_clear_errors() -> None:
         otel_ebpf.Session(pids=[1], config={"receivers": {"cuda": {"bogus": 1}}})
     with pytest.raises(ConfigError, match="'max_events'"):
         otel_ebpf.Session(pids=[1], max_events=0)
+
+
+def test_one_process_exit_per_process_with_several_receivers(bpf_ready: None) -> None:
+    """Issue 18: every BPF receiver reports each exit (ProcessExit.source), so a session with
+    two receivers returned two for one process. The first is kept, with its source."""
+    with otel_ebpf.Session(command=["/bin/sh", "-c", "sleep 0.2; /bin/true"], receivers=("sched", "memory")) as s:
+        events: list[object] = []
+        with contextlib.suppress(TargetError):
+            for _ in range(20):
+                events += s.sample(seconds=5.0)
+    exits = [e for e in events + s.collected[len(events):] if isinstance(e, ProcessExit) and e.pid == s.pids[0]]
+    assert len(exits) == 1 and exits[0].source in ("sched", "memory"), exits
