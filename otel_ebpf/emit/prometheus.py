@@ -123,7 +123,13 @@ class _LatestCollector:
             return
         inner = _CustomCollector(disable_target_info=True)
         inner.add_metrics_data(flatten(data, self._labels))
-        yield from inner.collect()
+        for family in inner.collect():
+            # flatten() gives every point of a metric the union of its label names (one family per name, as
+            # Prometheus requires), "" where a point lacks one; Prometheus reads label="" as no label, so leave
+            # them out rather than print disk_io_operation="" on every series without one
+            family.samples = [s._replace(labels={k: v for k, v in s.labels.items() if v != ""})
+                              for s in family.samples]
+            yield family
 
 
 class PrometheusMetricExporter(MetricExporter):

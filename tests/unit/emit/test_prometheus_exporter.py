@@ -57,6 +57,8 @@ def test_series_of_many_resources_keep_their_own_labels(served) -> None:
     assert count == 3.0 and {k: v for k, v in labels.items() if v} == {
         "hw_id": "GPU-1", "otel_scope_name": "otel_ebpf", "process_pid": "42", "service_name": "train", "ml_rank": "3"}
     assert samples(exporter.port) == page  # served again on every scrape until the next export
+    text = urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=5).read().decode()
+    assert '=""' not in text  # a label a point lacks is left out, not printed empty (issue 18)
 
 
 def test_config_is_loopback_unless_allowed() -> None:
