@@ -16,7 +16,9 @@
     otel-ebpf report DIR [-o report.html] [--perfetto trace.json]
     otel-ebpf export --parquet OUTDIR DIR
 
-Exit codes: the traced command's own code for ``run -- CMD``; 0 for ``gateway`` stopped by
+Exit codes: the traced command's own code for ``run -- CMD`` (0 for ``run --pid/--all-processes``),
+except 4 when an exporter delivered nothing and lost something (an unreachable collector for
+the whole run: the summary names the exporter, what it lost, and the command's own code); 0 for ``gateway`` stopped by
 SIGINT/SIGTERM (after flushing); 0 for a ``demo`` that ran as asked (an injected crash is
 reported, not an error), 130 when it is interrupted; 2 for configuration (or option) errors;
 3 when the host cannot run eBPF (``check`` explains why); 1 for other agent errors (for
@@ -43,6 +45,7 @@ from otel_ebpf.report import cli as report_cli
 __all__ = ["main"]
 
 log = logging.getLogger("otel_ebpf")
+EXIT_EXPORT_LOST = 4  # run: an exporter delivered nothing and lost something (the summary names it)
 
 RUN_EXAMPLES = """examples:
   otel-ebpf run -- python train.py --epochs 1
@@ -56,7 +59,9 @@ RUN_EXAMPLES = """examples:
   otel-ebpf run --dump-bpf -- true
       print the BPF programs as compiled, then exit
 On a terminal a live line shows events, spans and drops per second (--quiet hides it); a summary
-is printed at the end.
+is printed at the end: per exporter what was sent and what was lost (by signal and reason).
+exit code: the command's own, or 4 when an exporter delivered nothing (an unreachable collector);
+2 config errors, 3 the host cannot run eBPF, 1 other agent errors.
 """
 
 
@@ -231,17 +236,50 @@ def _check_pids(pids: Sequence[int]) -> None:
             raise TargetError(f"no process with PID {pid}")
 
 
-def _report(agent, started: float) -> None:  # type: ignore[no-untyped-def]
+_UNITS = {"spans": ("span", "spans"), "logs": ("log record", "log records"),
+          "metrics": ("metric collection", "metric collections")}
+
+
+def _items(n: int, signal: str) -> str:
+    one, many = _UNITS.get(signal, ("item", "items"))
+    return f"{n} {one if n == 1 else many}"
+
+
+def _delivery_line(eid: str, where: str, signals: dict[str, tuple[int, dict[str, int]]]) -> tuple[str, bool]:
+    """One exporter's summary line and whether it lost everything (nothing delivered, something lost)."""
+    sent = ", ".join(_items(n, sig) for sig, (n, _) in sorted(signals.items()) if n) or "nothing"
+    lost = [f"{_items(sum(r.values()), sig)} ({', '.join(f'{k} {v}' for k, v in sorted(r.items()))})"
+            for sig, (_, r) in sorted(signals.items()) if sum(r.values())]
+    everything = bool(lost) and not any(n for n, _ in signals.values())
+    if everything:
+        return f"exporter {eid} -> {where}: NOTHING DELIVERED, lost {', '.join(lost)}", True
+    return f"exporter {eid} -> {where}: sent {sent}" + (f"; LOST {', '.join(lost)}" if lost else ""), False
+
+
+def _report(agent, started: float, command_code: int | None) -> bool:  # type: ignore[no-untyped-def]
+    """Print the end-of-run summary: the counts, the command's exit code, then per exporter what was sent
+    and what was lost by signal and reason. True when an exporter lost everything."""
     s = agent.summary()
-    used = {e for p in agent.cfg.service.pipelines.values() for e in p.exporters}
-    outs = [f"{eid} -> {getattr(c, 'directory', None) or getattr(c, 'endpoint', '')}"
-            for eid, c in agent.cfg.exporters.items() if eid in used]
     drops = agent.drops()
     where = f" ({', '.join(f'{k}={v}' for k, v in sorted(drops.items()))})" if drops else ""
     logs = f"{s['logs']} log records, " if s.get("logs") else ""
+    exited = f"; the command exited {command_code}" if command_code is not None else ""
     print(f"otel-ebpf: {s['events']} events, {s['spans']} spans, {logs}{s['dropped']} dropped{where}, "
-          f"{s['probes']} probes attached ({s['probe_failures']} failed) in {time.monotonic() - started:.1f}s; "
-          f"exported to {', '.join(outs)}", file=sys.stderr)
+          f"{s['probes']} probes attached ({s['probe_failures']} failed) in {time.monotonic() - started:.1f}s"
+          f"{exited}", file=sys.stderr)
+    failed = []
+    for eid, signals in sorted(agent.deliveries().items()):
+        c = agent.cfg.exporters[eid]
+        where = str(getattr(c, "directory", None) or getattr(c, "endpoint", ""))
+        line, everything = _delivery_line(eid, where, signals)
+        print(f"otel-ebpf: {line}", file=sys.stderr)
+        if everything:
+            failed.append(eid)
+    if failed:
+        own = f" (the command's own exit code: {command_code})" if command_code is not None else ""
+        print(f"otel-ebpf: exit {EXIT_EXPORT_LOST}: exporter {', '.join(failed)} delivered nothing{own}",
+              file=sys.stderr)
+    return bool(failed)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -290,8 +328,8 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         progress.stop()
         agent.shutdown(exiting=True)
-        _report(agent, started)
-    return code
+        lost_everything = _report(agent, started, code if child else None)
+    return EXIT_EXPORT_LOST if lost_everything else code
 
 
 def _config(args: argparse.Namespace) -> int:

@@ -53,6 +53,7 @@ from otel_ebpf.emit.exporters import BatchConfig, RetryConfig
 from otel_ebpf.emit.logs import LogBuilder
 from otel_ebpf.emit.process_meters import ProcessMeters
 from otel_ebpf.emit.prometheus import NoSpanExporter
+from otel_ebpf.emit.sdklog import quiet_sdk_export_logs
 from otel_ebpf.emit.sending import SendingQueue
 from otel_ebpf.emit.spans import SpanBuilder
 from otel_ebpf.core.events import LogRecord, MetricRecord, ProcessExit, SpanRecord
@@ -128,6 +129,7 @@ class Emitter:
                  shutdown_timeout: float = 30.0) -> None:
         self._exporters = list(exporters)
         self._telemetry = telemetry
+        quiet_sdk_export_logs()
         self._resource_of = resource_of
         self._extra = dict(extra_attributes or {})
         self._max = max_processes
@@ -330,6 +332,21 @@ class Emitter:
         deadline = time.monotonic() + timeout_s
         queues: list[SendingQueue[Any]] = [*self.span_queues, *self.log_queues, *self.metric_queues]
         return all([q.flush(max(0.0, deadline - time.monotonic())) for q in queues])
+
+    def deliveries(self) -> list[tuple[str, str, int, dict[str, int]]]:
+        """(exporter, signal, items sent, {reason: items lost}) of every sending queue so far: what the
+        end-of-run summary says per exporter. Spans and log records count one each, metrics one per
+        collection. Thread-safe."""
+        queues: list[SendingQueue[Any]] = [*self.span_queues, *self.log_queues, *self.metric_queues]
+        return [(q.name, q.signal, q.sent, dict(q.lost)) for q in queues]
+
+    def mark_failing(self, exporter: str) -> None:
+        """Treat ``exporter`` as down until one of its exports succeeds (its endpoint could not be
+        reached at start): at shutdown its queues are not waited for (:class:`SendingQueue`)."""
+        queues: list[SendingQueue[Any]] = [*self.span_queues, *self.log_queues, *self.metric_queues]
+        for q in queues:
+            if q.name == exporter:
+                q.failing = True
 
     def process_count(self) -> int:
         with self._lock:

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -36,7 +39,7 @@ from otel_ebpf.emit.sending import RetryConfig
 from otel_ebpf.core.errors import ConfigError, OtelEbpfError
 
 __all__ = ["EXPORTER_TYPES", "BatchConfig", "FileExporterConfig", "OtlpExporterConfig", "PrometheusExporterConfig",
-           "RetryConfig", "build_exporters", "build_log_exporter", "check_output_directory"]
+           "RetryConfig", "build_exporters", "build_log_exporter", "check_output_directory", "unreachable_endpoints"]
 
 
 @dataclass
@@ -225,6 +228,47 @@ def check_output_directory(cfg: FileExporterConfig | OtlpExporterConfig | Promet
         raise ConfigError(f"{key}.directory", f"cannot write to the output directory {cfg.directory}{where}: "
                                               f"{exc.strerror or exc}",
                           hint="give a directory this user can write (--output DIR)") from None
+
+
+def _connect_error(host: str, port: int, timeout_s: float) -> str | None:
+    """Why a TCP connection to ``host:port`` cannot be made (None: it can)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except socket.gaierror as exc:
+        return f"cannot resolve {host}: {exc.strerror or exc}"
+    except TimeoutError:
+        return f"no answer within {timeout_s:g}s"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def unreachable_endpoints(exporters: dict[str, Any], timeout_s: float = 1.0) -> dict[str, str]:
+    """{exporter id: why} for each OTLP exporter of ``exporters`` ({id: config}) whose endpoint does not
+    resolve or take a TCP connection within ``timeout_s``; all are tried at once, so this returns within
+    about ``timeout_s`` (a name lookup still running then counts as unreachable). A connection proves
+    neither that the endpoint speaks OTLP nor that it takes every signal: that shows at the first export."""
+    results: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def probe(eid: str, cfg: OtlpExporterConfig) -> None:
+        url = cfg.endpoint if "://" in cfg.endpoint else f"http://{cfg.endpoint}"
+        parsed = urlparse(url)
+        port = parsed.port or (443 if parsed.scheme == "https" else 80 if cfg.protocol == "http" else 4317)
+        why = _connect_error(parsed.hostname or "", port, timeout_s)
+        with lock:
+            results[eid] = why or ""
+
+    otlp = {eid: c for eid, c in exporters.items() if isinstance(c, OtlpExporterConfig)}
+    threads = [threading.Thread(target=probe, args=(eid, c), name=f"otel-ebpf-probe-{eid}", daemon=True)
+               for eid, c in otlp.items()]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + timeout_s + 0.2
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
+    with lock:
+        return {eid: results.get(eid) or f"no answer within {timeout_s:g}s" for eid in otlp if results.get(eid) != ""}
 
 
 def build_exporters(cfg: FileExporterConfig | OtlpExporterConfig | PrometheusExporterConfig

@@ -26,6 +26,14 @@ every drop total; the ``signal`` tells them apart), metric collections in
 ``otel_ebpf.metrics.dropped{exporter, reason}``; every failed export attempt (retries included)
 in ``otel_ebpf.export.failed{signal, exporter}``.
 
+Shutdown: nothing is retried once closing (the Collector's ``retry_sender`` stops at shutdown too):
+each queued batch gets one attempt, and after a failed one the rest is counted ``export_failed``
+at once. A queue whose last attempt failed (:attr:`SendingQueue.failing`, also set before any
+attempt when the endpoint could not be reached at start) gets no attempt at all: :meth:`join`
+aborts it at once, its items counted ``export_failed``. So an exporter that is down when the job
+ends costs at most one wire exporter call (its own timeout), not ``service.shutdown_timeout``.
+:attr:`SendingQueue.lost` keeps this queue's own losses by reason for the end-of-run summary.
+
 Retry backoff: ``initial_interval``, multiplied by 1.5 after each failure up to
 ``max_interval``, each wait randomized by +-50 % (the collector's ``multiplier`` and
 ``randomization_factor`` defaults). The SDK's OTLP exporters retry inside one ``export`` call
@@ -46,7 +54,7 @@ from otel_ebpf.core.config import doc
 from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.core.telemetry import DROPPED, Telemetry
 
-__all__ = ["METRICS_DROPPED", "RetryConfig", "SendingQueue"]
+__all__ = ["CURRENT", "METRICS_DROPPED", "RetryConfig", "SendingQueue"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,6 +63,7 @@ _MULTIPLIER = 1.5
 _RANDOMIZATION = 0.5
 _ABORT_GRACE_S = 2.0  # after the deadline: how long an interrupted export may take to return
 _ITEMS = {"spans": "spans", "logs": "log records", "metrics": "metric collections"}
+CURRENT = threading.local()  # .queue: the SendingQueue whose worker runs on this thread
 
 
 @dataclass
@@ -109,7 +118,11 @@ class SendingQueue(Generic[T]):
         self._flushes = 0
         self._closing = False
         self._abort = threading.Event()
+        self._no_retry = threading.Event()  # set by close(): ends a retry wait
+        self._wire_closed = False
         self.sent = 0
+        self.lost: dict[str, int] = {}  # reason -> items lost (also counted in telemetry)
+        self.failing = False  # the last attempt failed (or the endpoint was unreachable at start)
         self._thread = threading.Thread(target=self._run, name=f"otel-ebpf-export-{name}-{signal}", daemon=True)
         self._thread.start()
 
@@ -173,36 +186,52 @@ class SendingQueue(Generic[T]):
         """Stop accepting; the worker sends what is queued (no batch delay) and exits."""
         with self._cond:
             self._closing = True
+            self._no_retry.set()
             self._cond.notify_all()
 
     def join(self, deadline: float) -> int:
         """Wait until the worker has sent everything or ``deadline`` (monotonic) passed; then
         stop retries, shut the wire exporter down (interrupting an export in progress) and
-        count what is left as ``export_shutdown``. Returns that count. Call :meth:`close` first."""
+        count what is left as ``export_shutdown`` (``export_failed`` for a failing queue, which is not
+        waited for). Returns that count."""
         self.close()
-        self._thread.join(max(0.0, deadline - time.monotonic()))
+        down = self.failing
+        if not down:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             self._abort.set()
             with self._cond:
                 self._cond.notify_all()
-        try:
-            self._close_wire()
-        except Exception:
-            log.debug("%s exporter %s: shutdown failed", self.signal, self.name, exc_info=True)
+        self._shut_wire()
         self._thread.join(_ABORT_GRACE_S if self._abort.is_set() else 0.0)
         with self._cond:
             left = len(self._items) + len(self._inflight or ())
             self._items.clear()
             self._inflight = None
             self._cond.notify_all()
-        if left:
+        if left and down:
+            log.info("%s exporter %s: %d %s not sent: the exporter was failing at shutdown", self.signal,
+                     self.name, left, _ITEMS.get(self.signal, "items"))
+            self._lost(left, "export_failed")
+        elif left:
             log.warning("%s exporter %s: %d %s not sent by the shutdown deadline", self.signal, self.name, left,
                         _ITEMS.get(self.signal, "items"))
             self._lost(left, "export_shutdown")
         return left
 
+    def _shut_wire(self) -> None:
+        with self._cond:
+            if self._wire_closed:
+                return
+            self._wire_closed = True
+        try:
+            self._close_wire()
+        except Exception:
+            log.debug("%s exporter %s: shutdown failed", self.signal, self.name, exc_info=True)
+
     # ---- worker -------------------------------------------------------------------------
     def _run(self) -> None:
+        CURRENT.queue = self  # read by emit.sdklog: which exporter the SDK's log records are about
         while True:
             batch = self._next_batch()
             if batch is None:
@@ -217,6 +246,8 @@ class SendingQueue(Generic[T]):
                     self.sent += len(batch)
                 else:
                     self._lost(len(batch), "export_failed")
+                    if self._closing and not self._abort.is_set():  # no retries at shutdown: the rest goes too
+                        self._drop_queued("export_failed")
 
     def _next_batch(self) -> list[T] | None:
         with self._cond:
@@ -236,6 +267,13 @@ class SendingQueue(Generic[T]):
                     return None
                 self._cond.wait(None if not n else self._first_at + self._delay - now)
 
+    def _drop_queued(self, reason: str) -> None:
+        with self._cond:
+            n = len(self._items)
+            self._items.clear()
+            self._cond.notify_all()
+        self._lost(n, reason)
+
     def _attempt(self, batch: list[T]) -> bool:
         try:
             ok = bool(self._export(batch))
@@ -244,6 +282,7 @@ class SendingQueue(Generic[T]):
             ok = False
         if not ok:
             self._telemetry.add("otel_ebpf.export.failed", 1, signal=self.signal, exporter=self.name)
+        self.failing = not ok
         return ok
 
     def _send(self, batch: list[T]) -> bool:
@@ -253,20 +292,22 @@ class SendingQueue(Generic[T]):
         while True:
             if self._attempt(batch):
                 return True
-            if not retry.enabled or self._abort.is_set():
+            if not retry.enabled or self._abort.is_set() or self._no_retry.is_set():
                 return False
             wait = interval * (1 + _RANDOMIZATION * (2 * random.random() - 1))
             if retry.max_elapsed_time > 0 and time.monotonic() - start + wait > retry.max_elapsed_time:
                 log.warning("%s export to %s: giving up a batch of %d after %.0fs of retries", self.signal,
                             self.name, len(batch), time.monotonic() - start)
                 return False
-            if self._abort.wait(wait):
+            if self._no_retry.wait(wait) or self._abort.is_set():
                 return False
             interval = min(interval * _MULTIPLIER, retry.max_interval)
 
     def _lost(self, n: int, reason: str) -> None:
         if n <= 0:
             return
+        with self._cond:
+            self.lost[reason] = self.lost.get(reason, 0) + n
         if self.signal == "spans":
             self._telemetry.dropped(self.name, reason, n)
         elif self.signal == "logs":

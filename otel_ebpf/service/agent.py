@@ -26,7 +26,12 @@ from typing import Any
 
 from otel_ebpf.service import components
 from otel_ebpf.emit.emitter import Emitter, ExporterSpec
-from otel_ebpf.emit.exporters import build_exporters, build_log_exporter, check_output_directory
+from otel_ebpf.emit.exporters import (
+    build_exporters,
+    build_log_exporter,
+    check_output_directory,
+    unreachable_endpoints,
+)
 from otel_ebpf.core.errors import OtelEbpfError, TargetError
 from otel_ebpf.host.timeline import HostStats
 from otel_ebpf.bpf.clock import KernelClock
@@ -228,14 +233,23 @@ class Agent:
 
     def _preflight(self) -> None:
         """PrivilegeError/BccMissingError/KernelHeadersError when a BPF receiver cannot load; a
-        ConfigError naming ``exporters.<id>.directory`` when a file exporter cannot write."""
+        ConfigError naming ``exporters.<id>.directory`` when a file exporter cannot write. An OTLP
+        endpoint that does not resolve or connect within 1 s is a warning naming it (the job still
+        runs: a collector may come up later), and its exporter is treated as down until an export
+        succeeds (not waited for at shutdown)."""
         from otel_ebpf.bpf.loader import require_bpf
         from otel_ebpf.bpf.receiver import BpfReceiver
 
         if any(isinstance(r, BpfReceiver) for r in self.receivers.values()):
             require_bpf()
-        for eid in sorted({e for p in self.cfg.service.pipelines.values() for e in p.exporters}):
+        used = sorted({e for p in self.cfg.service.pipelines.values() for e in p.exporters})
+        for eid in used:
             check_output_directory(self.cfg.exporters[eid], f"exporters.{eid}")
+        for eid, why in sorted(unreachable_endpoints({e: self.cfg.exporters[e] for e in used}).items()):
+            log.warning("exporters.%s.endpoint %s: %s; the job runs anyway, what cannot be sent there is counted "
+                        "lost and summed up at exit", eid, self.cfg.exporters[eid].endpoint, why)
+            for p in self.pipelines:
+                p.emitter.mark_failing(eid)
 
     def shutdown(self, *, exiting: bool = False, timeout: float | None = None) -> None:
         """Drain and stop, in order. Safe twice and without start. ``exiting``: this process
@@ -271,6 +285,20 @@ class Agent:
                 signal = f"{attrs['signal']}/" if "signal" in attrs else ""
                 key = f"{attrs.get('receiver', '?')}/{signal}{attrs.get('reason', '?')}"
                 out[key] = out.get(key, 0) + value
+        return out
+
+    def deliveries(self) -> dict[str, dict[str, tuple[int, dict[str, int]]]]:
+        """{exporter: {signal: (items sent, {reason: items lost})}} over every pipeline, for each exporter
+        in use: spans and log records one each, metrics one per collection (the sending queues' own
+        counts: the same losses as otel_ebpf.events.dropped / otel_ebpf.metrics.dropped{exporter})."""
+        out: dict[str, dict[str, tuple[int, dict[str, int]]]] = {}
+        for p in self.pipelines:
+            for name, sig, sent, lost in p.emitter.deliveries():
+                prev_sent, prev_lost = out.setdefault(name, {}).get(sig, (0, {}))
+                merged = dict(prev_lost)
+                for reason, n in lost.items():
+                    merged[reason] = merged.get(reason, 0) + n
+                out[name][sig] = (prev_sent + sent, merged)
         return out
 
     def summary(self) -> dict[str, int]:

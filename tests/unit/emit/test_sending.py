@@ -238,3 +238,56 @@ def test_retry_keys_are_documented_validated_and_name_their_path():
     with pytest.raises(ConfigError) as info:
         build(FileExporterConfig, {"batch": {"metrics_queue_size": 0}}, "exporters.file")
     assert info.value.path == "exporters.file.batch.metrics_queue_size"
+
+
+# ---- shutdown with the endpoint down (issue 18: a 5 s job took 20 s, then 65 s, to exit) ------------------------
+SLOW_RETRY = RetryConfig(initial_interval=5.0, max_interval=5.0, max_elapsed_time=300.0)
+
+
+def test_a_failed_attempt_at_shutdown_is_not_retried_and_the_rest_is_counted_at_once() -> None:
+    tel, wire = Telemetry(), Wire(fail=-1, blocking=True)
+    q = make(wire, tel, retry=SLOW_RETRY, batch_delay=60.0)
+    q.put(list(range(25)))  # 2 full batches go at once, 5 wait for their delay
+    assert wire.entered.wait(5)
+    q.close()
+    wire.gate.set()  # the attempt in flight fails now, after the close
+    t0 = time.monotonic()
+    assert q.join(time.monotonic() + 60.0) == 0
+    took = time.monotonic() - t0
+    assert took < 1.0, took  # not a 5 s retry wait, not the 60 s deadline
+    assert len(wire.attempts) == 1
+    assert q.lost == {"export_failed": 25} and tel.get(DROPPED, receiver="x", reason="export_failed") == 25
+
+
+def test_a_queue_failing_when_shutdown_begins_is_not_waited_for() -> None:
+    tel, wire = Telemetry(), Wire(fail=-1)
+    q = make(wire, tel, retry=SLOW_RETRY, batch_delay=60.0)
+    q.put(list(range(10)))
+    assert until(lambda: q.failing)  # its first attempt failed; it now waits 5 s to retry
+    q.put(list(range(3)))
+    t0 = time.monotonic()
+    # the batch waiting for its retry (counted by the worker when the close ends its wait, or by join) and the
+    # 3 queued (never attempted)
+    assert q.join(time.monotonic() + 60.0) in (3, 13)
+    assert time.monotonic() - t0 < 1.0
+    assert wire.closed.is_set() and len(wire.attempts) == 1
+    assert q.lost == {"export_failed": 13} and q.sent == 0
+
+
+def test_an_endpoint_unreachable_at_start_gets_no_attempt_at_shutdown() -> None:
+    tel, wire = Telemetry(), Wire(blocking=True)  # would hang: an unreachable endpoint's connect
+    q = make(wire, tel, batch_delay=60.0)
+    q.failing = True  # as Emitter.mark_failing after the start's connection check
+    q.put(list(range(4)))
+    t0 = time.monotonic()
+    assert q.join(time.monotonic() + 60.0) == 4
+    assert time.monotonic() - t0 < 1.0 and not wire.attempts
+    assert q.lost == {"export_failed": 4}
+
+
+def test_a_healthy_queue_is_still_sent_in_full_at_shutdown() -> None:
+    tel, wire = Telemetry(), Wire()
+    q = make(wire, tel, batch_delay=60.0)
+    q.put(list(range(25)))
+    assert q.join(time.monotonic() + 5.0) == 0
+    assert q.sent == 25 and q.lost == {} and not q.failing
