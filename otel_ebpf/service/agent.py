@@ -92,7 +92,32 @@ class PausedChild:
 
 def command_environment(cfg: AgentConfig, environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
     """What ``run -- CMD`` adds to the command's environment, and the line that says so ("" for nothing):
-    otel-ebpf's NCCL profiler plugin (``NCCL_PROFILER_PLUGIN``) when a pipeline has an nccl receiver with
+    the NCCL profiler plugin (:func:`_nccl_environment`) and the Python profile hook
+    (:func:`_python_hook_environment`)."""
+    env, line = _nccl_environment(cfg, environ)
+    hook_env, hook_line = _python_hook_environment(cfg, {**environ, **env})
+    env.update(hook_env)
+    return env, "; ".join(x for x in (line, hook_line) if x)
+
+
+def _python_hook_environment(cfg: AgentConfig, environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
+    """``PYTHONPATH`` with the profile-hook sitecustomize first, when a pipeline has a python receiver with
+    ``profile_hook`` (receivers/python/hook/sitecustomize.py: CPython 3.11-3.14 fire the entry probe only
+    while a profile function is set)."""
+    rcfgs = [cfg.receivers[rid] for p in cfg.service.pipelines.values() for rid in p.receivers
+             if rid.split("/")[0] == "python"]
+    if not any(getattr(c, "profile_hook", False) for c in rcfgs):
+        return {}, ""
+    from otel_ebpf.receivers.python import HOOK_DIR
+
+    old = environ.get("PYTHONPATH", "")
+    path = f"{HOOK_DIR}{os.pathsep}{old}" if old else str(HOOK_DIR)
+    return {"PYTHONPATH": path}, (f"Python profile hook: the command runs with {HOOK_DIR}/sitecustomize.py first on "
+                                  "PYTHONPATH (receivers.python.profile_hook; ~0.1 us per Python call)")
+
+
+def _nccl_environment(cfg: AgentConfig, environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
+    """otel-ebpf's NCCL profiler plugin (``NCCL_PROFILER_PLUGIN``) when a pipeline has an nccl receiver with
     ``gpu_time``, the user's own plugin (``chain_plugin``, else ``NCCL_PROFILER_PLUGIN`` as ``environ`` has it)
     chained behind it. A plugin that is not built turns GPU time off, said in the line."""
     from otel_ebpf import nccl_profiler as plug

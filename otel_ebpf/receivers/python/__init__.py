@@ -6,13 +6,18 @@ the events into spans.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from otel_ebpf.core.pipeline import Consumer, Context, Factory
 
 from .config import Config
 from .receiver import PythonReceiver
 from otel_ebpf.bpf.python_usdt import NoUsdtError
 
-__all__ = ["Config", "NoUsdtError", "PythonReceiver", "create", "factory"]
+__all__ = ["HOOK_DIR", "Config", "NoUsdtError", "PythonReceiver", "create", "factory"]
+
+#: the folder whose sitecustomize.py sets a do-nothing profile function (config ``profile_hook``)
+HOOK_DIR = Path(__file__).resolve().with_name("hook")
 
 
 def create(config: Config, ctx: Context, next_: Consumer) -> PythonReceiver:
