@@ -2,7 +2,8 @@
 
 ::
 
-    gateway (root namespace, collective_join) on the switch's 10.213.(128+k).1 -> OUT/traces.jsonl, metrics.jsonl
+    gateway (root namespace, collective_join) on the switch's 10.213.(128+k).1
+      -> OUT/traces.jsonl, metrics.jsonl, logs.jsonl
        ^ OTLP                                         ^ OTLP
     node-0 (netns + UTS, host name node-0)            node-1 ...
       otel-ebpf run -- torchrun --nnodes M --node-rank 0 --nproc-per-node G --master-addr <node-0> script args
@@ -11,9 +12,10 @@
 Every node (:mod:`.nodes`) reaches every other one over a private bridge, so torchrun's static TCP
 rendezvous (node-0 hosts the store) and the program's own sockets work as on a cluster; the stand-in NCCL's
 ranks meet in shared memory under one ``OTEL_EBPF_TWIN_DIR`` (/dev/shm is shared across network
-namespaces). Each node's agent traces the cuda, nccl and sched receivers (with their processors), told
-exactly the stand-in libraries of the twin's build, and exports to the gateway, which joins every
-collective across nodes. ``RANK`` = node * G + local rank, as torchrun sets it.
+namespaces). Each node's agent traces the cuda, nccl and sched receivers (with their processors, and nccl_watch:
+a rank silent in NCCL gets its live stack exported), told exactly the stand-in libraries of the twin's build, and
+exports to the gateway, which joins every collective across nodes. ``RANK`` = node * G + local rank, as torchrun
+sets it.
 
 When a node's torchrun logs a failed rank or exits non-zero, the nodes still running get ``bad_exit_grace``
 seconds, then are stopped (a scheduler's kill-on-bad-exit: with the static rendezvous nothing tells another
@@ -188,9 +190,10 @@ class _Cluster:
                           "nccl": {"libraries": [str(self.libdir / "libnccl.so.2")], **self.spec.nccl_receiver}},
             "exporters": {"otlp": {"batch": {"batch_delay": "200ms"}}},
             # sched: each rank's off-CPU/run-queue time between collectives (ml.step.*), which the gateway
-            # copies onto a straggler's joined collective: why it was late.
+            # copies onto a straggler's joined collective: why it was late. nccl_watch (right after nccl, whose
+            # call spans it reads): a rank silent in NCCL gets its live stack exported (issue 17).
             "service": {"pipelines": {"default": {"receivers": ["cuda", "nccl", "sched"],
-                                                  "processors": ["cuda", "nccl", "sched"]}}}})
+                                                  "processors": ["cuda", "nccl", "nccl_watch", "sched"]}}}})
 
     def _twin_vars(self, index: int) -> list[str]:
         """``K=V`` for env(1): the twin's variables for this node's job only (the agent itself must not load
