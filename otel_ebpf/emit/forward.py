@@ -8,11 +8,13 @@ the SDK.
   Prometheus), drops counted in ``otel_ebpf.events.dropped{receiver=<exporter>, signal=logs}``.
 * SDK ``MetricsData`` (received from agents) -> every exporter's metric queue, as is; drops are
   counted in ``otel_ebpf.metrics.dropped``, failed attempts in ``otel_ebpf.export.failed``.
-* Anything else (the gateway's own ``MetricRecord``, ``Tick``) -> the Emitter.
+* Anything else (the gateway's own ``MetricRecord`` and ``LogRecord``, e.g. the collective join's desync and
+  straggler records, ``Tick``) -> the Emitter.
 
 Thread safety: ``consume`` may be called from several pipeline workers at once (the trace and
 the metrics queue). It never waits for an exporter: one slow exporter delays no other.
-``spans_forwarded`` / ``logs_forwarded``: what it put on the queues so far.
+``spans_forwarded`` / ``logs_forwarded``: what it put on the queues so far (log records received and the
+gateway's own).
 """
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk.metrics.export import MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_ebpf.emit.emitter import Emitter, ExporterSpec
+from otel_ebpf.core.events import LogRecord
 from otel_ebpf.core.telemetry import Telemetry
+from otel_ebpf.emit.emitter import Emitter, ExporterSpec
 
 __all__ = ["Forwarder"]
 
@@ -51,6 +54,7 @@ class Forwarder:
         others: list[object] = []
         spans: list[ReadableSpan] = []
         logs: list[ReadableLogRecord] = []
+        own_logs = 0
         for ev in events:
             if isinstance(ev, ReadableSpan):
                 spans.append(ev)
@@ -59,12 +63,13 @@ class Forwarder:
             elif isinstance(ev, MetricsData):
                 self.emitter.export_metrics_data(ev)
             else:
+                own_logs += isinstance(ev, LogRecord)
                 others.append(ev)
         self.emitter.export_spans(spans)
         self.emitter.export_logs(logs)
         with self._lock:
             self.spans_forwarded += len(spans)
-            self.logs_forwarded += len(logs)
+            self.logs_forwarded += len(logs) + own_logs
         if others:
             self.emitter.consume(others)
 

@@ -148,3 +148,35 @@ def test_the_collective_join_passes_received_log_records_on_unchanged():
         assert rec in out.take()
     finally:
         join.shutdown()
+
+
+class _StubEmitter:
+    """What the Forwarder hands on, by way."""
+
+    def __init__(self) -> None:
+        self.spans: list = []
+        self.logs: list = []
+        self.other: list = []
+
+    def export_spans(self, spans) -> None:
+        self.spans += spans
+
+    def export_logs(self, logs) -> None:
+        self.logs += logs
+
+    def consume(self, events) -> None:
+        self.other += events
+
+
+def test_the_gateways_own_log_records_count_as_log_records_out_like_received_ones():
+    from otel_ebpf.core.events import Tick
+    from otel_ebpf.emit.forward import Forwarder
+
+    emitter = _StubEmitter()
+    fwd = Forwarder(emitter, [], Telemetry())  # type: ignore[arg-type]
+    received = LogBuilder().build(LogRecord(pid=1, time_ns=T0, event_name="otel_ebpf.nccl.rank.stack", body="b",
+                                            attributes={}), Resource({"process.pid": 1}))
+    own = LogRecord(pid=None, time_ns=T0, event_name="otel_ebpf.nccl.desync", body="NCCL desync", attributes={})
+    fwd.consume([received, own, Tick(T0)])
+    assert emitter.logs == [received] and emitter.other == [own, Tick(T0)]
+    assert fwd.logs_forwarded == 2 and fwd.spans_forwarded == 0  # the summary's "log records out"
