@@ -189,6 +189,26 @@ def preflight() -> list[str]:
     return problems
 
 
+def _make_venv(python: str, venv: Path) -> None:
+    """``python -m venv --without-pip``; where the venv module refuses (a distribution python without its venv
+    package), the same by hand: pyvenv.cfg naming the base interpreter's folder, bin/python linked to it."""
+    try:
+        _run([python, "-m", "venv", "--without-pip", str(venv)], timeout=120)
+        return
+    except subprocess.CalledProcessError:
+        print("install: python -m venv failed; making the venv by hand", file=sys.stderr)
+    code = "import sys; print(getattr(sys, '_base_executable', sys.executable)); print('%d.%d' % sys.version_info[:2])"
+    base, ver = subprocess.run([python, "-c", code], check=True, capture_output=True, text=True,
+                               timeout=60).stdout.split()
+    base = os.path.realpath(base)
+    shutil.rmtree(venv, ignore_errors=True)
+    (venv / "bin").mkdir(parents=True)
+    (venv / "lib" / f"python{ver}" / "site-packages").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text(f"home = {os.path.dirname(base)}\ninclude-system-site-packages = false\n"
+                                     f"version = {ver}\n")
+    (venv / "bin" / "python").symlink_to(base)
+
+
 def install(bundle: Path, prefix: Path, python: str) -> Path:
     """Install ``bundle`` under ``prefix`` for ``python``; return the venv's python. Idempotent per bundle."""
     for problem in preflight():
@@ -204,7 +224,7 @@ def install(bundle: Path, prefix: Path, python: str) -> Path:
         _run(["tar", "-C", str(prefix), "-xJf", str(bundle / tar)], timeout=300)
     image_site = _site(python, venv=False)
     venv = prefix / "venv"
-    _run([python, "-m", "venv", "--without-pip", str(venv)], timeout=120)
+    _make_venv(python, venv)
     vpy = venv / "bin" / "python"
     site_dir = Path(_site(str(vpy), venv=True)[0])
     # the venv's own site first (our wheels shadow the image's copies), then the image's (torch, grpcio, ...)

@@ -140,6 +140,12 @@ def training(t: Target, tmp: Path, budget: float) -> dict[str, Any]:
                  "graph": "CUDA graph launches"}[kind]
         rows.append([label, str(o), f"{r} ({source})", "ok" if ok else "DIFFERS"])
     if prof.get("kernels"):
+        by_api = prof.get("kernels_by_api", {})
+        eager = sum(v for k, v in by_api.items() if k.split("_")[0] in RUNTIME + DRIVER)
+        launched = (ours["runtime"] or 0) + (ours["driver"] or 0)
+        bad += launched != eager
+        rows.append(["kernels launched (runtime + driver) vs kernels run from those launches (CUPTI)",
+                     str(launched), str(eager), "ok" if launched == eager else "DIFFERS"])
         rows.append(["kernels run (profiler), of which by graph replay", "-",
                      f"{prof['kernels']}, {sum(v for k, v in prof['kernels_by_api'].items() if 'Graph' in k)}", "info"])
     return {"status": "pass" if bad == 0 else "fail", "ours": ours, "reference": ref, "reference_source": source,
