@@ -30,6 +30,7 @@ import yaml
 
 from otel_ebpf.core.errors import ConfigError, OtelEbpfError
 from otel_ebpf.demo import summary
+from otel_ebpf.demo.hangs import read_hangs
 from otel_ebpf.twin.cluster import ClusterRun, ClusterSpec, run_cluster
 from otel_ebpf.twin.nodes import MAX_NODES
 
@@ -188,7 +189,7 @@ def run(opts: DemoOptions, echo: Callable[[str], None] | None = None) -> int:
     found = summary.read(result.traces)
     say("summary:\n" + summary.render(found, straggler=opts.straggler_rank, killed=opts.kill_rank, out_dir=out,
                                       report=summary.html_report(out), comms=summary.read_comms(out),
-                                      hangs=summary.read_hangs(result.traces.with_name("logs.jsonl"))))
+                                      hangs=read_hangs(result.traces.with_name("logs.jsonl"))))
     if not found.collectives:
         problems.append(f"the gateway joined no collective (logs in {result.logs})")
     if problems:

@@ -27,7 +27,7 @@ from otel_ebpf.host.timeline import straggler_figures, why_late
 from otel_ebpf.report.otlpfiles import decode_attributes
 
 __all__ = ["Collective", "CommName", "CommRow", "Desync", "Summary", "decode_attributes", "html_report", "read",
-           "read_comms", "read_hangs", "render"]
+           "read_comms", "render"]
 
 P2P_OP = "GroupP2P"  # the gateway's root of one grouped send/recv instance (collective_join/p2p.py)
 MAX_COMM_LINES = 12
@@ -341,35 +341,6 @@ def _communicators(s: Summary, names: Sequence[CommName]) -> list[str]:
     if len(rows) > MAX_COMM_LINES:
         lines.append(f"  ... {len(rows) - MAX_COMM_LINES} more")
     return lines
-
-
-def read_hangs(logs: str | Path, limit: int = 8) -> list[str]:
-    """One line per hang-forensics record of the gateway's ``logs.jsonl`` (what a desync's missing ranks were
-    doing; persistent stragglers raised and cleared), oldest first, at most ``limit``; a missing file gives none."""
-    lines: list[str] = []
-    try:
-        text = Path(logs).read_text()
-    except OSError:
-        return lines
-    for raw in text.splitlines():
-        try:
-            records = [r for rl in json.loads(raw).get("resourceLogs", []) for sl in rl.get("scopeLogs", [])
-                       for r in sl.get("logRecords", [])]
-        except (ValueError, AttributeError):
-            continue
-        for r in records:
-            a = decode_attributes(r.get("attributes", []))
-            if r.get("eventName") == "otel_ebpf.nccl.desync" and a.get("nccl.missing.functions"):
-                where = "; ".join(f"rank {rank} is in {f}, silent {ms / 1e3:.0f}s" for rank, f, ms in zip(
-                    a.get("nccl.missing.stack_ranks", ()), a["nccl.missing.functions"],
-                    a.get("nccl.missing.silence_ms", ()), strict=False))
-                lines.append(f"hang: {a.get('nccl.op')} seq {a.get('nccl.seq')} of comm {a.get('nccl.comm.id')}: "
-                             f"{where}")
-            elif r.get("eventName") == "otel_ebpf.nccl.straggler":
-                lines.append(f"persistent straggler {a.get('nccl.straggler.state')}: rank {a.get('nccl.rank')} on "
-                             f"{a.get('host.name', '?')} (comm {a.get('nccl.comm.id')}, share "
-                             f"{float(a.get('nccl.straggler.share', 0)):.0%})")
-    return lines[:limit]
 
 
 def render(s: Summary, *, straggler: int | None, killed: int | None, out_dir: str | Path,

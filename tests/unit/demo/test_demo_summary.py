@@ -130,6 +130,7 @@ def test_hang_lines_come_from_the_gateways_desync_and_straggler_log_records(tmp_
     from opentelemetry.sdk.resources import Resource
 
     from otel_ebpf.core.events import LogRecord
+    from otel_ebpf.demo.hangs import read_hangs
     from otel_ebpf.emit.jsonfile import JsonLinesLogExporter
     from otel_ebpf.emit.logs import LogBuilder
 
@@ -145,10 +146,10 @@ def test_hang_lines_come_from_the_gateways_desync_and_straggler_log_records(tmp_
     ]
     builder, resource = LogBuilder(), Resource.create({"service.name": "gateway"})
     JsonLinesLogExporter(tmp_path).export([builder.build(r, resource) for r in records])
-    lines = summary.read_hangs(tmp_path / "logs.jsonl")
+    lines = read_hangs(tmp_path / "logs.jsonl")
     assert lines == ["hang: AllReduce seq 3 of comm 00000000000000aa: rank 2 is in stuck_in_dataloader_fetch "
                      "(train.py:14), silent 18s",
                      "persistent straggler raised: rank 1 on node-0 (comm bb, share 92%)"]
-    assert summary.read_hangs(tmp_path / "missing.jsonl") == []
+    assert read_hangs(tmp_path / "missing.jsonl") == []
     text = summary.render(summary.Summary(), straggler=None, killed=None, out_dir=tmp_path, hangs=lines)
     assert lines[0] in text
