@@ -221,6 +221,8 @@ class Emitter:
             for ev in events:
                 try:
                     if isinstance(ev, SpanRecord):
+                        if not (0 <= ev.start_ns < 1 << 64 and ev.end_ns < 1 << 64):  # OTLP's fixed64: one such
+                            raise ValueError(f"span times {ev.start_ns}..{ev.end_ns}")  # span fails its whole batch
                         spans.append(self._spans.build(ev, self._proc(ev.pid, ev.comm).resource))
                     elif isinstance(ev, LogRecord):
                         logs.append(self._logs.build(ev, self._proc(ev.pid, ev.comm).resource))

@@ -42,9 +42,11 @@ from otel_ebpf.core.events import AttrValue
 from otel_ebpf.core.ids import collective_ids
 from otel_ebpf.receivers.nccl.events import DATATYPES, NcclProfColl, NcclProfComm, NcclProfP2P
 
-__all__ = ["MAX_CLOCK_SKEW_NS", "GpuBook", "HostCall", "Op", "bus_factor", "gpu_epoch_ns", "plugin_datatype"]
+__all__ = ["MAX_CLOCK_SKEW_NS", "MAX_GPU_DURATION_NS", "GpuBook", "HostCall", "Op", "bus_factor", "gpu_epoch_ns",
+           "plausible_gpu_time", "plugin_datatype"]
 
 MAX_CLOCK_SKEW_NS = 60_000_000_000  # a GPU start a minute away from its host call: the clocks are not synced
+MAX_GPU_DURATION_NS = 86_400 * 10**9  # a kernel longer than a day: the record is bad (its end would not be a time)
 Op = NcclProfColl | NcclProfP2P
 K = TypeVar("K")
 V = TypeVar("V")
@@ -53,6 +55,11 @@ V = TypeVar("V")
 def gpu_epoch_ns(ptimer: int, host_ns: int) -> int | None:
     """``ptimer`` (GPU %globaltimer ns) as epoch ns, or None when it cannot be (see the module doc)."""
     return ptimer if abs(ptimer - host_ns) <= MAX_CLOCK_SKEW_NS else None
+
+
+def plausible_gpu_time(op: NcclProfColl | NcclProfP2P) -> bool:
+    """Whether ``op``'s kernel time can be a span: a start, a stop not before it, at most a day apart."""
+    return op.gpu_start > 0 and 0 <= op.gpu_stop - op.gpu_start <= MAX_GPU_DURATION_NS
 
 
 def bus_factor(op: str, nranks: int) -> tuple[int, float]:

@@ -78,7 +78,7 @@ from otel_ebpf.receivers.nccl.events import (
 from .comms import Comm, group_ids, p2p_ids
 from .communicators import METRICS, SCOPE, NcclCommunicators, Out
 from .config import Config
-from .gpu import GpuBook, HostCall
+from .gpu import GpuBook, HostCall, plausible_gpu_time
 from .groups import GroupBook
 
 __all__ = ["METRICS", "SCOPE", "NcclProcessor"]
@@ -335,6 +335,9 @@ class NcclProcessor(NcclCommunicators):
 
     @handles(NcclProfColl, NcclProfP2P)
     def _prof_op(self, ev: NcclProfColl | NcclProfP2P, out: Out) -> None:
+        if not plausible_gpu_time(ev):  # a stop before its start, or a kernel "running" for days: a bad record
+            self.ctx.telemetry.dropped(self.NAME, "bad_gpu_time")
+            return
         if not self.comms.probed(ev.pid):  # NCCL linked statically, libnccl not probed: the plugin alone
             self._plugin_span(ev, out)
         elif (call := self.gpu.done(ev)) is not None:

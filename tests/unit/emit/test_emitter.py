@@ -230,6 +230,15 @@ def test_bad_record_is_counted_and_the_rest_go_on(rig):
     assert rig.telemetry.get(DROPPED, receiver="emit", reason="bad_record") == 1
 
 
+def test_a_span_whose_times_otlp_cannot_carry_is_counted_not_sent(rig):
+    """fixed64 times: a span ending past 2**64 ns would fail its exporter's whole batch, retried until the flush
+    gives up (seen: the nccl processor fed garbage GPU times by the fuzzer)."""
+    rig.emitter.consume([span(name="past", end_ns=T0 + (1 << 64)), span(name="ok")])
+    assert rig.emitter.flush(5)
+    assert [s.name for s in rig.finished()] == ["ok"]
+    assert rig.telemetry.get(DROPPED, receiver="emit", reason="bad_record") == 1
+
+
 # ---- metrics ------------------------------------------------------------------------
 
 

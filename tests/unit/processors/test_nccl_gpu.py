@@ -9,7 +9,7 @@ from otel_ebpf.core.events import MetricRecord, ProcessExit, SpanRecord
 from otel_ebpf.core.ids import collective_ids
 from otel_ebpf.core.telemetry import DROPPED
 from otel_ebpf.processors.nccl.comms import comm_id_from_unique_id
-from otel_ebpf.processors.nccl.gpu import MAX_CLOCK_SKEW_NS, GpuBook, HostCall, bus_factor
+from otel_ebpf.processors.nccl.gpu import MAX_CLOCK_SKEW_NS, MAX_GPU_DURATION_NS, GpuBook, HostCall, bus_factor
 from otel_ebpf.receivers.nccl.events import NcclCollective, NcclP2P, NcclProfColl, NcclProfComm, NcclProfP2P
 from tests.unit.processors.test_nccl_processor import HANDLE, PIDS, UID, Harness, init
 
@@ -158,3 +158,15 @@ def test_a_split_childs_call_the_agent_could_not_rank_takes_nccls_rank_and_the_g
     assert (attrs["nccl.rank"], attrs["nccl.nranks"]) == (1, 2)
     assert parent == collective_ids("00000000000000c1", 4, 1)[2]
     assert attrs["nccl.busbw"] == pytest.approx(4096 / 4e-3 * 2 * 1 / 2)  # AllReduce on the plugin's 2 ranks
+
+
+def test_a_gpu_time_that_cannot_be_a_span_is_counted_not_emitted() -> None:
+    """A stop before its start, or a kernel lasting more than a day, is a bad record: its end would not even be a
+    time OTLP can carry (fixed64), and its exporter would fail the whole batch."""
+    h = ranks()
+    pid = PIDS[1]
+    h.feed(host(pid, 0))
+    for bad in (gpu(pid, dur=-5), gpu(pid, dur=MAX_GPU_DURATION_NS + 1), gpu(pid, start=0)):
+        assert not [s for s in h.feed(bad) if isinstance(s, SpanRecord)]
+    assert h.ctx.telemetry.get(DROPPED, receiver="nccl", reason="bad_gpu_time") == 3
+    assert [s.name for s in h.feed(gpu(pid)) if isinstance(s, SpanRecord)] == ["ncclAllReduce gpu"]
