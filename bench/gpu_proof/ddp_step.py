@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import time
 from typing import Any
 
+import profiling
 import torch
 import torch.distributed as dist
 
@@ -58,11 +57,7 @@ def main() -> int:
     torch.cuda.synchronize()
     issued = {k: 0 for k in issued}
     time.sleep(a.pause)
-    prof = None
-    if a.profile:
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                  torch.profiler.ProfilerActivity.CUDA])
-        prof.__enter__()
+    prof = profiling.start(a.profile)
     t0 = time.time_ns()
     for _ in range(a.steps):
         step()
@@ -71,12 +66,7 @@ def main() -> int:
     result: dict[str, Any] = {"t0_ns": t0, "t1_ns": t1, "steps": a.steps, "issued": issued,
                               "nccl_version": ".".join(map(str, torch.cuda.nccl.version()))}
     if prof is not None:
-        prof.__exit__(None, None, None)
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "trace.json")
-            prof.export_chrome_trace(path)
-            with open(path) as f:
-                events = json.load(f).get("traceEvents", [])
+        events = profiling.stop(prof).get("traceEvents", [])
         result["profiler_nccl_kernels"] = [
             {"name": e["name"][:80], "ts_us": e["ts"], "dur_ns": int(float(e.get("dur", 0)) * 1000)}
             for e in events if e.get("cat") == "kernel" and "nccl" in e.get("name", "").lower()]

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import time
 from collections import Counter
 from typing import Any
 
+import profiling
 import torch
 import torch.nn.functional as F
 
@@ -101,11 +100,7 @@ def main() -> int:
         step()
     torch.cuda.synchronize()
     time.sleep(a.pause)
-    prof = None
-    if a.profile:
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                  torch.profiler.ProfilerActivity.CUDA])
-        prof.__enter__()
+    prof = profiling.start(a.profile)
     t0 = time.time_ns()
     step_ms = []
     for _ in range(a.steps):
@@ -117,12 +112,7 @@ def main() -> int:
     result: dict[str, Any] = {"t0_ns": t0, "t1_ns": t1, "steps": a.steps, "step_ms": step_ms,
                               "device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     if prof is not None:
-        prof.__exit__(None, None, None)
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "trace.json")
-            prof.export_chrome_trace(path)
-            with open(path) as f:
-                result["profiler"] = _profiled_counts(json.load(f))
+        result["profiler"] = _profiled_counts(profiling.stop(prof))
     time.sleep(a.pause)
     with open(a.out, "w") as f:
         json.dump(result, f)
