@@ -20,6 +20,8 @@ command -v cc >/dev/null || need_apt=1
 command -v prometheus >/dev/null || need_apt=1
 # node: tests/unit/report/test_report.py runs the HTML report's script
 [ -z "$extras" ] || command -v node >/dev/null || need_apt=1
+# chromium: tests/e2e/test_report_browser.py opens the HTML report in headless Chromium (offline)
+[ -z "$extras" ] || command -v chromium >/dev/null || need_apt=1
 # bpftool: tests/faults lists BPF programs to show a SIGKILLed agent left none (optional: it falls back to /proc)
 command -v bpftool >/dev/null || [ -x /usr/sbin/bpftool ] || need_apt=1
 /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt=1
@@ -35,6 +37,7 @@ if [ "$need_apt" = 1 ]; then
   # No recommends: the tests run their own prometheus on loopback, not the packaged exporters.
   command -v prometheus >/dev/null || $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
   [ -z "$extras" ] || command -v node >/dev/null || $SUDO apt-get install -y -qq --no-install-recommends nodejs >/dev/null
+  [ -z "$extras" ] || command -v chromium >/dev/null || $SUDO apt-get install -y -qq chromium >/dev/null
   [ -x /usr/sbin/bpftool ] || $SUDO apt-get install -y -qq bpftool >/dev/null 2>&1 || true  # Ubuntu: linux-tools
   # Headers for exactly this kernel when the distribution has them, else the generic ones.
   if ! $SUDO apt-get install -y -qq "linux-headers-$(uname -r)" >/dev/null 2>&1; then
