@@ -6,11 +6,13 @@ Each export call appends one line: an ``ExportTraceServiceRequest``,
 JSON - trace and span ids as hex strings). Encoding is done by the SDK's own OTLP encoders;
 only the id spelling is adjusted, as the OTLP/JSON specification requires.
 
-Files: ``<directory>/traces.jsonl``, ``<directory>/metrics.jsonl`` and ``<directory>/logs.jsonl``
-(each made at its first export: no log records, no logs file). Thread-safe (a lock per file);
-an I/O error fails that export (the SDK counts it) and never raises. Whoever makes the
-exporters checks first that the directory can be written (:func:`ensure_writable`), so a
-wrong ``--output`` is an error before the job starts rather than retried writes after it.
+Files: ``<directory>/traces.jsonl``, ``<directory>/metrics.jsonl`` and ``<directory>/logs.jsonl``.
+Thread-safe (a lock per file); an I/O error fails that export (the SDK counts it) and never
+raises. Whoever starts the exporters first calls :func:`ensure_writable`, which makes the
+directory and the (empty) ``traces.jsonl`` and ``metrics.jsonl``: a wrong ``--output`` is an
+error before the job starts rather than retried writes after it, and a job that made no span
+still leaves its ``traces.jsonl``. ``logs.jsonl`` is made at its first export (no log records,
+no logs file).
 """
 from __future__ import annotations
 
@@ -45,8 +47,9 @@ FILES = ("traces.jsonl", "metrics.jsonl", "logs.jsonl")
 
 
 def ensure_writable(directory: str | os.PathLike[str]) -> None:
-    """Create ``directory`` (and its parents) and prove that files can be made in it (a probe
-    file, created and removed) and that the existing :data:`FILES` in it can be appended to.
+    """The file exporter's start: create ``directory`` (and its parents), prove that files can be
+    made in it (a probe file, created and removed) and that the existing :data:`FILES` in it can be
+    appended to, then make ``traces.jsonl`` and ``metrics.jsonl`` (empty; what they hold is kept).
     Raises OSError (errno, strerror and the offending path set) when not; blocks on the disk."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
@@ -57,6 +60,9 @@ def ensure_writable(directory: str | os.PathLike[str]) -> None:
         file = path / name
         if file.exists() and not os.access(file, os.W_OK):
             raise PermissionError(13, "Permission denied", str(file))
+    for name in FILES[:2]:  # traces and metrics; logs.jsonl only once there is a log record
+        with open(path / name, "a", encoding="utf-8"):
+            pass
 
 
 class _LineWriter:

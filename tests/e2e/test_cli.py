@@ -145,7 +145,8 @@ def test_sigterm_flushes_and_forwards(bpf_ready, tmp_path):
                           *WORKLOAD[:2], "--steps", "100000", "--step-sleep-ms", "5"],
                          cwd=ROOT, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
-    while time.time() < deadline and not (tmp_path / "traces.jsonl").exists():
+    traces = tmp_path / "traces.jsonl"  # made empty at start: wait for the first spans in it
+    while time.time() < deadline and not (traces.exists() and traces.stat().st_size > 0):
         time.sleep(0.2)
     p.terminate()
     _, err = p.communicate(timeout=60)

@@ -72,3 +72,18 @@ def test_run_with_a_read_only_output_fails_before_the_command_runs(read_only: Pa
     _refused(r, read_only / "out", "Read-only file system")
     assert not marker.exists(), "the traced command ran although the agent could not start"
     assert "WARNING" not in r.stderr, r.stderr  # no retried writes before the error
+
+
+def test_run_that_makes_no_span_still_leaves_traces_and_metrics_files(tmp_path: Path) -> None:
+    """README: ``--output DIR`` gets ``traces.jsonl`` and ``metrics.jsonl``: made when the file exporter
+    starts, so a job with no span (here: only the nvml receiver, no GPU) leaves an empty traces.jsonl."""
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("service:\n  pipelines:\n    default: {receivers: [nvml], processors: [], exporters: [file]}\n")
+    cfg.chmod(0o600)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "otel_ebpf", "run", "--config", str(cfg), "--output", str(out), "--",
+                        "true"], capture_output=True, text=True, timeout=60, cwd="/",
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert (out / "traces.jsonl").read_text() == ""
+    assert (out / "metrics.jsonl").exists() and not (out / "logs.jsonl").exists()

@@ -213,11 +213,22 @@ def test_unwritable_directory_fails_without_raising(tmp_path, where):
     assert JsonLinesLogExporter(directory).export(make_logs()) is LogRecordExportResult.FAILURE
 
 
-def test_check_output_directory_creates_a_writable_directory_and_leaves_nothing_behind(tmp_path):
+def test_check_output_directory_makes_the_directory_and_empty_traces_and_metrics_files(tmp_path):
     out = tmp_path / "a" / "b"
     check_output_directory(FileExporterConfig(directory=str(out)), "exporters.file")
-    assert out.is_dir() and list(out.iterdir()) == []  # the probe file is gone, no jsonl made yet
+    # a job that makes no span still leaves traces.jsonl; the probe file is gone; no logs file yet
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "traces.jsonl"]
+    assert (out / "traces.jsonl").read_text() == "" and (out / "metrics.jsonl").read_text() == ""
     check_output_directory(OtlpExporterConfig(), "exporters.otlp")  # not a file exporter: nothing to check
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_check_output_directory_keeps_what_the_files_hold(tmp_path):
+    JsonLinesSpanExporter(tmp_path).export(make_spans())
+    before = (tmp_path / "traces.jsonl").read_text()
+    check_output_directory(FileExporterConfig(directory=str(tmp_path)), "exporters.file")
+    assert before and (tmp_path / "traces.jsonl").read_text() == before
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
 
 
 def test_check_output_directory_names_the_key_and_the_directory(tmp_path):
