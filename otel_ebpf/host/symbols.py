@@ -143,6 +143,10 @@ class AddressSymbolizer:
         return None
 
     def _elf(self, pid: int, path: str) -> ElfFunctions | None:
+        """The parsed file at ``path`` as ``pid`` sees it (through /proc/PID/root while it lives, else the
+        agent's own view). Only a file that is no ELF is remembered as None: one that could not be opened
+        (the process exited between the stat and the open, and /proc/PID/root went with it: seen in CI as
+        unnamed kernels) is tried again, through the next view and on the next call."""
         for candidate in (f"/proc/{pid}/root{path}", path):
             try:
                 st = os.stat(candidate)
@@ -151,9 +155,12 @@ class AddressSymbolizer:
             key = (st.st_dev, st.st_ino, st.st_mtime_ns)
             if key not in self._files:
                 try:
-                    self._files[key] = ElfFunctions(candidate)
-                except (OSError, ValueError, struct.error):
-                    self._files[key] = None
+                    elf: ElfFunctions | None = ElfFunctions(candidate)
+                except OSError:
+                    continue
+                except (ValueError, struct.error):
+                    elf = None
+                self._files[key] = elf
                 while len(self._files) > self._max_files:
                     self._files.popitem(last=False)
             self._files.move_to_end(key)
