@@ -314,6 +314,10 @@ class ServiceConfig:
     service_name: str = doc("", "service.name for traced processes; empty means the executable name.")
     resource_attributes: dict[str, str] = doc({}, "Extra resource attributes added to every traced process.")
     metrics_interval: float = doc(10.0, "How often metrics are collected and exported.", duration=True, min=0.05)
+    metrics_warmup: float = doc(
+        60.0, "For this long after the agent starts, metrics are collected and exported every second (or every "
+              "metrics_interval if shorter), so a job of a few seconds has readings to chart; 0 turns it off.",
+        duration=True, min=0.0)
     max_processes: int = doc(1024, "Most traced processes with their own OTel resource at once; "
                                    "beyond it the oldest is flushed and dropped (counted).", min=1)
     max_queue: int = doc(65536, "Most events waiting between receivers and processors; "

@@ -64,6 +64,7 @@ __all__ = ["Emitter", "ExporterSpec"]
 log = logging.getLogger(__name__)
 _BATCH = BatchConfig()  # the documented defaults
 _METRICS_GRACE_S = 5.0  # at shutdown: the last metrics get at least this long after the spans
+_WARMUP_INTERVAL_S = 1.0  # metrics interval during service.metrics_warmup: a 5 s job gets ~5 readings, not 0
 
 
 @dataclass
@@ -126,7 +127,7 @@ class Emitter:
                  resource_of: Callable[[int, str | None], Mapping[str, Any]],
                  agent_attributes: Mapping[str, Any], extra_attributes: Mapping[str, str] | None = None,
                  max_processes: int = 1024, metrics_interval: float = 10.0, exit_grace: float = 5.0,
-                 shutdown_timeout: float = 30.0) -> None:
+                 shutdown_timeout: float = 30.0, metrics_warmup: float = 0.0) -> None:
         self._exporters = list(exporters)
         self._telemetry = telemetry
         quiet_sdk_export_logs()
@@ -134,6 +135,7 @@ class Emitter:
         self._extra = dict(extra_attributes or {})
         self._max = max_processes
         self._interval = metrics_interval
+        self._warmup = metrics_warmup  # collect every _WARMUP_INTERVAL_S this long after start (short jobs)
         self._grace_ns = int(exit_grace * 1e9)
         self._shutdown_timeout = shutdown_timeout
         self._lock = threading.RLock()
@@ -314,8 +316,16 @@ class Emitter:
             for q in self.metric_queues:
                 q.put([data])
 
+    def _wait_s(self, started: float) -> float:
+        """Seconds to the next collection: every ``_WARMUP_INTERVAL_S`` (at most ``metrics_interval``) during
+        the first ``metrics_warmup`` seconds after :meth:`start`, then every ``metrics_interval``."""
+        if time.monotonic() - started < self._warmup:
+            return min(_WARMUP_INTERVAL_S, self._interval)
+        return self._interval
+
     def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
+        started = time.monotonic()
+        while not self._stop.wait(self._wait_s(started)):
             try:
                 self.export_metrics()
             except Exception:

@@ -202,7 +202,8 @@ class Agent:
                               resource_of=lambda pid, comm: self.resources.get(pid, comm),
                               agent_attributes=agent_resource_attributes(),
                               extra_attributes=svc.resource_attributes,
-                              max_processes=svc.max_processes, metrics_interval=svc.metrics_interval)
+                              max_processes=svc.max_processes, metrics_interval=svc.metrics_interval,
+                              metrics_warmup=svc.metrics_warmup)
             self.resources.subscribe(emitter.resource_changed)  # resources follow exec (issue 18)
             nxt: Consumer = emitter
             procs: list[Any] = []

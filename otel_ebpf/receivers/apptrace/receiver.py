@@ -234,9 +234,11 @@ int at_ev_{k}(struct pt_regs *ctx)
     bpf_probe_read_user_str(e->provider, sizeof(e->provider), (void *)t1);
     bpf_probe_read_user_str(e->name, sizeof(e->name), (void *)t2);
     bpf_probe_read_user_str(e->payload, sizeof(e->payload), (void *)t7);
-    /* a begin wakes the reader at once: the current app span must be known before the
-     * spans it parents are processed */
-    u64 flags = t0 == 1 ? BPF_RB_FORCE_WAKEUP : oe_wakeup_flags();
+    /* a begin or an end wakes the reader at once: the current app span must be known before the
+     * spans it parents are processed, and its end before the spans made after it (an end left in the
+     * ring by a batched wakeup leaves the interval open, and the store matches an open interval to
+     * every later call of the thread: a cudaMemcpy after the block was parented on it) */
+    u64 flags = t0 != 0 ? BPF_RB_FORCE_WAKEUP : oe_wakeup_flags();
     events.ringbuf_submit(e, flags);
     return 0;
 }}

@@ -385,6 +385,28 @@ def test_timer_exports_metrics_after_start():
         r.emitter.shutdown()
 
 
+def test_warmup_collects_every_second_then_at_the_interval():
+    """service.metrics_warmup: a short job gets readings every second (its charts have points), a long one
+    falls back to metrics_interval once the warm-up is over."""
+    r = Rig(metrics_interval=3600.0, metrics_warmup=60.0)
+    try:
+        r.emitter.consume([metric()])
+        started = time.monotonic()
+        assert r.emitter._wait_s(started) == 1.0
+        assert r.emitter._wait_s(started - 61.0) == 3600.0
+        r.emitter.start()  # an hour's interval, yet readings come every second while warming up
+        deadline = time.monotonic() + 10
+        while len(r.metrics.exports) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(r.metrics.exports) >= 2
+    finally:
+        r.emitter.shutdown()
+    short = Rig(metrics_interval=0.2, metrics_warmup=60.0)  # an interval under a second is kept
+    assert short.emitter._wait_s(time.monotonic()) == 0.2
+    off = Rig(metrics_interval=3600.0)  # the Emitter's default: no warm-up (the agent passes the config's)
+    assert off.emitter._wait_s(time.monotonic()) == 3600.0
+
+
 def test_shutdown_flushes_and_is_idempotent():
     r = Rig()
     r.emitter.start()
