@@ -1,0 +1,143 @@
+"""``otel-ebpf run``: trace a command (``-- CMD``), running processes (``--pid``) or every process
+(``--all-processes``), then print the end-of-run summary.
+
+The parser lives in :mod:`otel_ebpf.cli`; :func:`run` takes its parsed arguments and returns the exit
+code: the command's own for ``-- CMD`` (0 for ``--pid``/``--all-processes``), or
+:data:`EXIT_EXPORT_LOST` when an exporter delivered nothing and lost something. Errors are raised as
+:class:`otel_ebpf.core.errors.OtelEbpfError` subclasses; the CLI turns them into exit codes.
+
+Blocking: :func:`run` returns when the command has exited (or SIGINT/SIGTERM for ``--pid`` and
+``--all-processes``) and the agent has flushed. It installs signal handlers: main thread only.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from otel_ebpf.core.errors import TargetError
+
+__all__ = ["EXIT_EXPORT_LOST", "run"]
+
+log = logging.getLogger("otel_ebpf")
+EXIT_EXPORT_LOST = 4  # run: an exporter delivered nothing and lost something (the summary names it)
+
+
+def _load_cfg(args: argparse.Namespace) -> Any:
+    from otel_ebpf.service import settings
+    extra: dict[str, Any] = {}
+    if args.service_name:
+        extra.setdefault("service", {})["service_name"] = args.service_name
+    if args.strict:
+        extra.setdefault("service", {})["strict"] = True
+    return settings.load(args.config, output=args.output, endpoint=args.otlp_endpoint,
+                         protocol=args.otlp_protocol, extra=extra)
+
+
+def _check_pids(pids: Sequence[int]) -> None:
+    for pid in pids:
+        if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
+            raise TargetError(f"no process with PID {pid}")
+
+
+_UNITS = {"spans": ("span", "spans"), "logs": ("log record", "log records"),
+          "metrics": ("metric collection", "metric collections")}
+
+
+def _items(n: int, signal: str) -> str:
+    one, many = _UNITS.get(signal, ("item", "items"))
+    return f"{n} {one if n == 1 else many}"
+
+
+def _delivery_line(eid: str, where: str, signals: dict[str, tuple[int, dict[str, int]]]) -> tuple[str, bool]:
+    """One exporter's summary line and whether it lost everything (nothing delivered, something lost)."""
+    sent = ", ".join(_items(n, sig) for sig, (n, _) in sorted(signals.items()) if n) or "nothing"
+    lost = [f"{_items(sum(r.values()), sig)} ({', '.join(f'{k} {v}' for k, v in sorted(r.items()))})"
+            for sig, (_, r) in sorted(signals.items()) if sum(r.values())]
+    everything = bool(lost) and not any(n for n, _ in signals.values())
+    if everything:
+        return f"exporter {eid} -> {where}: NOTHING DELIVERED, lost {', '.join(lost)}", True
+    return f"exporter {eid} -> {where}: sent {sent}" + (f"; LOST {', '.join(lost)}" if lost else ""), False
+
+
+def _report(agent: Any, started: float, command_code: int | None) -> bool:
+    """Print the end-of-run summary: the counts, the command's exit code, then per exporter what was sent
+    and what was lost by signal and reason. True when an exporter lost everything."""
+    s = agent.summary()
+    drops = agent.drops()
+    where = f" ({', '.join(f'{k}={v}' for k, v in sorted(drops.items()))})" if drops else ""
+    logs = f"{s['logs']} log records, " if s.get("logs") else ""
+    exited = f"; the command exited {command_code}" if command_code is not None else ""
+    print(f"otel-ebpf: {s['events']} events, {s['spans']} spans, {logs}{s['dropped']} dropped{where}, "
+          f"{s['probes']} probes attached ({s['probe_failures']} failed) in {time.monotonic() - started:.1f}s"
+          f"{exited}", file=sys.stderr)
+    failed = []
+    for eid, signals in sorted(agent.deliveries().items()):
+        c = agent.cfg.exporters[eid]
+        where = str(getattr(c, "directory", None) or getattr(c, "endpoint", ""))
+        line, everything = _delivery_line(eid, where, signals)
+        print(f"otel-ebpf: {line}", file=sys.stderr)
+        if everything:
+            failed.append(eid)
+    if failed:
+        own = f" (the command's own exit code: {command_code})" if command_code is not None else ""
+        print(f"otel-ebpf: exit {EXIT_EXPORT_LOST}: exporter {', '.join(failed)} delivered nothing{own}",
+              file=sys.stderr)
+    return bool(failed)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``otel-ebpf run`` with the parsed ``args`` (otel_ebpf.cli's run parser); the exit code."""
+    from otel_ebpf.service.agent import Agent, PausedChild, command_environment, wait_child, wait_pids
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    modes = sum(bool(x) for x in (command, args.pid, args.all_processes))
+    if modes != 1 and not args.dump_bpf:
+        raise TargetError("give exactly one of: -- COMMAND, --pid PID, --all-processes")
+    cfg = _load_cfg(args)
+    _check_pids(args.pid)
+    if args.dump_bpf:
+        print(Agent(cfg, target_pids=args.pid or [1], command=command).dump_programs())
+        return 0
+    env, env_line = command_environment(cfg, os.environ) if command else ({}, "")
+    if env_line:
+        print(f"otel-ebpf: {env_line}", file=sys.stderr, flush=True)
+    child = PausedChild(command, env) if command else None
+    targets = [child.pid] if child else list(args.pid)
+    started = time.monotonic()
+    try:
+        agent = Agent(cfg, target_pids=targets, command=command)
+        agent.start()
+    except BaseException:
+        if child:
+            child.abort()
+        raise
+    log.info("tracing started in %.2fs", time.monotonic() - started)
+    from otel_ebpf.service.progress import Progress
+
+    progress = Progress(agent.summary, sys.stderr)
+    if not args.quiet:
+        progress.start()
+    code = 0
+    try:
+        if child:
+            child.release()
+            code = wait_child(child.pid, lambda s: log.info("signal %d: forwarding", s))
+        else:
+            stop = threading.Event()
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, lambda *_: stop.set())
+            wait_pids(targets, stop) if targets else stop.wait()
+    finally:
+        progress.stop()
+        agent.shutdown(exiting=True)
+        lost_everything = _report(agent, started, code if child else None)
+    return EXIT_EXPORT_LOST if lost_everything else code
