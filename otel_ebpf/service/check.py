@@ -16,25 +16,56 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Row", "render", "run_checks"]
+from otel_ebpf.core.errors import PrivilegeError
+
+__all__ = ["CAPS", "Row", "missing_caps", "render", "run_checks", "tracefs_mounts", "verdict"]
 
 OK, MISSING, INFO = "ok", "MISSING", "info"
 
 
 @dataclass
 class Row:
+    """``cause``: the name of the row whose fix also fixes this one (a tracefs the user cannot read
+    because they are not root): the verdict names the cause, not each of its consequences."""
+
     name: str
     status: str
     detail: str
     fix: str = ""
     required: bool = False
+    cause: str = ""
+
+
+PRIVILEGES = "privileges"
+# linux/capability.h: CAP_SYS_ADMIN 21, CAP_PERFMON 38, CAP_BPF 39 (the last two since Linux 5.8)
+CAPS = {"CAP_BPF": 39, "CAP_PERFMON": 38, "CAP_SYS_ADMIN": 21}
+PRIVILEGES_FIX = ("run it as root (sudo otel-ebpf ...), or grant CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN "
+                  "(docker run --cap-add, a Kubernetes securityContext)")
+
+
+def missing_caps(status: str = "/proc/self/status") -> list[str]:
+    """The capabilities of :data:`CAPS` this process lacks in its effective set (all of them when
+    ``status`` cannot be read)."""
+    try:
+        with open(status, encoding="ascii") as fh:
+            eff = next((int(ln.split()[1], 16) for ln in fh if ln.startswith("CapEff:")), 0)
+    except (OSError, ValueError, IndexError):
+        eff = 0
+    return [name for name, bit in CAPS.items() if not eff >> bit & 1]
 
 
 def _root() -> Row:
     if os.geteuid() == 0:
-        return Row("privileges", OK, "running as root", required=True)
-    return Row("privileges", MISSING, f"running as uid {os.geteuid()}",
-               "run as root, or grant CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN", required=True)
+        return Row(PRIVILEGES, OK, "running as root", required=True)
+    missing = missing_caps()
+    if not missing:
+        return Row(PRIVILEGES, OK, f"uid {os.geteuid()} with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN", required=True)
+    return Row(PRIVILEGES, MISSING, f"not root (uid {os.geteuid()}) and missing {', '.join(missing)}: the kernel "
+               "refuses to load eBPF programs and tracefs is root-only", PRIVILEGES_FIX, required=True)
+
+
+def _privileged() -> bool:
+    return os.geteuid() == 0 or not missing_caps()
 
 
 def _bcc() -> Row:
@@ -58,11 +89,33 @@ def _headers() -> Row:
     return Row("kernel headers", OK, f"{target}{note}", required=True)
 
 
+def tracefs_mounts(mounts: str = "/proc/self/mounts") -> list[str]:
+    """Where tracefs is mounted (readable by anyone, unlike tracefs itself)."""
+    try:
+        with open(mounts, encoding="utf-8", errors="replace") as fh:
+            return [parts[1] for parts in (ln.split() for ln in fh) if len(parts) > 2 and parts[2] == "tracefs"]
+    except OSError:
+        return []
+
+
 def _tracefs() -> Row:
-    for d in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
+    label = "tracefs + uprobes"
+    dirs = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+    for d in dirs:
         if os.path.exists(f"{d}/uprobe_events"):
-            return Row("tracefs + uprobes", OK, d, required=True)
-    return Row("tracefs + uprobes", MISSING, "uprobe_events not found",
+            return Row(label, OK, d, required=True)
+    mounted = [d for d in tracefs_mounts() if d in dirs]
+    if mounted and not os.access(mounted[0], os.R_OK | os.X_OK):
+        # tracefs is there, this user just may not look inside (mode 0700, root's): the fault is privileges
+        if _privileged():  # capabilities, not root: tracefs's owner still keeps others out
+            return Row(label, MISSING, f"{mounted[0]} is mounted but uid {os.geteuid()} cannot read it",
+                       "not a mount problem: run it as root", required=True)
+        return Row(label, MISSING, f"{mounted[0]} is mounted but only root can read it",
+                   f"not a mount problem: see '{PRIVILEGES}'", required=True, cause=PRIVILEGES)
+    if mounted:
+        return Row(label, MISSING, f"{mounted[0]} has no uprobe_events",
+                   "the kernel needs CONFIG_UPROBE_EVENTS=y", required=True)
+    return Row(label, MISSING, "tracefs is not mounted",
                "mount -t tracefs tracefs /sys/kernel/tracing (kernel needs CONFIG_UPROBE_EVENTS)",
                required=True)
 
@@ -77,6 +130,9 @@ def _load() -> Row:
         b.cleanup()
     except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, PrivilegeError) or not _privileged():
+            return Row("BPF load (tracepoints, ring buffer)", MISSING, first, f"see '{PRIVILEGES}'", required=True,
+                       cause=PRIVILEGES)
         return Row("BPF load (tracepoints, ring buffer)", MISSING, first,
                    "see the rows above; docs/troubleshooting.md lists verifier errors", required=True)
     return Row("BPF load (tracepoints, ring buffer)", OK, "compiled, verified and attached", required=True)
@@ -141,17 +197,24 @@ def _usdt() -> Row:
 
 
 def _nvml() -> Row:
-    try:
-        import pynvml
+    """One row, whatever the host: the GPUs NVML reads; or, with no NVIDIA GPU on the PCI bus,
+    that NVML metrics are off (nothing to fix); or, with one, why NVML cannot read it (a fault)."""
+    from otel_ebpf.host.nvml import load
+    from otel_ebpf.receivers.nvml.presence import NO_GPU, nvidia_gpus
 
-        pynvml.nvmlInit()
-        n = pynvml.nvmlDeviceGetCount()
-        drv = pynvml.nvmlSystemGetDriverVersion()
-        pynvml.nvmlShutdown()
-        return Row("NVML (GPU metrics)", OK, f"{n} GPU(s), driver {drv}")
-    except Exception as exc:
-        return Row("NVML (GPU metrics)", INFO, f"unavailable: {type(exc).__name__}",
-                   "needs an NVIDIA driver (libnvidia-ml.so.1); GPU metrics are skipped without it")
+    label = "NVML (GPU metrics)"
+    nv, why = load()
+    if nv is not None:
+        try:
+            return Row(label, OK, f"{nv.nvmlDeviceGetCount()} GPU(s), driver {nv.nvmlSystemGetDriverVersion()}")
+        finally:
+            nv.nvmlShutdown()
+    on_pci = nvidia_gpus()
+    if not on_pci:
+        return Row(label, INFO, f"{NO_GPU}: {why}")
+    return Row(label, MISSING, f"{len(on_pci)} NVIDIA GPU(s) on the PCI bus ({', '.join(on_pci[:3])}) but no GPU "
+               f"metrics: {why}", "install and load the NVIDIA driver; in a container, mount the driver's "
+               "libnvidia-ml.so.1 (or set receivers.nvml.library)")
 
 
 def _perf() -> Row:
@@ -198,7 +261,21 @@ def render(rows: list[Row], width: int | None = None) -> str:
         for i, cell in enumerate(cells):
             name, status = (r.name, r.status) if i == 0 else ("", "")
             lines.append(f"{name:<{w}} | {status:<{sw}} | {cell}".rstrip())
-    bad = [r.name for r in rows if r.required and r.status != OK]
     lines.append("")
-    lines.append(f"eBPF cannot run here: fix {', '.join(bad)}" if bad else "eBPF tracing can run on this host.")
+    lines.append(verdict(rows))
     return "\n".join(lines)
+
+
+def verdict(rows: list[Row]) -> str:
+    """The last line: the required rows to fix, each cause once, with what follows from it."""
+    bad = [r for r in rows if r.required and r.status != OK]
+    if not bad:
+        return "eBPF tracing can run on this host."
+    causes = [r.name for r in bad if not r.cause]
+    fix = [*causes, *(r.name for r in bad if r.cause and r.cause not in causes)]
+    line = f"eBPF cannot run here: fix {', '.join(fix)}"
+    for name in causes:
+        follow = [r.name for r in bad if r.cause == name]
+        if follow:
+            line += f"; {' and '.join(follow)} {'fails' if len(follow) == 1 else 'fail'} because of {name}"
+    return line

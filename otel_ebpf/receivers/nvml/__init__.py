@@ -5,7 +5,8 @@ power, fan, clocks, encoder/decoder, PCIe, ECC, clock throttle reasons, NVLink, 
 memory and utilization (on each process's own resource, beside its eBPF spans); XID errors arrive
 through NVML's event API. Emits :class:`~otel_ebpf.core.events.MetricRecord` s directly (the ``cuda`` and
 ``nccl`` processors pass them on unchanged). Names: :mod:`.metrics` and docs/nvml.md.
-Without NVML on the host it logs one warning and stays idle.
+Without NVML on the host it logs one line and stays idle: INFO where the PCI bus shows no
+NVIDIA GPU (:mod:`.presence`), a warning where it does.
 """
 from __future__ import annotations
 

@@ -9,8 +9,10 @@ Threads (both daemons, both started by :meth:`NvmlReceiver.start`, which does no
   a ``hw.errors{error.type=xid_<n>}`` +1 record and one warning line.
 
 Without NVML (no libnvidia-ml.so.1, driver not loaded, no permission, no nvidia-ml-py) the
-receiver logs ONE warning naming the cause and stops; the agent runs on. This is the path of
-every GPU-less machine with the default pipeline: one failed dlopen, no thread left running.
+receiver logs ONE line naming the cause and stops; the agent runs on: one failed dlopen, no
+thread left running. On a host with no NVIDIA GPU on its PCI bus (:mod:`.presence`) that is the
+expected path of the default pipeline, so the line is INFO ("no NVIDIA driver/GPU: NVML metrics
+off"); on a host that has one it is a WARNING: its GPU metrics are missing.
 
 ``shutdown`` is safe without ``start`` and twice; it waits at most ``event_wait`` for the XID
 thread and one scrape for the scrape thread, then calls nvmlShutdown.
@@ -28,6 +30,7 @@ from otel_ebpf.core.pipeline import Consumer, Context
 
 from . import metrics as m
 from .config import Config
+from .presence import NO_GPU, nvidia_gpus
 from otel_ebpf.host.nvml import load
 from otel_ebpf.host.procfs import parent_pid
 from .scrape import Scraper
@@ -108,7 +111,12 @@ class NvmlReceiver:
         nv, why = load(self.config.library)
         if nv is None:
             self.disabled = why
-            log.warning("nvml receiver disabled, no GPU metrics: %s", why)
+            on_pci = nvidia_gpus()
+            if on_pci:
+                log.warning("nvml receiver disabled, no GPU metrics although this host has %d NVIDIA GPU(s) (%s): %s",
+                            len(on_pci), ", ".join(on_pci[:4]), why)
+            else:
+                log.info("%s: %s", NO_GPU, why)
             self.ready.set()
             return False
         self._nv = nv

@@ -21,6 +21,7 @@ import pytest
 from otel_ebpf.core.events import MetricRecord
 from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.receivers import nvml as nvml_pkg
+from otel_ebpf.receivers.nvml import presence
 from otel_ebpf.receivers.nvml.metrics import SCRAPE_ERRORS
 from otel_ebpf.host.nvml import load
 from otel_ebpf.receivers.nvml.receiver import in_traced_tree
@@ -219,22 +220,51 @@ def test_receiver_counts_an_xid_with_one_warning(nvml, stand_in, caplog) -> None
     assert warnings == [f"nvml: XID 79 on GPU {GPU1} (nvidia1, 00000000:01:00.0): GPU has fallen off the bus"]
 
 
-def test_driver_not_loaded_disables_with_one_warning(nvml, stand_in, tmp_path, monkeypatch, caplog) -> None:
+def fake_pci(root: Path, devices: dict[str, tuple[str, str]]) -> Path:
+    """A /sys/bus/pci/devices stand-in: address -> (vendor, class) files, as sysfs writes them."""
+    for address, (vendor, klass) in devices.items():
+        (root / address).mkdir(parents=True)
+        (root / address / "vendor").write_text(f"{vendor}\n")
+        (root / address / "class").write_text(f"{klass}\n")
+    return root
+
+
+def test_nvidia_gpus_are_the_nvidia_display_controllers_on_the_pci_bus(tmp_path) -> None:
+    root = fake_pci(tmp_path / "devices", {
+        "0000:3b:00.0": ("0x10de", "0x030200"),  # H100: 3D controller
+        "0000:01:00.0": ("0x10de", "0x030000"),  # a workstation GPU: VGA controller
+        "0000:01:00.1": ("0x10de", "0x040300"),  # its HDMI audio function: not a GPU
+        "0000:00:02.0": ("0x8086", "0x030000"),  # Intel graphics
+        "0000:00:03.0": ("0x1af4", "0x020000")})  # virtio-net
+    assert presence.nvidia_gpus(root) == ["0000:01:00.0", "0000:3b:00.0"]
+    assert presence.nvidia_gpus(tmp_path / "no-sysfs") == []
+
+
+@pytest.mark.parametrize("gpu_on_pci", [False, True])
+def test_driver_not_loaded_is_info_without_a_gpu_and_a_warning_with_one(nvml, stand_in, tmp_path, monkeypatch,
+                                                                        caplog, gpu_on_pci) -> None:
     scenario = tmp_path / "no_driver.txt"
     scenario.write_text("init_error DRIVER_NOT_LOADED\n")
     monkeypatch.setenv("STAND_IN_NVML_SCENARIO", str(scenario))
+    monkeypatch.setattr(presence, "PCI_DEVICES", fake_pci(tmp_path / "devices", {
+        "0000:00:02.0": ("0x8086", "0x030000"), **({"0000:3b:00.0": ("0x10de", "0x030200")} if gpu_on_pci else {})}))
     receiver = nvml_pkg.factory.create(nvml_pkg.Config(), Context(), ListConsumer())
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO, logger="otel_ebpf.receivers.nvml"):
         receiver.start()
         assert receiver.ready.wait(10)
         receiver.shutdown()
     assert receiver.disabled and "driver is not loaded" in receiver.disabled
-    assert [r.getMessage() for r in caplog.records] == [
-        f"nvml receiver disabled, no GPU metrics: {receiver.disabled}"]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    if gpu_on_pci:
+        assert lines == [("WARNING", "nvml receiver disabled, no GPU metrics although this host has 1 NVIDIA "
+                                     f"GPU(s) (0000:3b:00.0): {receiver.disabled}")]
+    else:
+        assert lines == [("INFO", f"no NVIDIA driver/GPU: NVML metrics off: {receiver.disabled}")]
 
 
-def test_without_nvml_the_receiver_warns_once_and_stays_idle() -> None:
-    """A fresh interpreter without the stand-in: pynvml finds no libnvidia-ml.so.1 at all."""
+def test_without_nvml_the_receiver_says_so_once_and_stays_idle() -> None:
+    """A fresh interpreter without the stand-in: pynvml finds no libnvidia-ml.so.1 at all. Without an
+    NVIDIA GPU on the PCI bus that is one INFO line; with one (a GPU host missing its driver), a warning."""
     code = ("import logging, threading, time; logging.basicConfig(level='INFO', format='%(levelname)s %(message)s')\n"
             "from otel_ebpf.receivers import nvml; from otel_ebpf.core.pipeline import Context, ListConsumer\n"
             "r = nvml.factory.create(nvml.Config(), Context(), ListConsumer()); t0 = time.perf_counter()\n"
@@ -245,11 +275,16 @@ def test_without_nvml_the_receiver_warns_once_and_stays_idle() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env,
                        cwd=Path(__file__).resolve().parents[3])
     assert r.returncode == 0, r.stderr
-    if "disabled" not in r.stderr:
+    if "libnvidia-ml.so.1 was not found" not in r.stderr:
         pytest.skip("this host has a real libnvidia-ml.so.1")
-    lines = [ln for ln in r.stderr.splitlines() if ln.startswith(("WARNING", "ERROR"))]
-    assert lines == ["WARNING nvml receiver disabled, no GPU metrics: libnvidia-ml.so.1 was not found "
-                     "(no NVIDIA driver on this host)"]
+    why = "libnvidia-ml.so.1 was not found (no NVIDIA driver on this host)"
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith(("INFO", "WARNING", "ERROR")) and "nvml" in ln.lower()]
+    on_pci = presence.nvidia_gpus()
+    if on_pci:
+        assert lines == [f"WARNING nvml receiver disabled, no GPU metrics although this host has {len(on_pci)} "
+                         f"NVIDIA GPU(s) ({', '.join(on_pci[:4])}): {why}"]
+    else:
+        assert lines == [f"INFO no NVIDIA driver/GPU: NVML metrics off: {why}"]
     assert "threads ['MainThread']" in r.stdout
     assert float(r.stdout.split("took ")[1]) < 2.0
 
