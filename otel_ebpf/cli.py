@@ -16,9 +16,10 @@
     otel-ebpf report DIR [-o report.html] [--perfetto trace.json]
     otel-ebpf export --parquet OUTDIR DIR
 
-Exit codes: the traced command's own code for ``run -- CMD`` (0 for ``run --pid/--all-processes``),
-except 4 when an exporter delivered nothing and lost something (an unreachable collector for
-the whole run: the summary names the exporter, what it lost, and the command's own code); 0 for ``gateway`` stopped by
+Exit codes: the traced command's own code for ``run -- CMD`` (0 for ``run --pid/--all-processes``;
+127 when CMD is not found, 126 when it is not executable, said before anything is loaded), except 4
+when an exporter delivered nothing and lost something (an unreachable collector for the whole run: the
+summary names the exporter, what it lost, and the command's own code); 0 for ``gateway`` stopped by
 SIGINT/SIGTERM (after flushing); 0 for a ``demo`` that ran as asked (an injected crash is
 reported, not an error), 130 when it is interrupted; 2 for configuration (or option) errors;
 3 when the host cannot run eBPF (``check`` explains why); 1 for other agent errors (for
@@ -61,6 +62,7 @@ RUN_EXAMPLES = """examples:
 On a terminal a live line shows events, spans and drops per second (--quiet hides it); a summary
 is printed at the end: per exporter what was sent and what was lost (by signal and reason).
 exit code: the command's own, or 4 when an exporter delivered nothing (an unreachable collector);
+127 the command is not found, 126 it is not executable (both said at once, as a shell would);
 2 config errors, 3 the host cannot run eBPF, 1 other agent errors.
 """
 

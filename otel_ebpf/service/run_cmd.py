@@ -3,7 +3,8 @@
 
 The parser lives in :mod:`otel_ebpf.cli`; :func:`run` takes its parsed arguments and returns the exit
 code: the command's own for ``-- CMD`` (0 for ``--pid``/``--all-processes``), or
-:data:`EXIT_EXPORT_LOST` when an exporter delivered nothing and lost something. Errors are raised as
+:data:`EXIT_EXPORT_LOST` when an exporter delivered nothing and lost something; 127 (126) as a shell, before
+anything is loaded, when the command is not found (is not executable). Errors are raised as
 :class:`otel_ebpf.core.errors.OtelEbpfError` subclasses; the CLI turns them into exit codes.
 
 Blocking: :func:`run` returns when the command has exited (or SIGINT/SIGTERM for ``--pid`` and
@@ -23,10 +24,41 @@ from typing import Any
 
 from otel_ebpf.core.errors import TargetError
 
-__all__ = ["EXIT_EXPORT_LOST", "run"]
+__all__ = ["EXIT_EXPORT_LOST", "EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "run", "unrunnable"]
 
 log = logging.getLogger("otel_ebpf")
 EXIT_EXPORT_LOST = 4  # run: an exporter delivered nothing and lost something (the summary names it)
+
+
+EXIT_NOT_FOUND, EXIT_NOT_EXECUTABLE = 127, 126  # as a shell reports a command it cannot run (POSIX 2.8.2)
+
+
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def unrunnable(argv0: str, path_env: str | None) -> tuple[int, str] | None:
+    """Why ``execvp(argv0)`` would fail, found the way it searches: (exit code, message), or None when it would
+    run. A name with a '/' is that file; else the first executable file of that name in ``path_env``'s
+    directories (``os.defpath`` when unset; an empty entry is the current directory). 127: no such file (or
+    none in PATH); 126: found, but not an executable file (a directory, or no execute permission)."""
+    if not argv0:
+        return EXIT_NOT_FOUND, "cannot run '': empty command name"
+    if "/" in argv0:
+        if not os.path.exists(argv0):
+            return EXIT_NOT_FOUND, f"cannot run {argv0!r}: no such file"
+        if not _executable(argv0):
+            what = "is a directory" if os.path.isdir(argv0) else "permission denied (not an executable file)"
+            return EXIT_NOT_EXECUTABLE, f"cannot run {argv0!r}: {what}"
+        return None
+    dirs = (os.defpath if path_env is None else path_env).split(os.pathsep)
+    candidates = [os.path.join(d or ".", argv0) for d in dirs]
+    if any(_executable(c) for c in candidates):
+        return None
+    denied = next((c for c in candidates if os.path.exists(c)), None)
+    if denied is not None:
+        return EXIT_NOT_EXECUTABLE, f"cannot run {argv0!r}: {denied} is not an executable file"
+    return EXIT_NOT_FOUND, f"cannot run {argv0!r}: command not found in PATH"
 
 
 def _load_cfg(args: argparse.Namespace) -> Any:
@@ -102,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
     modes = sum(bool(x) for x in (command, args.pid, args.all_processes))
     if modes != 1 and not args.dump_bpf:
         raise TargetError("give exactly one of: -- COMMAND, --pid PID, --all-processes")
+    why = unrunnable(command[0], os.environ.get("PATH")) if command and not args.dump_bpf else None
+    if why is not None:  # said at once, before a probe is compiled (issue 18: it took 8 s)
+        print(f"otel-ebpf: {why[1]}", file=sys.stderr)
+        return why[0]
     cfg = _load_cfg(args)
     _check_pids(args.pid)
     if args.dump_bpf:

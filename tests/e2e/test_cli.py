@@ -152,3 +152,20 @@ def test_sigterm_flushes_and_forwards(bpf_ready, tmp_path):
     _, err = p.communicate(timeout=60)
     assert p.returncode == 128 + 15, err
     assert "cudaMemcpyAsync" in span_names(spans_from_jsonl(tmp_path / "traces.jsonl"))
+
+
+@pytest.mark.parametrize("command, code, named", [(["no-such-command-oe"], 127, "no-such-command-oe"),
+                                                   (["/nonexistent/tool"], 127, "/nonexistent/tool"),
+                                                   (["{tmp}/data.txt"], 126, "data.txt")])
+def test_a_command_that_cannot_run_is_said_at_once(tmp_path, command, code, named):
+    # before the config is loaded or a probe compiled (it took 8 s): as a shell, 127 not found, 126 not executable
+    (tmp_path / "data.txt").write_text("not a program\n")
+    (tmp_path / "data.txt").chmod(0o644)
+    command = [c.format(tmp=tmp_path) for c in command]
+    t0 = time.monotonic()
+    r = cli("run", "--output", str(tmp_path / "out"), "--", *command)
+    took = time.monotonic() - t0
+    assert r.returncode == code, r.stderr
+    assert named in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "out").exists()  # nothing was set up
+    assert took < 5, f"{took:.1f} s"  # the interpreter and the CLI's imports only (~0.5 s idle)
