@@ -190,10 +190,13 @@ class _Cluster:
                           "nccl": {"libraries": [str(self.libdir / "libnccl.so.2")], **self.spec.nccl_receiver}},
             "exporters": {"otlp": {"batch": {"batch_delay": "200ms"}}},
             # sched: each rank's off-CPU/run-queue time between collectives (ml.step.*), which the gateway
-            # copies onto a straggler's joined collective: why it was late. nccl_watch (right after nccl, whose
-            # call spans it reads): a rank silent in NCCL gets its live stack exported (issue 17).
-            "service": {"pipelines": {"default": {"receivers": ["cuda", "nccl", "sched"],
-                                                  "processors": ["cuda", "nccl", "nccl_watch", "sched"]}}}})
+            # copies onto a straggler's joined collective: why it was late. lifecycle: a span per process of
+            # the job (torchrun, its ranks, their helpers) with its command line and exit code, as sched gave
+            # before issue 18 split them. nccl_watch (right after nccl, whose call spans it reads): a rank
+            # silent in NCCL gets its live stack exported (issue 17).
+            "service": {"pipelines": {"default": {"receivers": ["cuda", "nccl", "lifecycle", "sched"],
+                                                  "processors": ["cuda", "nccl", "nccl_watch", "lifecycle",
+                                                                 "sched"]}}}})
 
     def _twin_vars(self, index: int) -> list[str]:
         """``K=V`` for env(1): the twin's variables for this node's job only (the agent itself must not load

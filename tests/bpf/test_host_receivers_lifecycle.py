@@ -1,4 +1,4 @@
-"""Lifecycle of the blockio, memory and perf components as the agent builds them (from the
+"""Lifecycle of the blockio, memory, perf and lifecycle components as the agent builds them (from the
 registry, default config): shutdown without start, start, shutdown twice; and the programs
 compile for every process (no target pids: node-agent mode) too."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from otel_ebpf.service import components
 from otel_ebpf.core.pipeline import Context, ListConsumer
 
 pytestmark = pytest.mark.bpf
-TYPES = ("blockio", "memory", "perf")
+TYPES = ("blockio", "memory", "perf", "lifecycle")
 
 
 @pytest.mark.parametrize("kind", ["receivers", "processors"])
@@ -32,4 +32,6 @@ def test_defaults_in_the_registry() -> None:
     # memory: on, with page faults read from /proc unless fault_source: tracepoint (a host-wide probe)
     assert rec["blockio"].default_on and rec["memory"].default_on and not rec["perf"].default_on
     assert rec["memory"].config_class().fault_source == "proc"
+    # lifecycle: on (a probe hit per fork, exec and exit); sched: off (a probe hit per context switch)
+    assert rec["lifecycle"].default_on and not rec["sched"].default_on
     assert all(proc[t].default_on for t in TYPES)  # pass-through until their receiver is enabled

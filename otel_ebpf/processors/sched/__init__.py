@@ -1,5 +1,5 @@
-"""Sched processor: sched receiver events -> scheduler metrics and ``process`` lifecycle spans
-(see :mod:`.processor`)."""
+"""Sched processor: sched receiver events -> scheduler metrics (see :mod:`.processor`). The
+``process`` lifecycle spans are the ``lifecycle`` processor's."""
 from __future__ import annotations
 
 from otel_ebpf.core.pipeline import Factory
@@ -12,5 +12,5 @@ __all__ = ["Config", "SchedProcessor", "factory"]
 
 factory = Factory(type="sched", config_class=Config, create=SchedProcessor,
                   description="Scheduler events to process.cpu.time, process.context_switches, "
-                              "process.sched.* metrics and per-process lifecycle spans",
+                              "process.sched.* metrics",
                   default_on=False)

@@ -1,27 +1,19 @@
-"""Configuration of the sched processor (``processors: {sched: {...}}``)."""
+"""Configuration of the sched processor (``processors: {sched: {...}}``).
+
+It has no keys: ``process_spans``, ``max_processes`` and ``max_execs`` moved to
+``processors.lifecycle`` with the process spans; an old config that sets them under
+``processors.sched`` is refused as an unknown key (docs/receivers.md).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from otel_ebpf.core.config import doc
 
 __all__ = ["Config"]
 
 
 @dataclass
 class Config:
-    """Every default lives here and is documented here."""
-
-    process_spans: bool = doc(
-        True, "Emit one 'process' span per traced process, from its fork (or first exec) to its "
-              "exit, with its command line, exec events and exit code.")
-    max_processes: int = doc(
-        16384, "Live processes whose lifecycle is remembered at once (about 1 KiB each). Beyond "
-               "it the oldest is forgotten without a span, counted as "
-               "otel_ebpf.events.dropped{receiver=sched, reason=process_table_full}.", min=1)
-    max_execs: int = doc(
-        8, "Exec events kept per process span (a shell that execs a chain); later ones are "
-           "counted in the span's process.sched.execs.dropped attribute.", min=1)
+    """No settings (see the module docstring)."""
 
     def validate(self, path: str) -> None:
         """Nothing to check beyond types and the bounds declared on the fields (otel_ebpf.core.config)."""

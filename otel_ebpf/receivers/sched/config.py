@@ -1,4 +1,8 @@
-"""Configuration of the sched receiver (``receivers: {sched: {...}}``)."""
+"""Configuration of the sched receiver (``receivers: {sched: {...}}``).
+
+``ringbuf_pages`` moved to ``receivers.lifecycle`` with the fork/exec/exit records it sized: an old
+config that sets ``receivers.sched.ringbuf_pages`` is refused as an unknown key (docs/receivers.md).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,14 +21,10 @@ class Config:
              "(plus once at shutdown).", duration=True, min=0.01)
     sample_interval: float = doc(
         0.02, "How often the threads the NCCL processor asks about (those that call collectives) "
-              "are sampled for the per-step host figures (ml.step.*); also the longest wait for "
-              "ring-buffer records.", duration=True, min=0.001)
+              "are sampled for the per-step host figures (ml.step.*).", duration=True, min=0.001)
     lock_reason: bool = doc(
         True, "Tell a sleep inside futex() (a lock or condition variable) from other sleeps "
               "(off-CPU reason 'lock'). Costs a map lookup per futex() call on the host.")
-    ringbuf_pages: int = doc(
-        512, "Ring buffer size in pages, for fork/exec/exit records. A full "
-             "buffer drops records, counted as otel_ebpf.events.dropped{reason=ringbuf_full}.", pow2=True)
     max_threads: int = doc(
         65536, "Threads of traced processes whose scheduling state is kept in the kernel. Beyond "
                "it new threads are not accounted (reason=state_map_full).", min=1)

@@ -1,4 +1,5 @@
-"""Typed events of the sched receiver: one frozen dataclass per kind.
+"""Typed events of the sched receiver: one frozen dataclass per kind. (Fork, exec and exit code
+are the lifecycle receiver's events: otel_ebpf/receivers/lifecycle/events.py.)
 
 Times are Unix epoch nanoseconds. Durations are nanoseconds. Statistics events carry the
 increase since the previous one of the same process (deltas), read from in-kernel maps.
@@ -7,42 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["OFF_CPU_REASONS", "SchedCpuStats", "SchedExec", "SchedExitCode", "SchedFork", "SchedProcStats"]
+__all__ = ["OFF_CPU_REASONS", "SchedCpuStats", "SchedProcStats"]
 
 # Index = SCHED_R_* in sched.h.
 OFF_CPU_REASONS = ("sleep", "io", "lock", "other")
-
-
-@dataclass(frozen=True, slots=True)
-class SchedFork:
-    """Traced process ``ppid`` created process ``pid`` (``comm``: the parent's name)."""
-
-    pid: int
-    ppid: int
-    time_ns: int
-    comm: str
-
-
-@dataclass(frozen=True, slots=True)
-class SchedExec:
-    """Process ``pid`` (thread ``tid``) successfully exec'd ``filename`` with ``argv`` as the
-    caller passed it, read in the kernel. ``truncated``: more or longer arguments than kept."""
-
-    pid: int
-    tid: int
-    time_ns: int
-    filename: str
-    argv: tuple[str, ...]
-    truncated: bool
-
-
-@dataclass(frozen=True, slots=True)
-class SchedExitCode:
-    """Process ``pid`` called exit_group(``exit_code``) (the low 8 bits, as its parent sees)."""
-
-    pid: int
-    time_ns: int
-    exit_code: int
 
 
 @dataclass(frozen=True, slots=True)

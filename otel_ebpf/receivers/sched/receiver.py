@@ -1,23 +1,23 @@
 """The sched receiver: scheduler tracepoints (sched.bpf.c) -> typed events (events.py).
 
-Lifecycle records (fork, exec with argv, exit_group code) arrive through the ring buffer; the
-exit itself is the common part's :class:`~otel_ebpf.core.events.ProcessExit` (``source="sched"``).
-Scheduler figures are accounted in the kernel and read here: every ``stats_interval`` the
+Fork, exec and exit code are the lifecycle receiver's (otel_ebpf/receivers/lifecycle); this
+program puts no records in its ring buffer (the base still reports each exit as a
+:class:`~otel_ebpf.core.events.ProcessExit`, ``source="sched"``). Scheduler figures are
+accounted in the kernel and read here: every ``stats_interval`` the
 per-process counters become :class:`SchedProcStats` / :class:`SchedCpuStats` deltas (counters
 of processes that are gone are read a last time and deleted); every ``sample_interval`` the
 threads watched in ``ctx.host_stats`` are sampled (cumulative, including the slice in
 progress, and which counter is growing then) for the per-step figures of the NCCL processor.
 
-Threading: everything here runs on the receiver's own poll thread (``decode``, ``poll_maps``
+Threading: everything here runs on the receiver's own poll thread (``poll_maps``
 and the samples it pushes into ``ctx.host_stats``); the pipeline thread only reads what was
-pushed. Nothing here raises into the poll loop (the base counts bad records as ``decode_error``).
+pushed. Nothing here raises into the poll loop.
 """
 from __future__ import annotations
 
 import ctypes as ct
 import logging
 import re
-import struct
 import threading
 import time
 from collections.abc import Iterable
@@ -25,37 +25,27 @@ from pathlib import Path
 from typing import Any
 
 from otel_ebpf.bpf.receiver import BpfReceiver
-from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.errors import AttachError
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.host.procfs import process_gone
 
 from .config import Config
-from .events import OFF_CPU_REASONS, SchedCpuStats, SchedExec, SchedExitCode, SchedFork, SchedProcStats
+from .events import OFF_CPU_REASONS, SchedCpuStats, SchedProcStats
 
-__all__ = ["EXEC", "EXIT_CODE", "FORK", "MIRRORS", "Mirror", "SchedReceiver", "newtask_offsets"]
+__all__ = ["SchedReceiver", "newtask_offsets"]
 
 log = logging.getLogger(__name__)
 _TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 _HIST_SLOTS = 40  # SCHED_HIST_SLOTS
-_ARGS_LEN = 1024  # SCHED_ARGS_LEN
 _R_RUNQ = 4  # SCHED_R_RUNQ
-
-
-FORK = Mirror("sched_fork_rec", 48, struct.Struct("<B3xII4xQ16s"), ("type", "pid", "ppid", "ts", "comm"))
-EXEC = Mirror("sched_exec_rec", 49, struct.Struct("<BBHIIIQ256s1280s"),
-              ("type", "truncated", "argc", "pid", "tid", "args_len", "ts", "filename", "args"))
-EXIT_CODE = Mirror("sched_exit_code_rec", 50, struct.Struct("<B3xIi4xQ"), ("type", "pid", "code", "ts"))
-MIRRORS: tuple[Mirror, ...] = (FORK, EXEC, EXIT_CODE)
-
-
-def _cstr(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode(errors="replace")
+_RINGBUF_PAGES = 8  # the base's "events" buffer, which this program never writes
 
 
 def newtask_offsets() -> tuple[int, int]:
     """(pid offset, clone_flags offset) in task:task_newtask's record, from its format file
-    (the layout is the running kernel's, not the headers')."""
+    (the layout is the running kernel's, not the headers'). The lifecycle receiver reads the same
+    file; receivers are independent of each other (pyproject's import contracts), so each has its
+    own copy of these lines."""
     for base in _TRACEFS:
         try:
             text = Path(f"{base}/events/task/task_newtask/format").read_text()
@@ -72,14 +62,14 @@ ProcTotals = tuple[int, ...]  # on, off x4, runq, voluntary, involuntary, hist x
 
 
 class SchedReceiver(BpfReceiver):
-    """Receiver ``sched``: scheduler figures and lifecycle of the processes in
+    """Receiver ``sched``: scheduler figures of the processes in
     ``ctx.target_pids`` and their descendants (every process when there are none)."""
 
     name = "sched"
     src_file = Path(__file__).with_name("sched.bpf.c")
 
     def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
-        super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages, poll_interval=config.sample_interval)
+        super().__init__(ctx, next_, ringbuf_pages=_RINGBUF_PAGES, poll_interval=config.sample_interval)
         self.config = config
         self._totals: dict[int, ProcTotals] = {}
         self._cpu_totals: dict[tuple[int, int], int] = {}
@@ -118,27 +108,10 @@ class SchedReceiver(BpfReceiver):
             if self.ctx.strict:
                 self.shutdown()
                 raise err from None
-            log.warning("%s: %s: forks and new threads are not seen", self.name, err)
+            log.warning("%s: %s: a new thread's first run-queue wait is not counted", self.name, err)
         if self.ctx.host_stats is not None:
             self._on_demand_open = True
             self.ctx.host_stats.set_sampler(self._sample_on_demand)
-
-    # ---- ring-buffer records ----------------------------------------------------------
-    def decode(self, etype: int, raw: bytes) -> object | None:
-        """One record -> one event. Raises on a malformed record (the base counts it)."""
-        to_epoch = self.clock.to_epoch_ns
-        if etype == FORK.etype:
-            _, pid, ppid, ts, comm = FORK.fmt.unpack_from(raw)
-            return SchedFork(pid, ppid, to_epoch(ts), _cstr(comm))
-        if etype == EXEC.etype:
-            _, truncated, argc, pid, tid, args_len, ts, filename, args = EXEC.fmt.unpack_from(raw)
-            parts = args[:min(args_len, _ARGS_LEN)].split(b"\0")
-            argv = tuple(p.decode(errors="replace") for p in parts[:argc])
-            return SchedExec(pid, tid, to_epoch(ts), _cstr(filename), argv, bool(truncated))
-        if etype == EXIT_CODE.etype:
-            _, pid, code, ts = EXIT_CODE.fmt.unpack_from(raw)
-            return SchedExitCode(pid, to_epoch(ts), code)
-        raise ValueError(f"unknown sched record type {etype}")
 
     # ---- in-kernel counters -----------------------------------------------------------
     def poll_maps(self) -> list[object]:

@@ -1,4 +1,4 @@
-/* Scheduler and process lifecycle of traced processes. Prepended with
+/* Scheduler accounting of traced processes. Prepended with
  * otel_ebpf/bpf/include/common.bpf.c. Tracepoints only (no kprobes, no task_struct fields).
  *
  * Accounting is done here, in maps, never with a record per context switch:
@@ -17,12 +17,11 @@
  * until sched_wakeup is off-CPU time by reason, from wakeup to switch-in is run-queue time.
  * "lock" is a sleep inside futex() (sys_enter/exit_futex, with SCHED_LOCK=1).
  *
- * Lifecycle records (ring buffer "events"): fork (task_newtask of a traced parent, attached
- * from Python to `sched_newtask` because common.bpf.c owns the TRACEPOINT_PROBE name; the
- * argument offsets come from the tracepoint's format file as -D macros), exec with argv
- * (read at sys_enter_execve from the caller's memory, emitted at sys_exit_execve when it
- * succeeded: a process that lives a millisecond keeps its command line), and exit_group's
- * code. The exit itself is common.bpf.c's.
+ * No ring-buffer records: fork, exec and exit code are the lifecycle receiver's
+ * (otel_ebpf/receivers/lifecycle). task:task_newtask (attached from Python to `sched_newtask`
+ * because common.bpf.c owns the TRACEPOINT_PROBE name; the argument offsets come from the
+ * tracepoint's format file as -D macros) only creates the new thread's state, so that its first
+ * run-queue wait is counted for the right process.
  *
  * Parameters (-D): SCHED_MAX_THREADS, SCHED_MAX_PROCS, SCHED_MAX_CPU_KEYS, SCHED_LOCK,
  * SCHED_NEWTASK_PID_OFF, SCHED_NEWTASK_FLAGS_OFF.
@@ -47,7 +46,6 @@
 #ifndef SCHED_NEWTASK_FLAGS_OFF
 #define SCHED_NEWTASK_FLAGS_OFF 32
 #endif
-#define SCHED_EXEC_PENDING 1024
 
 struct sched_thread {
     u32 tgid;
@@ -81,11 +79,6 @@ BPF_HASH(threads, u32, struct sched_thread, SCHED_MAX_THREADS);
 BPF_HASH(procs, u32, struct sched_proc, SCHED_MAX_PROCS);
 BPF_HASH(cpu_time, struct sched_cpu_key, u64, SCHED_MAX_CPU_KEYS);
 BPF_ARRAY(proc_zero, struct sched_proc, 1);  /* never written: the initial value of procs */
-/* execve arguments between sys_enter and sys_exit (LRU: an exec that never returns to the
- * same tid, e.g. from a non-leader thread, ages out) and a per-CPU scratch to build them. */
-BPF_TABLE("lru_hash", u32, struct sched_exec_rec, exec_pending, SCHED_EXEC_PENDING);
-BPF_PERCPU_ARRAY(exec_scratch, struct sched_exec_rec, 1);
-BPF_ARRAY(exec_zero, struct sched_exec_rec, 1);  /* never written: clears the scratch (too big to memset) */
 
 static __always_inline struct sched_proc *sched_proc_of(u32 tgid)
 {
@@ -265,115 +258,5 @@ int sched_newtask(void *ctx)
     z.tgid = thread ? parent : child;
     if (threads.update(&child, &z) != 0)
         oe_drop(OE_DROP_STATEMAP);
-    if (thread)
-        return 0;
-    struct sched_fork_rec *e = events.ringbuf_reserve(sizeof(struct sched_fork_rec));
-    if (!e) {
-        oe_drop(OE_DROP_RINGBUF);
-        return 0;
-    }
-    __builtin_memset(e, 0, sizeof(*e));
-    e->type = SCHED_EV_FORK;
-    e->pid = child;
-    e->ppid = parent;
-    e->ts = bpf_ktime_get_ns();
-    bpf_get_current_comm(&e->comm, sizeof(e->comm));
-    events.ringbuf_submit(e, oe_wakeup_flags());
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_execve)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = id;
-    if (!oe_is_traced(tgid))
-        return 0;
-    int zero = 0;
-    struct sched_exec_rec *e = exec_scratch.lookup(&zero);
-    struct sched_exec_rec *clear = exec_zero.lookup(&zero);
-    if (!e || !clear)
-        return 0;
-    bpf_probe_read_kernel(e, sizeof(*e), clear);
-    e->type = SCHED_EV_EXEC;
-    e->pid = tgid;
-    e->tid = tid;
-    bpf_probe_read_user_str(e->filename, sizeof(e->filename), args->filename);
-    const char *const *argv = args->argv;
-    u32 off = 0;
-    u16 argc = 0;
-#pragma unroll
-    for (int i = 0; i < SCHED_MAX_ARGS; i++) {
-        const char *arg = NULL;
-        if (bpf_probe_read_user(&arg, sizeof(arg), &argv[i]) != 0 || !arg)
-            goto done;
-        if (off >= SCHED_ARGS_LEN) {
-            e->truncated = 1;
-            goto done;
-        }
-        long n = bpf_probe_read_user_str(&e->args[off & (SCHED_ARGS_LEN - 1)], SCHED_ARG_MAX, arg);
-        if (n <= 0)
-            goto done;
-        if (n == SCHED_ARG_MAX)
-            e->truncated = 1;
-        off += n;
-        argc++;
-    }
-    {
-        const char *more = NULL;  /* more arguments than SCHED_MAX_ARGS? */
-        if (bpf_probe_read_user(&more, sizeof(more), &argv[SCHED_MAX_ARGS]) == 0 && more)
-            e->truncated = 1;
-    }
-done:
-    e->argc = argc;
-    e->args_len = off > SCHED_ARGS_LEN ? SCHED_ARGS_LEN : off;
-    exec_pending.update(&tid, e);
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_execve)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tid = id;
-    struct sched_exec_rec *pending = exec_pending.lookup(&tid);
-    if (!pending) {
-        /* a traced exec whose arguments were pushed out of the LRU (or that came from a
-         * non-leader thread, whose tid the exec changed): lost, and counted */
-        if (args->ret == 0 && oe_is_traced(id >> 32))
-            oe_drop(OE_DROP_STATEMAP);
-        return 0;
-    }
-    if (args->ret != 0) {  /* failed (a shell trying each PATH entry): not an exec */
-        exec_pending.delete(&tid);
-        return 0;
-    }
-    struct sched_exec_rec *e = events.ringbuf_reserve(sizeof(struct sched_exec_rec));
-    if (!e) {
-        oe_drop(OE_DROP_RINGBUF);
-        exec_pending.delete(&tid);
-        return 0;
-    }
-    bpf_probe_read_kernel(e, sizeof(*e), pending);
-    e->ts = bpf_ktime_get_ns();
-    events.ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
-    exec_pending.delete(&tid);
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_exit_group)
-{
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!oe_is_traced(tgid))
-        return 0;
-    struct sched_exit_code_rec *e = events.ringbuf_reserve(sizeof(struct sched_exit_code_rec));
-    if (!e) {
-        oe_drop(OE_DROP_RINGBUF);
-        return 0;
-    }
-    __builtin_memset(e, 0, sizeof(*e));
-    e->type = SCHED_EV_EXIT_CODE;
-    e->pid = tgid;
-    e->code = args->error_code & 0xff;  /* the status the parent sees */
-    e->ts = bpf_ktime_get_ns();
-    events.ringbuf_submit(e, oe_wakeup_flags());
     return 0;
 }

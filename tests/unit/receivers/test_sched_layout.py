@@ -1,5 +1,5 @@
-"""sched.h as gcc lays it out == the Python mirrors in otel_ebpf/receivers/sched/receiver.py; decoding
-through them; the receiver config as it reaches the program."""
+"""sched.h's constants as gcc sees them == the ones otel_ebpf/receivers/sched/receiver.py repeats; the
+receiver config as it reaches the program; the keys that moved to the lifecycle receiver are refused."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,38 +11,22 @@ from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.receivers.sched import Config, factory
 from otel_ebpf.receivers.sched import receiver as sched_receiver
-from otel_ebpf.receivers.sched.events import SchedExec, SchedExitCode, SchedFork, SchedProcStats
-from otel_ebpf.bpf.records import Mirror
-from otel_ebpf.receivers.sched.receiver import EXEC, EXIT_CODE, FORK, MIRRORS, SchedReceiver, _proc_delta
+from otel_ebpf.receivers.sched.events import SchedProcStats
+from otel_ebpf.receivers.sched.receiver import SchedReceiver, _proc_delta
 
-from tests.support.layout import CLayout, assert_mirror, format_offsets, measure
+from tests.support.layout import CLayout, measure
 
 SCHED_DIR = Path(sched_receiver.__file__).resolve().parent
-ETYPES = {"sched_fork_rec": "SCHED_EV_FORK", "sched_exec_rec": "SCHED_EV_EXEC",
-          "sched_exit_code_rec": "SCHED_EV_EXIT_CODE"}
 
 
 @pytest.fixture(scope="module")
 def c_layout(tmp_path_factory: pytest.TempPathFactory) -> CLayout:
     return measure(SCHED_DIR, "sched.h", tmp_path_factory.mktemp("sched_layout"),
-                   structs={m.c_struct: m.fields for m in MIRRORS},
-                   values=[*ETYPES.values(), "SCHED_HIST_SLOTS", "SCHED_ARGS_LEN", "SCHED_R_RUNQ"])
-
-
-@pytest.mark.parametrize("mirror", MIRRORS, ids=lambda m: m.c_struct)
-def test_mirror_matches_c_layout(mirror: Mirror, c_layout: CLayout) -> None:
-    assert_mirror(c_layout, mirror.c_struct, mirror.fmt, mirror.fields)
-
-
-@pytest.mark.parametrize("mirror", MIRRORS, ids=lambda m: m.c_struct)
-def test_records_start_with_their_type_byte_in_the_sched_range(mirror: Mirror, c_layout: CLayout) -> None:
-    assert mirror.fields[0] == "type" and format_offsets(mirror.fmt)[0] == (0, 1)
-    assert 48 <= mirror.etype == c_layout.values[ETYPES[mirror.c_struct]] <= 63
+                   structs={}, values=["SCHED_HIST_SLOTS", "SCHED_R_RUNQ"])
 
 
 def test_python_constants_match_sched_h(c_layout: CLayout) -> None:
     assert c_layout.values["SCHED_HIST_SLOTS"] == sched_receiver._HIST_SLOTS
-    assert c_layout.values["SCHED_ARGS_LEN"] == sched_receiver._ARGS_LEN
     assert c_layout.values["SCHED_R_RUNQ"] == sched_receiver._R_RUNQ
 
 
@@ -50,17 +34,9 @@ def _receiver(**cfg) -> SchedReceiver:
     return SchedReceiver(Config(**cfg), Context(), ListConsumer())
 
 
-def test_decode_each_record() -> None:
-    r = _receiver()
-    r.clock.to_epoch_ns = lambda ts: ts + 1000  # type: ignore[method-assign]
-    fork = FORK.fmt.pack(48, 10, 9, 5, b"sh")
-    assert r.decode(48, fork) == SchedFork(10, 9, 1005, "sh")
-    args = b"/bin/true\0a b\0"
-    exe = EXEC.fmt.pack(49, 1, 2, 10, 11, len(args), 7, b"/bin/true", args)
-    assert r.decode(49, exe) == SchedExec(10, 11, 1007, "/bin/true", ("/bin/true", "a b"), True)
-    assert r.decode(50, EXIT_CODE.fmt.pack(50, 10, 3, 8)) == SchedExitCode(10, 1008, 3)
-    with pytest.raises(ValueError):
-        r.decode(51, bytes(64))
+def test_no_ring_buffer_records_are_decoded() -> None:
+    """Fork, exec and exit code moved to the lifecycle receiver (its types 48..50): nothing here decodes them."""
+    assert _receiver().decode(49, bytes(1560)) is None
 
 
 def test_proc_deltas() -> None:
@@ -79,9 +55,10 @@ def test_config_reaches_the_program() -> None:
     assert any(f.startswith("-DSCHED_NEWTASK_FLAGS_OFF=") for f in flags)
 
 
-@pytest.mark.parametrize("key,value", [("ringbuf_pages", 3), ("max_threads", 0), ("max_processes", 0),
+@pytest.mark.parametrize("key,value", [("ringbuf_pages", 512), ("max_threads", 0), ("max_processes", 0),
                                        ("max_cpu_keys", 0), ("stats_interval", 0.001), ("sample_interval", 0)])
 def test_bad_config_names_its_key(key: str, value: object) -> None:
+    """ringbuf_pages (any value) moved to receivers.lifecycle: an unknown key now."""
     with pytest.raises(ConfigError, match=f"receivers.sched.{key}"):
         build(Config, {key: value}, "receivers.sched")
 

@@ -1,0 +1,116 @@
+"""The lifecycle receiver: fork, exec (with argv) and exit_group of traced processes
+(lifecycle.bpf.c) -> typed events (events.py).
+
+Records arrive through the ring buffer; the exit itself is the common part's
+:class:`~otel_ebpf.core.events.ProcessExit` (``source="lifecycle"``). Nothing is read from
+``/proc`` here beyond what the base does for every receiver (a process's identity at its first
+record and at exec): argv comes from the kernel.
+
+Threading: ``decode`` runs on the receiver's own poll thread only; it raises on a malformed record
+(the base counts it as ``decode_error``).
+"""
+from __future__ import annotations
+
+import logging
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+from otel_ebpf.bpf.receiver import BpfReceiver
+from otel_ebpf.bpf.records import Mirror
+from otel_ebpf.core.errors import AttachError
+from otel_ebpf.core.pipeline import Consumer, Context
+
+from .config import Config
+from .events import LifecycleExec, LifecycleExitCode, LifecycleFork
+
+__all__ = ["EXEC", "EXIT_CODE", "FORK", "MIRRORS", "LifecycleReceiver", "newtask_offsets"]
+
+log = logging.getLogger(__name__)
+_TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+_ARGS_LEN = 1024  # LC_ARGS_LEN
+_USUAL_OFFSETS = (8, 32)  # task_newtask's pid and clone_flags on x86-64 6.x: only for --dump-bpf without tracefs
+
+FORK = Mirror("lc_fork_rec", 48, struct.Struct("<B3xII4xQ16s"), ("type", "pid", "ppid", "ts", "comm"))
+EXEC = Mirror("lc_exec_rec", 49, struct.Struct("<BBHIIIQ256s1280s"),
+              ("type", "truncated", "argc", "pid", "tid", "args_len", "ts", "filename", "args"))
+EXIT_CODE = Mirror("lc_exit_code_rec", 50, struct.Struct("<B3xIi4xQ"), ("type", "pid", "code", "ts"))
+MIRRORS: tuple[Mirror, ...] = (FORK, EXEC, EXIT_CODE)
+
+
+def _cstr(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+def newtask_offsets() -> tuple[int, int]:
+    """(pid offset, clone_flags offset) in task:task_newtask's record, from its format file
+    (the layout is the running kernel's, not the headers'). Raises AttachError when not found.
+
+    The sched receiver reads the same file for its thread table; receivers are independent of
+    each other (pyproject's import contracts), so each has its own copy of these lines."""
+    for base in _TRACEFS:
+        try:
+            text = Path(f"{base}/events/task/task_newtask/format").read_text()
+        except OSError:
+            continue
+        found = dict(re.findall(r"field:[^;]*?\b(pid|clone_flags);\s*offset:(\d+);", text))
+        if "pid" in found and "clone_flags" in found:
+            return int(found["pid"]), int(found["clone_flags"])
+    raise AttachError("tracefs", "task:task_newtask", "its format file (pid, clone_flags offsets) was not found "
+                      f"under {' or '.join(_TRACEFS)}")
+
+
+class LifecycleReceiver(BpfReceiver):
+    """Receiver ``lifecycle``: fork, exec and exit code of the processes in ``ctx.target_pids``
+    and their descendants (every process when there are none)."""
+
+    name = "lifecycle"
+    src_file = Path(__file__).with_name("lifecycle.bpf.c")
+
+    def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:
+        super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages)
+        self.config = config
+        self._offsets: tuple[int, int] | None = None
+
+    def cflags(self) -> list[str]:
+        offsets = self._offsets
+        if offsets is None:
+            try:
+                offsets = self._offsets = newtask_offsets()
+            except AttachError as exc:  # --dump-bpf on a host without tracefs: the usual layout
+                log.debug("%s", exc)
+                offsets = _USUAL_OFFSETS
+        return [f"-DLC_NEWTASK_PID_OFF={offsets[0]}", f"-DLC_NEWTASK_FLAGS_OFF={offsets[1]}",
+                f"-DLC_EXEC_PENDING={self.config.max_pending_execs}"]
+
+    def start(self) -> None:
+        if self.bpf is not None:
+            return
+        self._offsets = newtask_offsets()
+        super().start()
+        bpf: Any = self.bpf
+        try:
+            bpf.attach_tracepoint(tp="task:task_newtask", fn_name="lc_newtask")
+        except Exception as exc:
+            err = AttachError("tracepoint", "task:task_newtask", str(exc).strip() or type(exc).__name__)
+            if self.ctx.strict:
+                self.shutdown()
+                raise err from None
+            log.warning("%s: %s: forks are not seen", self.name, err)
+
+    def decode(self, etype: int, raw: bytes) -> object | None:
+        """One record -> one event. Raises on a malformed record (the base counts it)."""
+        to_epoch = self.clock.to_epoch_ns
+        if etype == FORK.etype:
+            _, pid, ppid, ts, comm = FORK.fmt.unpack_from(raw)
+            return LifecycleFork(pid, ppid, to_epoch(ts), _cstr(comm))
+        if etype == EXEC.etype:
+            _, truncated, argc, pid, tid, args_len, ts, filename, args = EXEC.fmt.unpack_from(raw)
+            parts = args[:min(args_len, _ARGS_LEN)].split(b"\0")
+            argv = tuple(p.decode(errors="replace") for p in parts[:argc])
+            return LifecycleExec(pid, tid, to_epoch(ts), _cstr(filename), argv, bool(truncated))
+        if etype == EXIT_CODE.etype:
+            _, pid, code, ts = EXIT_CODE.fmt.unpack_from(raw)
+            return LifecycleExitCode(pid, to_epoch(ts), code)
+        raise ValueError(f"unknown lifecycle record type {etype}")
