@@ -19,8 +19,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-__all__ = ["COLLECTIVE_ROOT_ATTRIBUTES", "SPLIT_ATTRIBUTES", "SPLIT_NOCOLOR", "call_ids", "collective_ids",
-           "collective_root_span_id", "derive_id", "op_ids", "split_comm_id", "split_ranks"]
+__all__ = ["COLLECTIVE_ROOT_ATTRIBUTES", "SPLIT_ATTRIBUTES", "SPLIT_NOCOLOR", "TORCH_ROOT_PYTHON", "TORCH_ROOT_STEP",
+           "call_ids", "collective_ids", "collective_root_span_id", "derive_id", "op_ids", "split_comm_id",
+           "split_ranks", "step_ids"]
 
 # ncclCommSplit's color for "take part, get no communicator" (nccl.h NCCL_SPLIT_NOCOLOR)
 SPLIT_NOCOLOR = -1
@@ -47,16 +48,46 @@ def call_ids(pid: int, tid: int, start_ns: int, root_ns: int) -> tuple[int, int]
     """(trace id, span id) of the span of thread ``tid``'s call that started at ``start_ns``
     inside the outermost call that started at ``root_ns`` (epoch ns, as in PythonCall). The one
     source of these ids: otel_ebpf/processors/cuda uses it to parent CUDA calls on that span."""
-    return (derive_id("py", pid, tid, root_ns or start_ns, bits=128),
-            derive_id("py", pid, tid, start_ns, bits=64))
+    return _call_trace_id(pid, tid, root_ns or start_ns), derive_id("py", pid, tid, start_ns, bits=64)
+
+
+def _call_trace_id(pid: int, tid: int, root_ns: int) -> int:
+    return derive_id("py", pid, tid, root_ns, bits=128)
+
+
+# Tags on a PyTorch operator call's root (TorchOp.root_start, and the root the cuda receiver
+# reads for a CUDA call made inside an operator: EnclosingCall.root_ns), set in the kernel
+# (receivers/torch/torch.h, same values): the call's trace is that of a traced Python call
+# (root = its root_start | TORCH_ROOT_PYTHON) or of a step of its thread (root = the step's
+# start | TORCH_ROOT_STEP). Epoch and kernel ns stay below 1 << 62 until 2116, and the clock
+# conversion adds an offset, so a tag survives it.
+TORCH_ROOT_PYTHON = 1 << 63
+TORCH_ROOT_STEP = 1 << 62
+_TORCH_ROOT_TIME = TORCH_ROOT_STEP - 1
+
+
+def step_ids(pid: int, tid: int, step_ns: int) -> tuple[int, int]:
+    """(trace id, span id) of the ``pytorch.step`` span of thread ``tid``'s step that started at
+    ``step_ns`` (epoch ns, as in TorchStep.start_ns): the root of its top-level operator calls."""
+    return _step_trace_id(pid, tid, step_ns), derive_id("torch.step", pid, tid, step_ns, bits=64)
+
+
+def _step_trace_id(pid: int, tid: int, step_ns: int) -> int:
+    return derive_id("torch.step", pid, tid, step_ns, bits=128)
 
 
 def op_ids(pid: int, tid: int, start_ns: int, root_ns: int) -> tuple[int, int]:
     """(trace id, span id) of the span of thread ``tid``'s operator call that started at
     ``start_ns`` under the outermost one that started at ``root_ns`` (epoch ns, as in TorchOp).
+    A tagged ``root_ns`` puts it in the trace of that Python call (:data:`TORCH_ROOT_PYTHON`,
+    :func:`call_ids`) or step (:data:`TORCH_ROOT_STEP`, :func:`step_ids`).
     The one source of these ids: otel_ebpf/processors/cuda uses it to parent CUDA calls on that span."""
-    return (derive_id("torch", pid, tid, root_ns or start_ns, bits=128),
-            derive_id("torch", pid, tid, start_ns, bits=64))
+    span_id = derive_id("torch", pid, tid, start_ns, bits=64)
+    if root_ns & TORCH_ROOT_PYTHON:
+        return _call_trace_id(pid, tid, root_ns & _TORCH_ROOT_TIME), span_id
+    if root_ns & TORCH_ROOT_STEP:
+        return _step_trace_id(pid, tid, root_ns & _TORCH_ROOT_TIME), span_id
+    return derive_id("torch", pid, tid, root_ns or start_ns, bits=128), span_id
 
 
 def collective_root_span_id(comm_id: str, seq: int) -> int:

@@ -77,7 +77,9 @@ def test_libtorch_is_caught_when_opened_and_every_default_op_is_probed(
     pid, events, telemetry = traced_loop
     loaded = [e for e in events if isinstance(e, LibraryLoaded)]
     assert loaded and loaded[0].pid == pid and Path(loaded[0].path).name == "libtorch_cpu.so"
-    assert telemetry["attached"] == 2 * len(DEFAULT_OPS)  # uprobe + uretprobe, each op found once
+    # uprobe + uretprobe, each op found once; the step markers: record_function_enter_new's
+    # uprobe + uretprobe, record_function_exit_new's uprobe
+    assert telemetry["attached"] == 2 * len(DEFAULT_OPS) + 3
     assert telemetry["failed"] == 0 and telemetry["dropped"] == 0
 
 

@@ -39,6 +39,19 @@ class Config:
     max_threads: int = doc(
         4096, "Threads with an operator stack in the kernel at once. Beyond it new threads are not traced "
               "(reason=state_map_full).", min=1)
+    steps: bool = doc(
+        True, "Group top-level operator calls made outside traced Python calls into one trace per step of "
+              "their thread, under a pytorch.step span (see the receiver's docs: step markers, gaps, bounds). "
+              "false: one trace per top-level call.")
+    step_gap: float = doc(
+        0.01, "Idle time between two top-level calls that starts a new step on a thread that has shown no "
+              "step marker (Optimizer.step#, ProfilerStep# record_function scopes).", duration=True, min=1e-6)
+    step_max_duration: float = doc(
+        10.0, "A step open longer than this ends at its next top-level call (reason max_duration, counted in "
+              "otel_ebpf.torch.steps_cut).", duration=True, min=1e-3)
+    step_max_ops: int = doc(
+        10000, "A step ends after this many top-level calls (reason max_ops, counted in "
+               "otel_ebpf.torch.steps_cut).", min=1)
     pause_on_load: bool = doc(
         True, "Stop (SIGSTOP) a traced process that opens libtorch_cpu.so until the probes are attached "
               "(about a second: the library's symbol table is read), then continue it. See receivers.cuda.")

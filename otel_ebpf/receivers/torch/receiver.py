@@ -28,6 +28,7 @@ from otel_ebpf.bpf.maps import array_deltas
 from otel_ebpf.bpf.receiver import BpfReceiver
 from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.errors import AttachError
+from otel_ebpf.core.ids import TORCH_ROOT_PYTHON, TORCH_ROOT_STEP
 from otel_ebpf.host.libraries import mapped_libraries
 from otel_ebpf.core.pipeline import Consumer, Context
 
@@ -35,9 +36,9 @@ from otel_ebpf.host.libraries import interpreter_of_command
 from otel_ebpf.bpf.python_usdt import attach_fn
 from otel_ebpf.bpf.usdt import vaddr_to_offset
 from .config import Config
-from .events import TorchOp
+from .events import STEP_END_REASONS, TorchOp, TorchStep
 
-__all__ = ["LIB_PATTERN", "OP", "TorchReceiver", "op_symbol_regex"]
+__all__ = ["LIB_PATTERN", "MARKER_REGEX", "OP", "STEP", "TorchReceiver", "op_symbol_regex"]
 
 log = logging.getLogger(__name__)
 LIB_PATTERN = "libtorch_cpu.so"
@@ -47,6 +48,19 @@ _COUNTS = ("stack_too_deep", "unpaired_returns")  # torch.bpf.c TORCH_CNT_* orde
 
 OP = Mirror("torch_op_rec", 128, struct.Struct("<B3xIIIQQQQQ"),
             ("type", "pid", "tid", "depth", "start_ns", "end_ns", "parent_start", "root_start", "ip"))
+STEP = Mirror("torch_step_rec", 129, struct.Struct("<BB2xIIIQQQ"),
+              ("type", "reason", "pid", "tid", "ops", "start_ns", "end_ns", "seq"))
+_CUT = ("max_duration", "max_ops")  # STEP_END_REASONS that a bound forced: counted
+_TAGS = TORCH_ROOT_PYTHON | TORCH_ROOT_STEP
+
+
+# torch/csrc/autograd/record_function_ops.cpp (torch 2.x): record_function_enter_new is exported,
+# record_function_exit_new is static (found in .symtab: an 'L' in its mangled name)
+MARKER_REGEX = rb"^_ZN5torch8autograd8profilerL?(?:25record_function_enter_new|24record_function_exit_new)E[^.]*$"
+_MARKER_SYM = re.compile(rb"^_ZN5torch8autograd8profilerL?\d+(record_function_(?:enter|exit)_new)E")
+_OP_FUNCS = (("torch_op_enter", 0), ("torch_op_return", 1))
+_MARKER_FUNCS = {"record_function_enter_new": (("torch_rf_enter", 0), ("torch_rf_entered", 1)),
+                 "record_function_exit_new": (("torch_rf_exit", 0),)}
 
 
 def op_symbol_regex(ops: list[str]) -> bytes:
@@ -97,7 +111,9 @@ class TorchReceiver(BpfReceiver):
     def cflags(self) -> list[str]:
         c = self.config
         return [f"-DTORCH_MAX_DEPTH={c.max_depth}", f"-DTORCH_MAX_THREADS={c.max_threads}",
-                f"-DTORCH_MIN_DURATION_NS={int(c.min_duration * 1e9)}"]
+                f"-DTORCH_MIN_DURATION_NS={int(c.min_duration * 1e9)}", f"-DTORCH_STEPS={int(c.steps)}",
+                f"-DTORCH_STEP_GAP_NS={int(c.step_gap * 1e9)}ULL",
+                f"-DTORCH_STEP_MAX_NS={int(c.step_max_duration * 1e9)}ULL", f"-DTORCH_STEP_MAX_OPS={c.step_max_ops}"]
 
     # ---- libraries -------------------------------------------------------------------------
     def initial_libraries(self) -> list[str]:
@@ -118,7 +134,8 @@ class TorchReceiver(BpfReceiver):
         return out
 
     def attach_library(self, path: str) -> int:
-        """Uprobe + uretprobe on every configured operator found in ``path``. Safe to call twice."""
+        """Uprobe + uretprobe on every configured operator found in ``path``, and the step markers'
+        probes (``steps``). Safe to call twice."""
         from bcc import BPF
 
         with self._attach_lock:  # held while attaching: BCC's attach calls are not thread-safe
@@ -127,23 +144,27 @@ class TorchReceiver(BpfReceiver):
                 return 0
             try:
                 st = os.stat(real)
-                found = BPF.get_user_functions_and_addresses(real.encode(), op_symbol_regex(self.config.ops))
+                found = BPF.get_user_functions_and_addresses(real.encode(), self._symbol_regex())
             except Exception as exc:
                 self._attach_failed(real, "at::_ops symbols", str(exc))
                 return 0
             offsets: dict[int, str] = {}
+            markers: dict[str, int] = {}
             n = 0
             for sym, vaddr in found:
-                op = _op_name(sym)
                 try:
                     off = vaddr_to_offset(real, vaddr)
-                    if off in offsets:  # listed in both .dynsym and .symtab
-                        continue
-                    n += self._attach_op(real, off)
-                    offsets[off] = op
+                    marker = _MARKER_SYM.match(sym)
+                    if marker:
+                        markers[marker.group(1).decode()] = off
+                    elif off not in offsets:  # else listed in both .dynsym and .symtab
+                        n += self._attach_at(real, off, _OP_FUNCS)
+                        offsets[off] = _op_name(sym)
                 except Exception as exc:
                     self._attach_failed(real, sym.decode(errors="replace"), str(exc))
             self._ops[(st.st_dev, st.st_ino)] = offsets
+            if self.config.steps:
+                n += self._attach_markers(real, markers)
         missing = sorted(set(self.config.ops) - set(offsets.values()))
         if missing:
             log.warning("torch: %s has no at::_ops::X::call for %s (not traced)", real, ", ".join(missing))
@@ -151,12 +172,33 @@ class TorchReceiver(BpfReceiver):
         log.info("torch: attached %d probes (%d operators) to %s", n, len(offsets), real)
         return n
 
-    def _attach_op(self, path: str, offset: int) -> int:
+    def _symbol_regex(self) -> bytes:
+        ops = op_symbol_regex(self.config.ops)
+        return b"(?:" + ops + b")|(?:" + MARKER_REGEX + b")" if self.config.steps else ops
+
+    def _attach_markers(self, path: str, found: dict[str, int]) -> int:
+        """The record_function probes (step markers), both or neither: an Optimizer.step# scope seen
+        entering but never exiting would leave its thread's steps to the bounds alone."""
+        if set(found) != set(_MARKER_FUNCS):
+            log.warning("torch: %s has no %s (its symbol table is stripped?): steps end by gaps and bounds only, "
+                        "not at Optimizer.step / ProfilerStep", path,
+                        " or ".join(sorted(set(_MARKER_FUNCS) - set(found))))
+            return 0
+        n = 0
+        for name, off in found.items():
+            try:
+                n += self._attach_at(path, off, _MARKER_FUNCS[name])
+            except Exception as exc:
+                self._attach_failed(path, name, str(exc))
+        return n
+
+    def _attach_at(self, path: str, offset: int, funcs: tuple[tuple[str, int], ...]) -> int:
+        """``funcs``: (BPF function, 0 uprobe / 1 uretprobe) to attach at ``offset`` of ``path``."""
         attach = attach_fn()
         n = 0
-        for kind, fn_name, prefix in ((0, "torch_op_enter", "p"), (1, "torch_op_return", "r")):
+        for fn_name, kind in funcs:
             fn = self._bpf.load_func(fn_name.encode(), self._bpf.KPROBE)
-            ev = f"{prefix}_oe_torch_{os.stat(path).st_ino:x}_{offset:x}".encode()
+            ev = f"{'pr'[kind]}_oe_torch_{os.stat(path).st_ino:x}_{offset:x}".encode()
             fd = attach(fn.fd, kind, ev, path.encode(), offset, -1, 0)
             if fd < 0:
                 raise OSError(f"perf_event_open for the uprobe at offset {offset:#x} failed")
@@ -204,6 +246,8 @@ class TorchReceiver(BpfReceiver):
         return None
 
     def decode(self, etype: int, raw: bytes) -> object | None:
+        if etype == STEP.etype:
+            return self._decode_step(raw)
         if etype != OP.etype:
             raise ValueError(f"unknown PyTorch record type {etype}")
         _, pid, tid, depth, start, end, parent, root, ip = OP.fmt.unpack_from(raw)
@@ -213,7 +257,17 @@ class TorchReceiver(BpfReceiver):
             return None
         to_epoch = self.clock.to_epoch_ns
         return TorchOp(pid, tid, op, depth, to_epoch(start), to_epoch(end), to_epoch(parent) if parent else 0,
-                       to_epoch(root))
+                       to_epoch(root & ~_TAGS) | (root & _TAGS))
+
+    def _decode_step(self, raw: bytes) -> TorchStep:
+        _, reason, pid, tid, ops, start, end, seq = STEP.fmt.unpack_from(raw)
+        if not 0 < reason < len(STEP_END_REASONS):
+            raise ValueError(f"unknown step end reason {reason}")
+        why = STEP_END_REASONS[reason]
+        if why in _CUT:
+            self.ctx.telemetry.add("otel_ebpf.torch.steps_cut", 1, receiver=self.name, reason=why)
+        to_epoch = self.clock.to_epoch_ns
+        return TorchStep(pid, tid, to_epoch(start), to_epoch(end), ops, seq, why)
 
     def poll_maps(self) -> list[object]:
         if self.bpf is None:
