@@ -128,5 +128,8 @@ def test_secrets_in_argv_and_environment_never_reach_the_output(bpf_ready, cudar
     assert wait_until(lambda: (tmp_path / "out" / "traces.jsonl").exists(), 5)
     text = "".join(f.read_text() for f in (tmp_path / "out").iterdir()) + r.stderr
     assert "cudaMemcpy" in text and "<redacted>" in text
+    # the lifecycle receiver (on by default) exported the command's process span and its exec event, whose
+    # argv the kernel read from the process's memory: they are covered too (issue 18)
+    assert "otel_ebpf.lifecycle" in text and '"process.exec"' in text
     leaked = [name for name, secret in s.items() if secret in text]
     assert not leaked, f"secrets leaked: {leaked}"
