@@ -7,7 +7,9 @@ Metric names (all on the agent's own resource, ``service.name=otel-ebpf``):
 
 * ``otel_ebpf.events.received`` {receiver}: events read from a receiver.
 * ``otel_ebpf.events.dropped`` {receiver, reason}: events lost, and why
-  (``ringbuf_full``, ``queue_full``, ``map_full``, ``decode_error``, ``process_cache``...).
+  (``ringbuf_full``, ``queue_full``, ``map_full``, ``decode_error``, ``process_cache``...), and
+  events left unrecorded by a limit the config sets, which lose nothing asked for
+  (:data:`NOT_LOST_REASONS`: every summary, report and loss count reads them apart from losses).
 * ``otel_ebpf.events.refused`` {receiver, signal}: spans / metric points / log records an OTLP receiver
   (the gateway's) refused for lack of room, answering UNAVAILABLE / 503 so the sender retries them.
 * ``otel_ebpf.events.lost`` {layer, receiver, reason}: the gateway's end-to-end loss count, its own
@@ -22,14 +24,33 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-__all__ = ["DROPPED", "LOST", "RECEIVED", "REFUSED", "Telemetry"]
+__all__ = ["DROPPED", "LOST", "NOT_LOST_REASONS", "RECEIVED", "REFUSED", "Telemetry", "is_lost"]
 
 DROPPED = "otel_ebpf.events.dropped"
 RECEIVED = "otel_ebpf.events.received"
 REFUSED = "otel_ebpf.events.refused"
 LOST = "otel_ebpf.events.lost"
+# The otel_ebpf.events.dropped reasons that are not data lost: what a limit left unrecorded by design,
+# or state freed after its data was sent. The one list the run summary, the HTML report and the gateway's
+# otel_ebpf.events.lost read; any other reason is a loss of something that was asked for.
+NOT_LOST_REASONS: Mapping[str, str] = {
+    # python.bpf.c / torch.bpf.c: a call nested deeper than receivers.<python|torch>.max_depth is counted at
+    # entry and never becomes a span; the calls around it are all recorded (importing torch nests ~60 deep).
+    "stack_too_deep": "calls nested deeper than the receiver's max_depth: counted, not recorded as spans",
+    # emit/emitter.py: a process's meter provider released after its metrics were exported (older agents
+    # counted it here; now otel_ebpf.processes.evicted).
+    "process_evicted": "a process's metric state freed after its metrics were exported",
+}
+
+
+def is_lost(reason: str) -> bool:
+    """Whether an ``otel_ebpf.events.dropped`` reason is data lost (not in :data:`NOT_LOST_REASONS`)."""
+    return reason not in NOT_LOST_REASONS
+
+
 _DESCRIPTIONS = {
-    DROPPED: "Events lost before export, by receiver and reason.",
+    DROPPED: "Events lost before export, by receiver and reason; reasons stack_too_deep and process_evicted "
+             "count what a limit left unrecorded or state freed, not data lost.",
     RECEIVED: "Events read from receivers.",
     REFUSED: "Spans, metric points or log records an OTLP receiver refused for lack of room (UNAVAILABLE / 503 "
              "with a retry hint): not lost, the sender retries them or counts them dropped.",

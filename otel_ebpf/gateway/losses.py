@@ -15,10 +15,12 @@ the layer that lost it.
 An exporter's lost log records carry ``signal=logs`` in ``otel_ebpf.events.dropped`` (its spans
 no signal); ``otel_ebpf.events.lost`` keeps that attribute, so ``signal="logs"`` selects them.
 
-Not counted: reasons that lose nothing (:data:`NOT_LOST`); requests the gateway refused
-(``otel_ebpf.events.refused``): the agent retries them, and counts them dropped if it gives up,
-so they arrive here as ``layer=agent`` losses. Agents' drops count *events* (a ring-buffer record
-dropped before it became a span counts as one), so this is an upper bound on spans lost.
+Not counted: reasons that lose nothing (``NOT_LOST_REASONS`` in otel_ebpf/core/telemetry.py, the
+one list the run summary and the HTML report read too: deep stacks not nested, state freed);
+requests the gateway refused (``otel_ebpf.events.refused``): the agent retries them, and counts
+them dropped if it gives up, so they arrive here as ``layer=agent`` losses. Agents' drops count
+*events* (a ring-buffer record dropped before it became a span counts as one), so this is an
+upper bound on spans lost.
 
 Bounds: the ledger remembers at most ``max_series`` (agent, series) baselines, least recently
 updated forgotten first (counted in ``otel_ebpf.gateway.loss_series.evicted``); a forgotten
@@ -33,23 +35,22 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from otel_ebpf.core.telemetry import DROPPED, LOST, Telemetry
+from otel_ebpf.core.telemetry import DROPPED, LOST, Telemetry, is_lost
 
-__all__ = ["NOT_LOST", "AgentLossLedger", "GatewayTelemetry"]
+__all__ = ["AgentLossLedger", "GatewayTelemetry"]
 
-NOT_LOST = frozenset({"process_evicted"})  # state freed, nothing lost (otel_ebpf/emit/emitter.py)
 _CUMULATIVE = 2  # opentelemetry.proto.metrics.v1.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 _EVICTED = "otel_ebpf.gateway.loss_series.evicted"
 
 
 class GatewayTelemetry(Telemetry):
     """The gateway's Telemetry: each ``otel_ebpf.events.dropped`` it counts is also counted as
-    ``otel_ebpf.events.lost{layer=gateway}`` (unless its reason is in :data:`NOT_LOST`), with its
+    ``otel_ebpf.events.lost{layer=gateway}`` (unless its reason is not a loss: ``is_lost``), with its
     ``signal`` when it has one."""
 
     def add(self, name: str, value: int = 1, **attrs: str) -> None:
         super().add(name, value, **attrs)
-        if name == DROPPED and value > 0 and attrs.get("reason") not in NOT_LOST:
+        if name == DROPPED and value > 0 and is_lost(attrs.get("reason", "")):
             signal = {"signal": attrs["signal"]} if "signal" in attrs else {}
             super().add(LOST, value, layer="gateway", receiver=attrs.get("receiver", ""),
                         reason=attrs.get("reason", ""), **signal)
@@ -94,7 +95,7 @@ class AgentLossLedger:
             return 0
         attrs = {kv.key: kv.value.string_value for kv in dp.attributes}
         receiver, reason = attrs.get("receiver", ""), attrs.get("reason", "")
-        if reason in NOT_LOST:
+        if not is_lost(reason):
             return 0
         signal = {"signal": attrs["signal"]} if "signal" in attrs else {}
         value: int = dp.as_int

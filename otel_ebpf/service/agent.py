@@ -36,7 +36,7 @@ from otel_ebpf.core.errors import OtelEbpfError, TargetError
 from otel_ebpf.host.timeline import HostStats
 from otel_ebpf.bpf.clock import KernelClock
 from otel_ebpf.core.events import Tick
-from otel_ebpf.core.telemetry import DROPPED
+from otel_ebpf.core.telemetry import DROPPED, is_lost
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context, Fanout
 from otel_ebpf.host import gpus
 from otel_ebpf.host.k8s import K8sMetadata
@@ -302,12 +302,13 @@ class Agent:
                 _quietly(proc.shutdown, f"pipeline {p.name} processor")
             _quietly(functools.partial(p.emitter.shutdown, deadline), f"pipeline {p.name} emitter")
 
-    def drops(self) -> dict[str, int]:
-        """{'<where>/<reason>': count} of every drop so far (otel_ebpf.events.dropped); an
-        exporter's lost log records as '<exporter>/logs/<reason>'."""
+    def drops(self, *, lost: bool = True) -> dict[str, int]:
+        """{'<where>/<reason>': count} of the drops so far (otel_ebpf.events.dropped) that lost data; with
+        ``lost=False``, of those that lost nothing (NOT_LOST_REASONS: what a limit left unrecorded, such as
+        deep stacks not nested). An exporter's lost log records as '<exporter>/logs/<reason>'."""
         out: dict[str, int] = {}
         for name, attrs, value in self.ctx.telemetry.snapshot():
-            if name == DROPPED and value:
+            if name == DROPPED and value and is_lost(attrs.get("reason", "")) == lost:
                 signal = f"{attrs['signal']}/" if "signal" in attrs else ""
                 key = f"{attrs.get('receiver', '?')}/{signal}{attrs.get('reason', '?')}"
                 out[key] = out.get(key, 0) + value
@@ -328,9 +329,10 @@ class Agent:
         return out
 
     def summary(self) -> dict[str, int]:
+        """The run's counts; ``dropped`` is data lost, ``not_recorded`` what a limit left unrecorded (not lost)."""
         tel = self.ctx.telemetry
         return {"events": tel.get("otel_ebpf.events.received"),
-                "dropped": tel.get("otel_ebpf.events.dropped"),
+                "dropped": sum(self.drops().values()), "not_recorded": sum(self.drops(lost=False).values()),
                 "spans": sum(p.emitter.spans_emitted for p in self.pipelines),
                 "logs": sum(p.emitter.logs_emitted for p in self.pipelines),
                 "probes": tel.get("otel_ebpf.probes.attached"),
