@@ -102,11 +102,13 @@ def _report(agent: Any, started: float, command_code: int | None) -> bool:
     """Print the end-of-run summary: the counts, the command's exit code, then per exporter what was sent
     and what was lost by signal and reason. True when an exporter lost everything."""
     s = agent.summary()
-    drops = agent.drops()
+    drops, limited = agent.drops(), agent.drops(lost=False)  # lost vs not recorded by a limit (NOT_LOST_REASONS)
     where = f" ({', '.join(f'{k}={v}' for k, v in sorted(drops.items()))})" if drops else ""
+    unrecorded = (f", {sum(limited.values())} not recorded by a limit, not lost "
+                  f"({', '.join(f'{k}={v}' for k, v in sorted(limited.items()))})") if limited else ""
     logs = f"{s['logs']} log records, " if s.get("logs") else ""
     exited = f"; the command exited {command_code}" if command_code is not None else ""
-    print(f"otel-ebpf: {s['events']} events, {s['spans']} spans, {logs}{s['dropped']} dropped{where}, "
+    print(f"otel-ebpf: {s['events']} events, {s['spans']} spans, {logs}{s['dropped']} dropped{where}{unrecorded}, "
           f"{s['probes']} probes attached ({s['probe_failures']} failed) in {time.monotonic() - started:.1f}s"
           f"{exited}", file=sys.stderr)
     failed = []
