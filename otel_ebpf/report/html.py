@@ -29,22 +29,23 @@ _PAGE = """<!DOCTYPE html>
 <h1>{title}</h1>
 <div id="summary"></div>
 <p id="files"></p>
-<h2>Timeline: ranks and collectives</h2>
-<p class="muted">Top lane: collectives joined across ranks (green; orange = partial, dashed line and &#9660; =
-desync). One lane per rank (or process): upper row NCCL calls, lower row CUDA calls; <b style="color:#d62728">red</b>
-= the last rank to arrive at that collective (the straggler); the lane of the most frequent straggler is shaded.</p>
+<h2>Timeline</h2>
+<p class="muted">One lane per process (its rank when it has one): its lifetime is the bracket in the lane's header
+(fork to exit), and each thread has a row per source: Python calls, torch operators, CUDA calls, NCCL calls; a call
+nested in another is drawn below it. Jobs with NCCL collectives get a top lane of the collectives joined across ranks
+(green; orange = partial, dashed line and &#9660; = desync), <b style="color:#d62728">red</b> = the last rank to
+arrive at that collective (the straggler); the lane of the most frequent straggler is shaded.</p>
 <p id="span-note"></p>
-<svg id="timeline" xmlns="http://www.w3.org/2000/svg"></svg>
-<h2>GPU / CUDA / NCCL metrics over time</h2>
-<div id="charts"></div>
+<div id="tl-box"><svg id="timeline" xmlns="http://www.w3.org/2000/svg"></svg></div>
+<div id="metrics"></div>
 <h2>Top slowest calls</h2>
 <table id="slow"></table>
-<h2>Collectives by skew (first to last rank arrival)</h2>
-<table id="skew"></table>
-<h2>Hangs and stragglers</h2>
+<section id="sec-skew"><h2>Collectives by skew (first to last rank arrival)</h2>
+<table id="skew"></table></section>
+<section id="sec-hangs"><h2>Hangs and stragglers</h2>
 <p class="muted">Desync reports with what each missing rank was doing, persistent stragglers raised and cleared (the
 gateway's), and silent ranks' live stacks (the agents'): log records, newest last. Click a row for its stack.</p>
-<div id="forensics"></div>
+<div id="forensics"></div></section>
 <div id="tip"></div>
 <script type="application/json" id="oe-data">{data}</script>
 <script>

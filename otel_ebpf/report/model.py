@@ -1,65 +1,40 @@
 """What the HTML report shows, computed from OTLP rows: lanes, collectives, charts, tables, header.
 
 :func:`build` returns plain JSON-ready data (the page embeds it and draws it with its own JS).
-Times in the data are microseconds from the earliest span or point (``meta.t0_ns``), so the
-numbers stay small. Everything is bounded: at most ``max_spans`` spans on the timeline
-(collective spans of ranks first, then the slowest others; the page says how many were left
-out), ``MAX_CHARTS`` charts of ``MAX_SERIES`` series of ``MAX_POINTS`` points, ``top`` rows
-per table. Pure function; no I/O.
+Times in the data are microseconds from the first span's start (``meta.t0_ns``; from the first
+metric reading when there are no spans), so the numbers stay small. The time span in the header
+is the first span's start to the last span's end: metrics read before the traced work began or
+after it ended (the agent collects while its probes compile and while it flushes) do not stretch it.
+Everything is bounded: at most ``max_spans`` spans on the timeline (collective spans of ranks
+first, then the slowest others; the page says how many were left out), ``MAX_CHARTS`` charts
+(:mod:`.charts`), ``top`` rows per table. The timeline's lanes and rows are :mod:`.timeline`.
+
+Drops: ``otel_ebpf.events.dropped`` reasons in ``NOT_LOST_REASONS`` (otel_ebpf/core/telemetry.py:
+what a limit left unrecorded, not data lost) are counted apart (``meta.not_recorded``) from losses
+(``meta.dropped``). Pure function; no I/O.
 """
 from __future__ import annotations
 
 import statistics
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from otel_ebpf.core.telemetry import DROPPED, NOT_LOST_REASONS, is_lost
 from otel_ebpf.host.timeline import straggler_figures, why_late
+from otel_ebpf.report import charts as charts_
 from otel_ebpf.report.otlpfiles import LogRow, MetricPoint, OtlpData, SpanRow
+from otel_ebpf.report.timeline import is_process_span, lanes_and_spans, rank_of, short
 
-__all__ = ["DEFAULT_MAX_SPANS", "MAX_CHARTS", "MAX_POINTS", "MAX_SERIES", "build", "is_collective_root",
-           "lane_key"]
+__all__ = ["DEFAULT_MAX_SPANS", "build", "is_collective_root", "time_range"]
 
 DEFAULT_MAX_SPANS = 20_000
-MAX_CHARTS, MAX_SERIES, MAX_POINTS = 12, 8, 400
-_ATTR_CHARS = 200  # longest attribute value shown on hover
-# Chart order: GPU/CUDA first, then NCCL, then NVML hardware metrics, then anything else;
-# the agent's own counters are in the header (drops), not charted.
-_CHART_PREFIXES = ("gpu.cuda.memory", "gpu.cuda.synchronize", "gpu.cuda.kernel", "gpu.", "hw.gpu", "hw.",
-                   "nccl.collective", "nccl.", "")
-DROPPED = "otel_ebpf.events.dropped"
 
 
 def is_collective_root(s: SpanRow) -> bool:
     """A collective joined across ranks by the gateway (no rank of its own, no parent)."""
     a = s.attributes
     return "nccl.ranks.arrived" in a and "nccl.seq" in a and "nccl.rank" not in a and not s.parent_span_id
-
-
-def _rank(s: SpanRow) -> int | None:
-    r = s.attributes.get("nccl.rank", s.resource.get("ml.rank"))
-    try:
-        return None if r is None else int(r)
-    except (TypeError, ValueError):
-        return None
-
-
-def lane_key(s: SpanRow) -> tuple[str, int, int]:
-    """(host, rank or -1, pid or 0 when ranked): one timeline lane per rank, else per process."""
-    host = str(s.resource.get("host.name", "?"))
-    rank = _rank(s)
-    if rank is not None:
-        return host, rank, 0
-    pid = s.resource.get("process.pid", 0)
-    return host, -1, int(pid) if isinstance(pid, int) else 0
-
-
-def _short(v: Any) -> Any:
-    if isinstance(v, str) and len(v) > _ATTR_CHARS:
-        return v[:_ATTR_CHARS] + "..."
-    if isinstance(v, tuple):
-        return [_short(x) for x in v[:32]]
-    return v
 
 
 def _process(s: SpanRow) -> str:
@@ -81,7 +56,7 @@ def _collective(s: SpanRow, t0: int) -> dict[str, Any]:
                                                                     e.attributes.get("nccl.missing.functions", ()),
                                                                     strict=False)]}
                         for e in s.events if e.name == "nccl.desync"],
-            "attrs": {k: _short(v) for k, v in a.items()}}
+            "attrs": {k: short(v) for k, v in a.items()}}
 
 
 def _keep(spans: list[SpanRow], cap: int) -> tuple[list[SpanRow], str]:
@@ -101,72 +76,16 @@ def _timeline(spans: list[SpanRow], roots: list[dict[str, Any]], t0: int, cap: i
     stragglers = {(c["comm"], c["seq"]): c["straggler_rank"] for c in roots if not c["partial"]}
     counts = Counter(c["straggler_rank"] for c in roots if not c["partial"] and c["straggler_rank"] is not None)
     worst = counts.most_common(1)[0][0] if counts else None
-    kept, note = _keep(spans, cap)
-    lanes: dict[tuple[str, int, int], int] = {}
-    for key in sorted({lane_key(s) for s in kept}, key=lambda k: (k[1] < 0, k[1], k[0], k[2])):
-        lanes[key] = len(lanes)
-    out = []
-    for s in kept:
-        key = lane_key(s)
-        a = s.attributes
-        flag = 0
-        if "nccl.seq" in a and stragglers.get((a.get("nccl.comm.id"), a.get("nccl.seq"))) == key[1] >= 0:
-            flag = 1  # the straggler's own span of that collective
-        row = 0 if s.scope.endswith("nccl") or s.name.startswith("nccl") else 1
-        out.append([lanes[key], row, round((s.start_ns - t0) / 1e3, 3), round(s.duration_ns / 1e3, 3), s.name,
-                    flag | (2 if s.status == "error" else 0), {k: _short(v) for k, v in a.items()}])
-    lane_rows = []
-    for (host, rank, pid), _ in sorted(lanes.items(), key=lambda kv: kv[1]):
-        label = f"{host} / rank {rank}" if rank >= 0 else f"{host} / pid {pid}"
-        lane_rows.append({"label": label, "host": host, "rank": rank if rank >= 0 else None,
-                          "straggler": rank >= 0 and rank == worst})
-    return lane_rows, out, note
+    lives = [s for s in spans if is_process_span(s)]  # brackets, not bars: never capped
+    kept, note = _keep([s for s in spans if not is_process_span(s)], cap)
+    lanes, out = lanes_and_spans(lives + kept, stragglers, worst, t0)
+    return lanes, out, note
 
 
-def _series_key(p: MetricPoint) -> str:
-    parts = [str(p.resource[k]) for k in ("host.name",) if k in p.resource]
-    if "ml.rank" in p.resource:
-        parts.append(f"rank {p.resource['ml.rank']}")
-    elif "process.pid" in p.resource:
-        parts.append(f"pid {p.resource['process.pid']}")
-    parts += [f"{k}={v}" for k, v in sorted(p.attributes.items()) if k != "host.name"]
-    return " ".join(parts) or str(p.resource.get("service.name", "-"))
-
-
-def _point_value(p: MetricPoint) -> float | None:
-    return p.value if p.kind in ("sum", "gauge") else p.sum
-
-
-def _charts(points: list[MetricPoint], t0: int) -> list[dict[str, Any]]:
-    by_name: dict[str, list[MetricPoint]] = defaultdict(list)
-    for p in points:
-        if not p.name.startswith("otel_ebpf.") and _point_value(p) is not None:
-            by_name[p.name].append(p)
-
-    def order(name: str) -> tuple[int, str]:
-        return next(i for i, pre in enumerate(_CHART_PREFIXES) if name.startswith(pre)), name
-
-    charts = []
-    for name in sorted(by_name, key=order)[:MAX_CHARTS]:
-        pts = by_name[name]
-        series: dict[str, list[list[float]]] = defaultdict(list)
-        for p in pts:
-            v = _point_value(p)
-            assert v is not None
-            series[_series_key(p)].append([round((p.time_ns - t0) / 1e3, 3), v])
-        top = sorted(series.items(), key=lambda kv: -abs(kv[1][-1][1]))[:MAX_SERIES]
-        p0 = pts[0]
-        what = {"sum": "cumulative total" if p0.temporality == "cumulative" else "per interval",
-                "gauge": "value", "histogram": "sum of observations"}.get(p0.kind, p0.kind)
-        charts.append({"name": name, "unit": p0.unit, "kind": p0.kind, "what": what, "description": p0.description,
-                       "series": [{"label": k, "points": v[:: max(1, len(v) // MAX_POINTS)][:MAX_POINTS]}
-                                  for k, v in top], "series_total": len(series)})
-    return charts
-
-
-def _dropped(points: Iterable[MetricPoint]) -> tuple[int, list[dict[str, Any]]]:
-    """The last cumulative value (or the sum of deltas) of each otel_ebpf.events.dropped series,
-    summed per (host + service, receiver, reason) over the agents that reported it."""
+def _dropped(points: Iterable[MetricPoint]) -> tuple[int, int, list[dict[str, Any]]]:
+    """(events lost, events not recorded by a limit, rows): the last cumulative value (or the sum of
+    deltas) of each otel_ebpf.events.dropped series, summed per (host + service, receiver, reason)
+    over the agents that reported it; a row's ``lost`` is False for NOT_LOST_REASONS."""
     last: dict[tuple[str, str, str, str], float] = {}
     for p in points:
         if p.name == DROPPED and p.value is not None:
@@ -177,13 +96,16 @@ def _dropped(points: Iterable[MetricPoint]) -> tuple[int, list[dict[str, Any]]]:
     per: Counter[tuple[str, str, str]] = Counter()
     for (_, *rest), v in last.items():
         per[(rest[0], rest[1], rest[2])] += int(v)
-    rows = [{"source": k[0], "receiver": k[1], "reason": k[2], "value": v} for k, v in sorted(per.items())]
-    return sum(per.values()), rows
+    lost = sum(v for k, v in per.items() if is_lost(k[2]))
+    rows = [{"source": k[0], "receiver": k[1], "reason": k[2], "value": v, "lost": is_lost(k[2]),
+             "why": NOT_LOST_REASONS.get(k[2], "")} for k, v in sorted(per.items()) if v]
+    return lost, sum(per.values()) - lost, rows
 
 
 def _top_slow(spans: list[SpanRow], t0: int, top: int) -> list[dict[str, Any]]:
-    rows = sorted((s for s in spans if not is_collective_root(s)), key=lambda s: -s.duration_ns)[:top]
-    return [{"name": s.name, "dur_ms": s.duration_ns / 1e6, "process": _process(s), "rank": _rank(s),
+    rows = sorted((s for s in spans if not is_collective_root(s) and not is_process_span(s)),
+                  key=lambda s: -s.duration_ns)[:top]
+    return [{"name": s.name, "dur_ms": s.duration_ns / 1e6, "process": _process(s), "rank": rank_of(s),
              "host": s.resource.get("host.name", ""), "start": (s.start_ns - t0) / 1e3,
              "status": s.status} for s in rows]
 
@@ -193,8 +115,9 @@ def _why_late(roots: list[dict[str, Any]]) -> list[list[Any]]:
     return [list(r) for r in why_late(straggler_figures(c["attrs"]) for c in roots)[:3]]
 
 
-def _header(data: OtlpData, spans: list[SpanRow], roots: list[dict[str, Any]], t0: int, t1: int) -> dict[str, Any]:
-    ranks = sorted({r for s in spans if (r := _rank(s)) is not None})
+def _header(data: OtlpData, spans: list[SpanRow], roots: list[dict[str, Any]], t0: int, t1: int,
+            lanes: list[dict[str, Any]]) -> dict[str, Any]:
+    ranks = sorted({r for s in spans if (r := rank_of(s)) is not None})
     hosts = sorted({str(h) for s in spans if (h := s.resource.get("host.name"))})
     complete = [c for c in roots if not c["partial"]]
     counts = Counter((c["straggler_rank"], c["straggler_host"]) for c in complete if c["straggler_rank"] is not None)
@@ -204,15 +127,16 @@ def _header(data: OtlpData, spans: list[SpanRow], roots: list[dict[str, Any]], t
         straggler = {"rank": rank, "host": host, "count": n, "of": len(complete),
                      "why": _why_late([c for c in complete if c["straggler_rank"] == rank])}
     skews = [c["skew_ms"] for c in complete if c["skew_ms"] is not None]
-    dropped, dropped_rows = _dropped(data.metrics)
+    dropped, not_recorded, dropped_rows = _dropped(data.metrics)
     return {"t0_ns": t0, "span_us": (t1 - t0) / 1e3, "ranks": ranks, "hosts": hosts,
-            "processes": len({(s.resource.get("host.name"), s.resource.get("process.pid")) for s in spans}),
+            "processes": len(lanes), "threads": sum(len({r["thread"] for r in lane["rows"]}) for lane in lanes),
             "spans": len(spans), "errors": sum(1 for s in spans if s.status == "error"),
             "metric_points": len(data.metrics), "metric_names": len({p.name for p in data.metrics}),
             "collectives": len(roots), "complete": len(complete), "partial": len(roots) - len(complete),
             "desyncs": sum(len(c["desyncs"]) for c in roots), "straggler": straggler,
             "skew_p50_ms": statistics.median(skews) if skews else None, "skew_max_ms": max(skews) if skews else None,
-            "dropped": dropped, "dropped_by": dropped_rows, "bad_lines": data.bad_lines, "files": data.files}
+            "dropped": dropped, "not_recorded": not_recorded, "dropped_by": dropped_rows,
+            "bad_lines": data.bad_lines, "files": data.files}
 
 
 # the log records of hang forensics (issue 17): agents' silent-rank stacks, the gateway's desync reports and
@@ -232,23 +156,45 @@ def _forensics(logs: list[LogRow], t0: int, cap: int) -> list[dict[str, Any]]:
             who = f"{who} pid {r.resource['process.pid']}"
         out.append({"t": (r.time_ns - t0) / 1e3 if r.time_ns else None, "event": r.event_name,
                     "severity": r.severity_text, "who": who, "title": body.split("\n", 1)[0][:300],
-                    "body": body[:_BODY_CHARS], "attrs": {k: _short(v) for k, v in r.attributes.items()}})
+                    "body": body[:_BODY_CHARS], "attrs": {k: short(v) for k, v in r.attributes.items()}})
+    return out
+
+
+def time_range(data: OtlpData) -> tuple[int, int]:
+    """(t0, t1) in epoch ns: the first span's start to the last span's end; without spans, the first
+    to the last metric reading (then log record). Metric readings outside the spans' range (taken
+    while the agent started or flushed) do not widen it."""
+    if data.spans:
+        return min(s.start_ns for s in data.spans), max(s.end_ns for s in data.spans)
+    times = [p.time_ns for p in data.metrics if p.time_ns] or [r.time_ns for r in data.logs if r.time_ns] or [0]
+    return min(times), max(times)
+
+
+def _exits(spans: list[SpanRow]) -> dict[tuple[str, int], int]:
+    """{(host, pid): end ns} of each process-lifetime span that ended (not one still running)."""
+    out: dict[tuple[str, int], int] = {}
+    for s in spans:
+        pid = s.attributes.get("process.pid", s.resource.get("process.pid"))
+        running = s.attributes.get("process.lifecycle.running") or s.attributes.get("process.sched.running")
+        if is_process_span(s) and isinstance(pid, int) and not running:
+            key = (str(s.resource.get("host.name", "?")), pid)
+            out[key] = max(out.get(key, 0), s.end_ns)
     return out
 
 
 def build(data: OtlpData, *, max_spans: int = DEFAULT_MAX_SPANS, top: int = 25, title: str = "") -> dict[str, Any]:
     """The report's data (JSON-ready). ``max_spans`` caps the timeline; ``top`` the tables."""
     spans = data.spans
-    times = [s.start_ns for s in spans] + [p.time_ns for p in data.metrics if p.time_ns]
-    t0 = min(times) if times else 0
-    t1 = max([s.end_ns for s in spans] + [p.time_ns for p in data.metrics] + [t0])
+    t0, t1 = time_range(data)
     root_rows = [s for s in spans if is_collective_root(s)]
     roots = [_collective(s, t0) for s in root_rows]
     lanes, tl, note = _timeline([s for s in spans if not is_collective_root(s)], roots, t0, max_spans)
     by_skew = sorted((c for c in roots if c["skew_ms"] is not None or c["partial"]),
                      key=lambda c: (not c["partial"], -(c["skew_ms"] or 0.0)))[:top]
-    return {"title": title, "meta": _header(data, spans, roots, t0, t1), "lanes": lanes, "spans": tl,
-            "span_note": note, "collectives": roots[-max_spans:], "charts": _charts(data.metrics, t0),
+    return {"title": title, "meta": _header(data, spans, roots, t0, t1, lanes), "lanes": lanes, "spans": tl,
+            "span_note": note, "collectives": roots[-max_spans:],
+            "charts": charts_.charts(data.metrics, t0, _exits(spans)),
+            "sections": [title for title, _ in charts_.SECTIONS],
             "forensics": _forensics(data.logs, t0, top * 2),
             "top_slow": _top_slow(spans, t0, top),
             "by_skew": [{k: c[k] for k in ("op", "seq", "skew_ms", "straggler_rank", "straggler_host", "arrived",

@@ -56,7 +56,10 @@ def test_reader_reads_every_span_and_point_and_counts_bad_lines(job: otlp_job.Jo
 def test_model_marks_the_straggler_lane_and_its_span_in_every_complete_collective(job: otlp_job.Job) -> None:
     built = model.build(read_otlp_json(job.directory))
     lanes = built["lanes"]
-    assert [lane["label"] for lane in lanes] == [f"{otlp_job.host(r)} / rank {r}" for r in range(otlp_job.RANKS)]
+    assert [lane["label"] for lane in lanes] == [f"{otlp_job.host(r)} / rank {r} / python3 {1000 + r}"
+                                                 for r in range(otlp_job.RANKS)]
+    assert [[row["label"] for row in lane["rows"]] for lane in lanes] == [
+        [f"thread {2000 + r} \u00b7 CUDA", f"thread {2000 + r} \u00b7 NCCL"] for r in range(otlp_job.RANKS)]
     assert [lane["straggler"] for lane in lanes] == [r == otlp_job.STRAGGLER for r in range(otlp_job.RANKS)]
     flagged = [s for s in built["spans"] if s[5] & 1]
     assert len(flagged) == job.collectives - 1  # every complete collective; the partial one has none
@@ -73,6 +76,7 @@ def test_model_marks_the_straggler_lane_and_its_span_in_every_complete_collectiv
                                                                                       job.collectives - 1, 1, 1)
     assert meta["dropped"] == otlp_job.DROPPED and meta["dropped_by"][0]["reason"] == "ringbuf_full"
     assert meta["ranks"] == list(range(otlp_job.RANKS)) and meta["errors"] == otlp_job.RANKS
+    assert (meta["processes"], meta["threads"]) == (otlp_job.RANKS, otlp_job.RANKS)
 
 
 def test_tables_list_the_slowest_calls_and_collectives_by_skew(job: otlp_job.Job) -> None:
@@ -91,6 +95,8 @@ def test_tables_list_the_slowest_calls_and_collectives_by_skew(job: otlp_job.Job
     assert launches["unit"] == "{call}" and len(launches["series"]) == otlp_job.RANKS
     assert [p[1] for p in launches["series"][0]["points"]] == [10, 30]  # cumulative: 10, then 10 + 20
     assert [p[1] for p in charts["gpu.cuda.memory.copies"]["series"][0]["points"]] == [4096, 4096 * 3]
+    assert (launches["what"], launches["section"], launches["readings"]) == ("cumulative total", 0, 2)
+    assert launches["values"] and charts["gpu.cuda.memory.copies"]["values"]  # read twice: listed, not drawn
 
 
 def test_span_cap_keeps_collective_spans_first_and_says_so(job: otlp_job.Job) -> None:
@@ -207,4 +213,5 @@ def test_hang_forensics_records_are_listed_newest_last_with_their_stacks() -> No
     f = built["forensics"]
     assert [r["event"] for r in f] == ["otel_ebpf.nccl.rank.stack", "otel_ebpf.nccl.desync"]
     assert f[0]["who"] == "node-b pid 4242" and f[0]["body"] == stack and f[0]["title"].startswith("Thread 7")
-    assert f[1]["title"] == "NCCL desync: comm c, seq 3 (AllReduce) has waited 2.0 s" and f[1]["t"] == 3.0  # us
+    assert f[1]["title"] == "NCCL desync: comm c, seq 3 (AllReduce) has waited 2.0 s"
+    assert f[1]["t"] == 2.0 and built["meta"]["t0_ns"] == 1_000  # us; no spans, no metrics: t=0 is the first record

@@ -13,12 +13,16 @@ class Node_ {
   addEventListener(t, f) { this.listeners[t] = f; }
   set textContent(v) { this._text = String(v); if (v === "") this.children = []; }
   get textContent() { return this._text + this.children.map(c => c.textContent).join(""); }
+  get firstChild() { return this.children[0]; }
+  get nodeValue() { return this._text; }
+  set nodeValue(v) { this._text = String(v); }
   get clientWidth() { return 1200; }
   get offsetWidth() { return 100; }
   get offsetHeight() { return 50; }
 }
 const byId = {};
-for (const id of ["summary", "files", "span-note", "timeline", "charts", "slow", "skew", "tip"]) byId[id] = new Node_(id);
+for (const id of ["summary", "files", "span-note", "timeline", "metrics", "slow", "skew", "forensics", "tip",
+                  "sec-skew", "sec-hangs"]) byId[id] = new Node_(id);
 byId["oe-data"] = { textContent: data };
 global.document = { getElementById: id => byId[id], createElement: t => new Node_(t),
   createElementNS: (ns, t) => new Node_(t), createTextNode: t => { const n = new Node_("#text"); n._text = t; return n; } };
@@ -36,12 +40,17 @@ const out = {
   desyncs: count(tl, e => (e.attrs.class || "") === "desync"),
   straggler_lane_labels: count(tl, e => (e.attrs.class || "") === "lbl slbl"),
   lane_labels: count(tl, e => (e.attrs.class || "").startsWith("lbl")),
-  charts: byId.charts.children.length,
-  chart_lines: count(byId.charts, e => e.tagName === "path"),
+  row_labels: count(tl, e => (e.attrs.class || "") === "rlbl"),
+  brackets: count(tl, e => e.tagName === "path" && /^life( |$)/.test(e.attrs.class || "")),
+  sections: byId.metrics.children.filter(e => e.tagName === "h2").map(e => e.textContent),
+  charts: count(byId.metrics, e => e.tagName === "div" && /^chart( |$)/.test(e.className)),
+  chart_lines: count(byId.metrics, e => e.tagName === "path"),
+  value_tables: count(byId.metrics, e => e.className === "vals"),
+  hidden: ["sec-skew", "sec-hangs"].filter(id => byId[id].style.display === "none"),
   slow_rows: count(byId.slow, e => e.tagName === "tr") - 1,
   skew_rows: count(byId.skew, e => e.tagName === "tr") - 1,
 };
 // hover one straggler bar: the tooltip names it
 let strag = null; (function walk(e) { if (!strag && (e.attrs.class || "").includes("strag")) strag = e; e.children.forEach(walk); })(tl);
-if (strag) { strag.listeners.mousemove({ clientX: 10, clientY: 10 }); out.tip = byId.tip.textContent.slice(0, 300); }
+if (strag) { strag.listeners.mousemove({ clientX: 10, clientY: 10 }); out.tip = byId.tip.textContent.slice(0, 1000); }
 console.log(JSON.stringify(out));
