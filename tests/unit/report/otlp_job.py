@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -86,7 +87,8 @@ def _roots(exporter: JsonLinesSpanExporter, n: int, base: int) -> None:
     tracer = provider.get_tracer("otel_ebpf.collective_join")
     for seq in range(n):
         start = base + seq * 100_000_000
-        attrs: dict = {"nccl.comm.id": "c0ffee", "nccl.seq": seq, "nccl.op": "AllReduce", "nccl.nranks": RANKS}
+        attrs: dict[str, Any] = {"nccl.comm.id": "c0ffee", "nccl.seq": seq, "nccl.op": "AllReduce",
+                                 "nccl.nranks": RANKS}
         if seq < n - 1:
             skew = STRAGGLER * 1_000_000 + LATE_NS + seq * 1000  # grows with seq: the last complete is max
             attrs.update({"nccl.ranks.arrived": RANKS, "nccl.skew_ns": skew, "nccl.straggler.rank": STRAGGLER,
