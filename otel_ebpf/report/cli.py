@@ -22,8 +22,9 @@ COMMANDS = ("report", "export")
 
 REPORT_EXAMPLES = """examples:
   otel-ebpf report ./otel-ebpf-out
-      ./otel-ebpf-out/report.html: timeline of ranks and collectives (straggler in red), GPU/CUDA/NCCL
-      charts, the slowest calls; one self-contained file, open it in any browser, offline
+      ./otel-ebpf-out/report.html: a timeline per process and thread (Python, torch, CUDA, NCCL rows;
+      collectives and the straggler in red for NCCL jobs), metric charts (GPU/CUDA/NCCL, PyTorch,
+      process, host), the slowest calls; one self-contained file, open it in any browser, offline
   otel-ebpf report ./otel-ebpf-demo-out -o /tmp/job.html --perfetto /tmp/job.trace.json
       also a Chrome Trace Event Format file: open it in https://ui.perfetto.dev or chrome://tracing
 """
