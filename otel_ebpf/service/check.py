@@ -2,7 +2,10 @@
 
 Each check yields a row (name, status, detail, fix). ``required`` rows failing make the
 command exit non-zero: without them eBPF cannot run at all. The BPF row really compiles
-and loads the shared program, so a pass means the agent can load here.
+and loads the shared program, so a pass means the agent can load here. A row that fails only
+because another does (a mounted tracefs a non-root user cannot read, a BPF load the kernel
+refuses for want of privileges) names that row as its ``cause``, so the advice is the real fix
+(run as root / grant the capabilities), not a mount that is already there.
 """
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ def _root() -> Row:
     if not missing:
         return Row(PRIVILEGES, OK, f"uid {os.geteuid()} with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN", required=True)
     return Row(PRIVILEGES, MISSING, f"not root (uid {os.geteuid()}) and missing {', '.join(missing)}: the kernel "
-               "refuses to load eBPF programs and tracefs is root-only", PRIVILEGES_FIX, required=True)
+               "refuses to load eBPF programs without them", PRIVILEGES_FIX, required=True)
 
 
 def _privileged() -> bool:
