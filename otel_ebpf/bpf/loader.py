@@ -1,6 +1,6 @@
 """Loading BCC programs: environment checks (root, BCC, kernel headers), compilation with the
 compiler's output captured, retries of a load a pending signal interrupted, and the release
-of what loaded programs hold (uprobes, the compiler's memory).
+of what loaded programs hold (probes, without waiting at exit; the compiler's memory).
 
 Used by :class:`otel_ebpf.bpf.receiver.BpfReceiver` and by whoever starts receivers
 (:func:`programs_loaded`). Thread safety: :func:`capture_stderr` swaps the process-wide fd 2,
@@ -13,7 +13,9 @@ import errno
 import logging
 import os
 import platform
+import select
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,8 +24,9 @@ from otel_ebpf.bpf import pauseguard, threadctx
 from otel_ebpf.core.errors import BccMissingError, KernelHeadersError, PrivilegeError
 from otel_ebpf.core.pipeline import Context
 
-__all__ = ["COMMON_SRC", "HEADERS_HINT", "INCLUDE_DIR", "LOAD_ATTEMPTS", "all_pids", "capture_stderr", "headers_dir",
-           "import_bcc", "programs_loaded", "release_uprobes_in_background", "require_bpf", "retry_interrupted_load"]
+__all__ = ["COMMON_SRC", "HEADERS_HINT", "INCLUDE_DIR", "LOAD_ATTEMPTS", "all_pids", "capture_stderr",
+           "hand_off_probes", "headers_dir", "import_bcc", "programs_loaded", "release_uprobes_in_background",
+           "require_bpf", "retry_interrupted_load"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -156,40 +159,104 @@ def programs_loaded(ctx: Context) -> None:
     release_compiler_memory()
 
 
-def release_uprobes_in_background(bpf: Any) -> int:
-    """Release ``bpf``'s uprobes without waiting: returns how many were handed off.
+_KEPT_KINDS = ("anon_inode:[perf_event]", "anon_inode:bpf_link")  # what detaching waits on: kept by the closer
+_CLOSER_WAIT_S = 600.0  # the closer leaves by then even if this process has not exited
+_closer_lock = threading.Lock()
+_closer_pipe: int | None = None  # write end, held until this process exits: the closer waits for its EOF
 
-    Closing a uprobe's perf-event fd unregisters it, and the kernel waits for an RCU grace
-    period per uprobe (measured ~0.1 s each on 6.18, one after another): 94 CUDA + NCCL probes
-    held the agent's exit for 10-15 s after the traced command had ended. A double-forked
-    child inherits the fds, closes them and exits; this process drops its references at once
-    (cheap, they are not the last ones). The probes stop firing within those seconds; their
-    records are no longer read (the ring buffer has been drained and no traced process is left).
-    The child only calls close() and _exit(), which is safe after fork() in a threaded process.
-    """
-    fds = dict(getattr(bpf, "uprobe_fds", {}))
-    if not fds:
-        return 0
+
+def _probe_fds() -> list[int]:
+    """This process's perf-event and BPF-link fds (uprobes, USDT probes, tracepoints of every program)."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{name}") in _KEPT_KINDS:
+                out.append(int(name))
+    return sorted(out)
+
+
+def _closer(keep: list[int], wait_fd: int) -> None:
+    """In the double-forked child: close every fd but ``keep`` (the probes) and ``wait_fd`` (so no pipe or
+    terminal of the agent's stays open: ``otel-ebpf run -- x | tee log`` waits for every writer of its pipe),
+    wait until the agent has exited (EOF on ``wait_fd``), then leave: the kernel closes the probes.
+    Only readlink(), close(), select() and _exit(): safe after fork() in a threaded process."""
     try:
-        pid = os.fork()
-    except OSError:
-        return 0  # BCC's own cleanup detaches them, slowly
-    if pid == 0:  # child: fork again so init reaps the closer, then leave at once
+        for fd in keep:  # an fd closed and its number reused by another thread since it was listed
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") not in _KEPT_KINDS:
+                    os.close(fd)
+            except OSError:
+                continue
+        low = 0
+        for fd in sorted([*keep, wait_fd]):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1 << 20)
+        with contextlib.suppress(OSError):
+            select.select([wait_fd], [], [], _CLOSER_WAIT_S)
+    finally:
+        os._exit(0)
+
+
+def hand_off_probes() -> int:
+    """Let a detached child hold every probe of this process (perf-event and BPF-link fds) from now until
+    this process has exited, then release them: returns how many it holds (0 when it could not fork).
+
+    Unregistering a uprobe or a tracepoint waits for an RCU grace period, one probe after another
+    (measured ~0.1-0.16 s each on 6.18): 5 receivers' 30 tracepoints held the exit of ``run -- true`` 4.8 s,
+    94 CUDA + NCCL uprobes 10-15 s. While the child holds a reference, this process's own closes (BCC's
+    cleanup, RefCtrUprobes.close, its exit) are not the last and cost nothing; the child's are waited for by
+    no one. The probes stop firing once disabled or no process they trace is left; their programs' pause
+    leases are revoked before (BpfReceiver.shutdown), so they never stop a process again. The child keeps no
+    other fd of this process (not its stdout, stderr or sockets). Once per process; later calls return 0.
+    For a process that exits right after (the CLI's ``run``): the probes stay until then."""
+    global _closer_pipe
+    with _closer_lock:
+        if _closer_pipe is not None:
+            return 0
+        keep = _probe_fds()
+        if not keep:
+            return 0
+        r, w = os.pipe()
         try:
-            if os.fork() == 0:
-                for fd in fds.values():
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            return 0  # each close then waits as before
+        if pid == 0:  # child: fork again so init reaps the closer, then leave at once
+            try:
+                if os.fork() == 0:
+                    _closer(keep, r)
+            finally:
+                os._exit(0)
+        os.close(r)
+        os.waitpid(pid, 0)
+        _closer_pipe = w
+        return len(keep)
+
+
+def release_uprobes_in_background(bpf: Any) -> int:
+    """Release ``bpf``'s uprobes and tracepoints without waiting (:func:`hand_off_probes`): returns how many it
+    held. They are disabled and dropped from BCC's bookkeeping here (cheap now), so ``bpf.cleanup()`` has
+    nothing slow left; the records they still make are not read (the ring buffer has been drained)."""
+    uprobes = dict(getattr(bpf, "uprobe_fds", {}))
+    tracepoints = dict(getattr(bpf, "tracepoint_fds", {}))
+    if not uprobes and not tracepoints:
+        return 0
+    hand_off_probes()
+    if _closer_pipe is None:
+        return 0  # no closer: BCC's own cleanup detaches them, slowly
     bcc = import_bcc()
-    for ev_name, fd in fds.items():
+    for ev_name, fd in uprobes.items():
         with contextlib.suppress(OSError):
             os.close(fd)
         bcc.lib.bpf_detach_uprobe(ev_name if isinstance(ev_name, bytes) else ev_name.encode())
         bpf._del_uprobe_fd(ev_name)  # BCC's own bookkeeping (it counts open probes globally)
-    return len(fds)
+    for tp, fd in tracepoints.items():
+        bcc.lib.bpf_close_perf_event_fd(fd)  # disable, then a close that is not the last
+        del bpf.tracepoint_fds[tp]
+    return len(uprobes) + len(tracepoints)
 
 
 def all_pids() -> list[int]:

@@ -279,9 +279,12 @@ class Agent:
 
     def shutdown(self, *, exiting: bool = False, timeout: float | None = None) -> None:
         """Drain and stop, in order. Safe twice and without start. ``exiting``: this process
-        ends right after, so uprobes are released by a detached child instead of holding the
-        exit ~0.1 s per probe (:func:`otel_ebpf.bpf.loader.release_uprobes_in_background`)."""
+        ends right after, so its probes are released by a detached child instead of holding the
+        exit ~0.1 s per probe (:func:`otel_ebpf.bpf.loader.hand_off_probes`)."""
         if exiting:
+            from otel_ebpf.bpf.loader import hand_off_probes
+
+            hand_off_probes()  # every receiver's probes (USDT ones too), before any is closed
             for r in self.receivers.values():
                 if hasattr(r, "detach_in_background"):
                     r.detach_in_background = True

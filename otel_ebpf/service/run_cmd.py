@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -164,18 +165,40 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(agent.summary, sys.stderr)
     if not args.quiet:
         progress.start()
-    code = 0
+    code, ended = 0, "interrupted"
     try:
         if child:
             child.release()
             code = wait_child(child.pid, lambda s: log.info("signal %d: forwarding", s))
+            ended = f"{_shown(command)} exited ({code})"
         else:
-            stop = threading.Event()
-            for s in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(s, lambda *_: stop.set())
-            wait_pids(targets, stop) if targets else stop.wait()
+            ended = _wait_targets(targets, wait_pids)
     finally:
         progress.stop()
+        print(f"otel-ebpf: {ended}; flushing what was collected...", file=sys.stderr, flush=True)
         agent.shutdown(exiting=True)
         lost_everything = _report(agent, started, code if child else None)
     return EXIT_EXPORT_LOST if lost_everything else code
+
+
+def _shown(command: Sequence[str], width: int = 60) -> str:
+    """The command as the exit line names it, cut to ``width`` characters."""
+    text = shlex.join(command)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _wait_targets(targets: Sequence[int], wait_pids: Any) -> str:
+    """Until SIGINT/SIGTERM, or every process of ``--pid`` has exited; what ended it, for the exit line."""
+    stop = threading.Event()
+    got: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        got.append(signum)
+        stop.set()
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, on_signal)
+    wait_pids(targets, stop) if targets else stop.wait()
+    if got:
+        return f"{signal.Signals(got[0]).name} received, detaching"
+    return f"{'pid' if len(targets) == 1 else 'pids'} {', '.join(map(str, targets))} exited"
