@@ -2,7 +2,8 @@
 torch: the command is forked by the agent (a copy of the agent's own interpreter), attached
 before its exec, and keeps its probes through the exec; libtorch_cpu is caught at openat.
 The job sets a do-nothing C profile function: CPython 3.11-3.14 fire function__entry only
-then (CPython gh-98894)."""
+then (CPython gh-98894). Operator calls made inside a traced function nest under it, in its
+trace; one made outside is in the trace of its thread's step, under a pytorch.step span."""
 from __future__ import annotations
 
 import collections
@@ -33,11 +34,12 @@ def train():
         model(torch.randn(2, 8)).sum().backward()
 
 train()
+torch.relu(torch.randn(4))  # in no traced function: a step of its own
 print("ok", flush=True)
 """
 
 
-def test_run_nests_python_calls_and_torch_ops_in_their_own_traces(bpf_ready: None, tmp_path: Path) -> None:
+def test_run_nests_torch_ops_under_the_python_calls_that_made_them(bpf_ready: None, tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="torch (CPU) is a test dependency")
     job = tmp_path / "job.py"
     job.write_text(JOB)
@@ -66,3 +68,10 @@ def test_run_nests_python_calls_and_torch_ops_in_their_own_traces(bpf_ready: Non
     by_id = {s.span_id: s for s in ops}
     addmm = [s for s in ops if s.name == "addmm"]
     assert len(addmm) == 3 and all(by_id[s.parent_span_id].name == "linear" for s in addmm)
+    (relu,) = [s for s in ops if s.name == "relu"]
+    inside = [s for s in ops if s is not relu and s.name != "pytorch.step"]
+    assert inside and all(s.trace_id == train.trace_id for s in inside)  # one trace: job.train's
+    top = [s for s in inside if s.name == "linear"]
+    assert len(top) == 3 and all(s.parent_span_id == train.span_id for s in top)
+    (step,) = [s for s in ops if s.name == "pytorch.step"]
+    assert relu.parent_span_id == step.span_id and relu.trace_id == step.trace_id != train.trace_id
