@@ -133,7 +133,7 @@
 
   // ---- timeline -------------------------------------------------------------------------
   var LABEL = 250, ROWH = 12, HEAD = 18, PAD = 6, TOP = 26, FOOT = 22;
-  var SRC = { "Python": "py", "torch ops": "torch", "CUDA": "cuda", "NCCL": "nccl" };
+  var SRC = { "Python": "py", "torch ops": "torch", "CUDA": "cuda", "NCCL": "nccl", "NCCL on GPU": "ngpu" };
   var TL = { svg: null, lanes: [], coll: null, height: 0, w: 1000, view: { a: 0, b: 1 }, full: { a: 0, b: 1 } };
 
   function hover(node, lines) {

@@ -2,7 +2,8 @@
 
 A lane is a process (host, pid; its rank in the label when it has one). Inside it, spans are put
 on rows by thread (``thread.id``; the main thread, tid == pid, first) and by source, from the
-span's instrumentation scope: Python calls, torch operators, CUDA calls, NCCL calls, then any other
+span's instrumentation scope: Python calls, torch operators, CUDA calls, NCCL calls, NCCL's GPU
+time (the profiler plugin's spans, ``nccl.timing=gpu``: no thread of their own), then any other
 receiver. Nested spans on a row (a Python call inside another) stack downwards as levels, at most
 :data:`MAX_LEVELS` (deeper ones share the last level). The process-lifetime span (the lifecycle
 processor's ``process <name>`` span, fork to exit; the sched processor's in output written before
@@ -19,13 +20,14 @@ from typing import Any
 
 from otel_ebpf.report.otlpfiles import SpanRow
 
-__all__ = ["MAX_LEVELS", "SOURCES", "is_process_span", "lanes_and_spans", "source_of"]
+__all__ = ["MAX_LEVELS", "NCCL_GPU", "SOURCES", "is_process_span", "lanes_and_spans", "rank_of", "short", "source_of"]
 
 MAX_LEVELS = 8
 # scope -> row label, in row order; other scopes follow, named by their scope's last part
 SOURCES = {"otel_ebpf.python": "Python", "otel_ebpf.torch": "torch ops", "otel_ebpf.cuda": "CUDA",
            "otel_ebpf.nccl": "NCCL"}
-_ORDER = {label: i for i, label in enumerate(SOURCES.values())}
+NCCL_GPU = "NCCL on GPU"  # nccl.timing=gpu: the plugin's GPU time of a call (processors/nccl), no thread
+_ORDER = {label: i for i, label in enumerate([*SOURCES.values(), NCCL_GPU])}
 # processors/lifecycle (processors/sched before issue 18): one 'process <exe>' span per traced process
 _PROCESS_SCOPES = ("otel_ebpf.lifecycle", "otel_ebpf.sched")
 _ATTR_CHARS = 200  # longest attribute value shown on hover
@@ -46,7 +48,9 @@ def is_process_span(s: SpanRow) -> bool:
 
 
 def source_of(s: SpanRow) -> str:
-    """The row label of a span's source: Python, torch ops, CUDA, NCCL, else its scope's last part."""
+    """The row label of a span's source: Python, torch ops, CUDA, NCCL, NCCL on GPU, else its scope's last part."""
+    if s.attributes.get("nccl.timing") == "gpu":
+        return NCCL_GPU
     if s.scope in SOURCES:
         return SOURCES[s.scope]
     if s.name.startswith("nccl"):

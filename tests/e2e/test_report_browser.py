@@ -15,6 +15,7 @@ the label column, cards' text inside the card). A full-page screenshot of each i
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import queue
@@ -81,20 +82,23 @@ class Chromium:
         self._out_r, out_w = os.pipe()  # chromium writes fd 4; we read
         offline = ["unshare", "-n"] if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0 \
             else []
+        profile.mkdir(parents=True, exist_ok=True)
         self.log = profile / "chromium.log"
 
-        def fds() -> None:
-            os.dup2(cmd_r, 3)
-            os.dup2(out_w, 4)
+        def fds() -> None:  # in the child: the pipe ends as fd 3 and 4 (via fds above both, whichever they were)
+            high = fcntl.fcntl(cmd_r, fcntl.F_DUPFD, 10), fcntl.fcntl(out_w, fcntl.F_DUPFD, 10)
+            os.dup2(high[0], 3)  # dup2 makes them inheritable; Python's own fds are not (PEP 446)
+            os.dup2(high[1], 4)
 
-        self.proc = subprocess.Popen(
-            [*offline, exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-             "--no-default-browser-check", "--disable-background-networking", "--disable-component-update",
-             "--disable-sync", "--disable-extensions", "--disable-dev-shm-usage", "--mute-audio",
-             "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",
-             f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"), pass_fds=(3, 4),
-            preexec_fn=fds)
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [*offline, exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--no-default-browser-check", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-extensions", "--disable-dev-shm-usage", "--mute-audio",
+                 "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",
+                 f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, close_fds=False,
+                preexec_fn=fds)
         os.close(cmd_r)
         os.close(out_w)
         self._next = 0

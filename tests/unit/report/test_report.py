@@ -215,3 +215,28 @@ def test_hang_forensics_records_are_listed_newest_last_with_their_stacks() -> No
     assert f[0]["who"] == "node-b pid 4242" and f[0]["body"] == stack and f[0]["title"].startswith("Thread 7")
     assert f[1]["title"] == "NCCL desync: comm c, seq 3 (AllReduce) has waited 2.0 s"
     assert f[1]["t"] == 2.0 and built["meta"]["t0_ns"] == 1_000  # us; no spans, no metrics: t=0 is the first record
+
+
+def test_rows_follow_threads_then_sources_and_nccl_gpu_time_has_its_own_row() -> None:
+    """Main thread first, then other threads by id, then spans without a thread (the NCCL plugin's GPU time);
+    inside a thread Python, torch ops, CUDA, NCCL, then other scopes."""
+    from otel_ebpf.report.otlpfiles import SpanRow
+    from otel_ebpf.report.timeline import lanes_and_spans
+
+    def span(scope: str, name: str, tid: int | None, **attrs: Any) -> SpanRow:
+        a = {"nccl.rank": 0, **attrs} | ({"thread.id": tid} if tid is not None else {})
+        return SpanRow("t", name, "", name, "internal", 10, 20, "unset", "", scope,
+                       {"host.name": "n0", "process.pid": 5, "process.executable.name": "python3"}, a)
+
+    rows = [span("otel_ebpf.nccl", "ncclAllReduce gpu", None, **{"nccl.timing": "gpu"}),
+            span("otel_ebpf.probes", "my_probe", 9), span("otel_ebpf.nccl", "ncclAllReduce", 9),
+            span("otel_ebpf.cuda", "cudaMalloc", 5), span("otel_ebpf.torch", "addmm", 5),
+            span("otel_ebpf.python", "job.step", 5)]
+    (lane,), spans = lanes_and_spans(rows, {}, 0, 0)
+    assert lane["label"] == "n0 / rank 0 / python3 5" and lane["straggler"]
+    assert [r["label"] for r in lane["rows"]] == [
+        "main thread \u00b7 Python", "main thread \u00b7 torch ops", "main thread \u00b7 CUDA",
+        "thread 9 \u00b7 NCCL", "thread 9 \u00b7 probes", "NCCL on GPU"]
+    assert sorted((lane["rows"][s[1]]["source"], s[4]) for s in spans) == sorted(
+        [("NCCL on GPU", "ncclAllReduce gpu"), ("probes", "my_probe"), ("NCCL", "ncclAllReduce"),
+         ("CUDA", "cudaMalloc"), ("torch ops", "addmm"), ("Python", "job.step")])
