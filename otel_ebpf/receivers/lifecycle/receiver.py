@@ -30,6 +30,10 @@ __all__ = ["EXEC", "EXIT_CODE", "FORK", "MIRRORS", "LifecycleReceiver", "newtask
 log = logging.getLogger(__name__)
 _TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 _ARGS_LEN = 1024  # LC_ARGS_LEN
+# The common part's exit/exec ring (OE_LIFECYCLE_PAGES, 16 pages elsewhere: ~1,600 records of 40 bytes). This
+# receiver's spans end at those exits, and a storm of short processes (tests/faults/test_load.py, 10,000
+# forks) filled 16 pages while the agent was busy: 128 pages (512 KiB) hold ~13,000.
+_EXIT_RING_PAGES = 128
 _USUAL_OFFSETS = (8, 32)  # task_newtask's pid and clone_flags on x86-64 6.x: only for --dump-bpf without tracefs
 
 FORK = Mirror("lc_fork_rec", 48, struct.Struct("<B3xII4xQ16s"), ("type", "pid", "ppid", "ts", "comm"))
@@ -82,7 +86,7 @@ class LifecycleReceiver(BpfReceiver):
                 log.debug("%s", exc)
                 offsets = _USUAL_OFFSETS
         return [f"-DLC_NEWTASK_PID_OFF={offsets[0]}", f"-DLC_NEWTASK_FLAGS_OFF={offsets[1]}",
-                f"-DLC_EXEC_PENDING={self.config.max_pending_execs}"]
+                f"-DLC_EXEC_PENDING={self.config.max_pending_execs}", f"-DOE_LIFECYCLE_PAGES={_EXIT_RING_PAGES}"]
 
     def start(self) -> None:
         if self.bpf is not None:

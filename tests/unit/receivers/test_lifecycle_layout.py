@@ -60,7 +60,7 @@ def test_decode_each_record() -> None:
 
 def test_config_reaches_the_program() -> None:
     flags = _receiver(max_pending_execs=7).program_cflags()
-    assert "-DLC_EXEC_PENDING=7" in flags
+    assert "-DLC_EXEC_PENDING=7" in flags and "-DOE_LIFECYCLE_PAGES=128" in flags
     assert any(f.startswith("-DLC_NEWTASK_FLAGS_OFF=") for f in flags)
     assert any(f.startswith("-DLC_NEWTASK_PID_OFF=") for f in flags)
 
