@@ -201,8 +201,9 @@ class Emitter:
             proc = self._procs.get(pid)
             if proc is None or proc.resource.attributes == resource.attributes:
                 return
-            self._retire(proc)
             fresh = ProcessMeters.on(resource)
+            proc.hand_over(fresh)  # up-down totals move: the old resource ends at 0, the new one starts there
+            self._retire(proc)
             fresh.exited_ns = proc.exited_ns
             self._procs[pid] = fresh
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -36,6 +36,8 @@ class ProcessMeters:
     instruments: dict[tuple[str, str, str], Any] = field(default_factory=dict)
     pending: dict[tuple[Any, ...], list[Any]] = field(default_factory=dict)
     exited_ns: int | None = None  # when its ProcessExit arrived
+    # up-down series -> [record, running total]: what hand_over() moves to the next resource at exec (bounded)
+    updown: dict[tuple[Any, ...], list[Any]] = field(default_factory=dict)
 
     @classmethod
     def on(cls, resource: Resource) -> ProcessMeters:
@@ -66,6 +68,12 @@ class ProcessMeters:
             inst.set(rec.value, dict(rec.attributes))
             return True
         series = (key, *rec.attributes.items())
+        if rec.kind == "updown":
+            running = self.updown.get(series)
+            if running is not None:
+                running[1] += rec.value * rec.count
+            elif len(self.updown) < _MAX_PENDING_SERIES:
+                self.updown[series] = [rec, rec.value * rec.count]
         slot = self.pending.get(series)
         if slot is None:
             if len(self.pending) >= _MAX_PENDING_SERIES:  # bounded: hand the sums to the SDK now
@@ -74,6 +82,16 @@ class ProcessMeters:
         else:
             slot[2] += rec.value * rec.count
         return True
+
+    def hand_over(self, to: ProcessMeters) -> None:
+        """The process exec'd and its records move to ``to`` (a new resource): each up-down total (RSS,
+        outstanding GPU memory: sums of deltas) ends at 0 here and starts from it there, so the new
+        resource reads the process's real value, not its deltas since the exec (which went negative: RSS
+        read -31 MB after a python exec'd itself)."""
+        for rec, total in list(self.updown.values()):
+            if total:
+                self.record(replace(rec, value=-total, count=1))
+                to.record(replace(rec, value=total, count=1))
 
     def collect(self, now_ns: int) -> ResourceMetrics | None:
         """Everything recorded so far (SDK instruments and histograms, merged per scope), or

@@ -595,3 +595,35 @@ def test_a_resource_follows_exec_once_the_cache_rereads_the_process(tmp_path):
     assert values == {("/usr/bin/python3 /usr/bin/otel-ebpf run -- python train.py", 1), ("python train.py", 2)}
     assert rig.emitter.process_count() == 1
     rig.emitter.shutdown()
+
+
+def test_up_down_totals_move_with_the_process_across_exec(tmp_path):
+    """RSS is an up-down counter fed as deltas: after an exec the new resource started from 0 and read
+    negative once the process freed memory (-31 MB in a real run). At the exec the old resource's total
+    ends at 0 and the new one starts from it; counters (totals of events) stay where they were made."""
+    from otel_ebpf.host.processes import ResourceCache
+    from tests.unit.host.test_resources import make_proc
+
+    make_proc(tmp_path, 4343, cmdline=b"/bin/sh\0-c\0exec python train.py\0")
+    cache = ResourceCache(proc_root=str(tmp_path))
+    rig = Rig(resource_of=cache.get)
+    cache.subscribe(rig.emitter.resource_changed)
+    rss = {"name": "process.memory.usage", "kind": "updown", "unit": "By"}
+    rig.emitter.consume([metric(pid=4343, value=30_000_000, **rss), metric(pid=4343, value=1_000, **rss),
+                         metric(pid=4343, name="calls", value=5)])
+    make_proc(tmp_path, 4343, cmdline=b"python\0train.py\0")
+    cache.refresh(4343)
+    rig.emitter.consume([metric(pid=4343, value=-12_000_000, **rss)])
+    rig.export()
+    last: dict[tuple[str, str], float] = {}
+    for data in rig.metrics.exports:
+        for rm in data.resource_metrics:
+            if rm.resource.attributes.get("process.pid") == 4343:
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        for p in points(m):
+                            last[(rm.resource.attributes["process.command_line"], m.name)] = p.value
+    assert last == {("/bin/sh -c exec python train.py", "process.memory.usage"): 0,
+                    ("/bin/sh -c exec python train.py", "calls"): 5,
+                    ("python train.py", "process.memory.usage"): 30_001_000 - 12_000_000}
+    rig.emitter.shutdown()
