@@ -1,0 +1,310 @@
+"""Spans and log records -> one OTLP/JSON line, written directly (no protobuf messages).
+
+:func:`spans_to_otlp_json` returns exactly the string ``to_otlp_json(encode_spans(spans))``
+returns (the SDK's OTLP protobuf encoder, then protobuf's pure-Python ``json_format``, ids
+spelled in hex), and :func:`logs_to_otlp_json` exactly that of ``encode_logs``: the same bytes,
+at a fraction of the cost (``bench/file_export.py``). What that path writes, and so what this
+module writes (opentelemetry-exporter-otlp-proto-common 1.45, protobuf 7.x ``json_format`` with
+``use_integers_for_enums``, ``json.dumps`` with ``separators=(",", ":")``):
+
+* keys lowerCamelCase, in field-number order (``Span.flags``, number 16, comes last);
+* grouped by resource, then by instrumentation scope, in the order each first appears, as the
+  SDK's encoders group them (a dict keyed by the SDK objects); a resource is encoded once;
+* a scalar field at its default (0, ``""``, no bytes, None) is left out; a message field the
+  encoder sets is written even when empty (``"status":{}``, ``"resource":{}``, ``"scope":{}``,
+  ``"body":{}``); an AnyValue holds its one member even at its default (``{"intValue":"0"}``),
+  and the AnyValue of None is ``{}``;
+* int64 and fixed64 (times, ``intValue``) as decimal strings; uint32, fixed32 (counts, flags)
+  and enums (kind, status code, severity) as numbers; doubles as ``repr`` writes them, NaN and
+  the infinities as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; bytes in base64;
+  trace and span ids as lowercase hex (OTLP/JSON); strings as ``json.dumps`` writes them (ASCII,
+  ``\\uXXXX`` escapes).
+
+Anything it cannot write exactly as that path would raises :class:`Unencodable` and nothing is
+returned: a value of another type than None, bool, int, float, str, bytes, list, tuple or dict
+(subclasses included), an int outside int64, a time outside fixed64, a count outside uint32, a
+string holding a lone surrogate (protobuf refuses it). The caller then encodes the batch the
+SDK's way, which drops such an attribute with a log line, or raises, as it always did. Any
+other error the input causes (a span without a context, say) is raised as :class:`Unencodable`
+too. Pure functions, thread-safe.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanKind, Status
+
+__all__ = ["Unencodable", "logs_to_otlp_json", "spans_to_otlp_json"]
+
+_I64 = 1 << 63
+_U64 = 1 << 64
+_U32 = 1 << 32
+_I32 = 1 << 31
+_ESCAPE: Callable[[str], str] = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str
+# the SDK's SpanKind -> the proto's Span.SpanKind number (SPAN_KIND_INTERNAL = 1, ...)
+_KINDS = {SpanKind.INTERNAL: '"kind":1', SpanKind.SERVER: '"kind":2', SpanKind.CLIENT: '"kind":3',
+          SpanKind.PRODUCER: '"kind":4', SpanKind.CONSUMER: '"kind":5'}
+# Span.flags: SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK, plus SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK for a remote parent
+_LOCAL, _REMOTE = '"flags":256', '"flags":768'
+_DOUBLES = {float("inf"): '"Infinity"', float("-inf"): '"-Infinity"'}
+_T = TypeVar("_T", ReadableSpan, ReadableLogRecord)
+
+
+class Unencodable(ValueError):
+    """A value this encoder cannot write exactly as the SDK + json_format path would."""
+
+
+def _str(text: Any) -> str:
+    """A JSON string; its text must be valid for a protobuf string field (no lone surrogate)."""
+    if type(text) is not str:
+        raise Unencodable(f"not a str: {type(text).__name__}")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise Unencodable("a string with a lone surrogate") from None
+    return _ESCAPE(text)
+
+
+def _int64(value: int) -> str:
+    if -_I64 <= value < _I64:
+        return str(value)
+    raise Unencodable(f"int outside int64: {value}")
+
+
+def _unsigned(value: Any, limit: int) -> str:
+    if type(value) is int and 0 <= value < limit:
+        return str(value)
+    raise Unencodable(f"not an unsigned int below {limit}: {value!r}")
+
+
+def _enum(value: Any) -> str:
+    if type(value) is int and -_I32 <= value < _I32:
+        return str(value)
+    raise Unencodable(f"not an enum number: {value!r}")
+
+
+def _double(value: float) -> str:
+    if value != value:
+        return '"NaN"'
+    return _DOUBLES.get(value) or float.__repr__(value)
+
+
+def _value(value: Any) -> str:
+    """The AnyValue object of one attribute value (the SDK's ``_encode_value``)."""
+    kind = type(value)
+    if kind is str:
+        return '{"stringValue":' + _str(value) + "}"
+    if kind is int:
+        return '{"intValue":"' + _int64(value) + '"}'
+    if kind is bool:
+        return '{"boolValue":true}' if value else '{"boolValue":false}'
+    if kind is float:
+        return '{"doubleValue":' + _double(value) + "}"
+    if value is None:
+        return "{}"
+    if kind is tuple or kind is list:
+        if not value:
+            return '{"arrayValue":{}}'
+        return '{"arrayValue":{"values":[' + ",".join([_value(v) for v in value]) + "]}}"
+    if kind is bytes:
+        return '{"bytesValue":"' + base64.b64encode(value).decode("ascii") + '"}'
+    if kind is dict:
+        if not value:
+            return '{"kvlistValue":{}}'
+        pairs = [_key_value(str(k), v) for k, v in value.items()]
+        return '{"kvlistValue":{"values":[' + ",".join(pairs) + "]}}"
+    raise Unencodable(f"a value of type {kind.__name__}")
+
+
+def _key_value(key: Any, value: Any) -> str:
+    if key == "" and type(key) is str:
+        return '{"value":' + _value(value) + "}"
+    return '{"key":' + _str(key) + ',"value":' + _value(value) + "}"
+
+
+def _attributes(attributes: Mapping[str, Any] | None) -> str:
+    """The ``"attributes":[...]`` field, or "" when there are none (the SDK's ``_encode_attributes``)."""
+    if not attributes:
+        return ""
+    return '"attributes":[' + ",".join([_key_value(k, v) for k, v in attributes.items()]) + "]"
+
+
+def _trace_id(value: Any) -> str:
+    if type(value) is int and 0 <= value < 1 << 128:
+        return f"{value:032x}"
+    raise Unencodable(f"trace id out of range: {value!r}")
+
+
+def _span_id(value: Any) -> str:
+    if type(value) is int and 0 <= value < _U64:
+        return f"{value:016x}"
+    raise Unencodable(f"span id out of range: {value!r}")
+
+
+def _optional(fields: list[str], name: str, value: Any, encode: Callable[[Any], str]) -> None:
+    """Append ``"name":encode(value)`` unless value is at its default (None, 0, "", empty)."""
+    if value:
+        fields.append(name + encode(value))
+
+
+def _add(fields: list[str], field: str) -> None:
+    if field:
+        fields.append(field)
+
+
+def _time(value: Any) -> str:
+    return '"' + _unsigned(value, _U64) + '"'
+
+
+def _count(value: Any) -> str:
+    return _unsigned(value, _U32)
+
+
+def _event(event: Event) -> str:
+    fields: list[str] = []
+    _optional(fields, '"timeUnixNano":', event.timestamp, _time)
+    _optional(fields, '"name":', event.name, _str)
+    _add(fields, _attributes(event.attributes))
+    _optional(fields, '"droppedAttributesCount":', event.dropped_attributes, _count)
+    return "{" + ",".join(fields) + "}"
+
+
+def _link(link: Link) -> str:
+    context = link.context
+    fields = ['"traceId":"' + _trace_id(context.trace_id) + '","spanId":"' + _span_id(context.span_id) + '"']
+    _add(fields, _attributes(link.attributes))
+    _optional(fields, '"droppedAttributesCount":', link.dropped_attributes, _count)
+    fields.append(_REMOTE if context.is_remote else _LOCAL)
+    return "{" + ",".join(fields) + "}"
+
+
+def _status(status: Status) -> str:
+    code = status.status_code.value
+    fields: list[str] = []
+    _optional(fields, '"message":', status.description, _str)
+    _optional(fields, '"code":', code, _enum)
+    return '"status":{' + ",".join(fields) + "}"
+
+
+def _span(span: ReadableSpan) -> str:
+    """One Span object (the SDK's ``_encode_span``)."""
+    context, parent = span.get_span_context(), span.parent
+    if context is None:
+        raise Unencodable("a span without a context")
+    fields = ['{"traceId":"' + _trace_id(context.trace_id) + '","spanId":"' + _span_id(context.span_id) + '"']
+    trace_state = context.trace_state
+    if trace_state:
+        fields.append('"traceState":' + _str(",".join([f"{k}={v}" for k, v in trace_state.items()])))
+    if parent:
+        fields.append('"parentSpanId":"' + _span_id(parent.span_id) + '"')
+    _optional(fields, '"name":', span.name, _str)
+    kind = _KINDS.get(span.kind)
+    if kind is None:
+        raise Unencodable(f"span kind {span.kind!r}")
+    fields.append(kind)
+    _optional(fields, '"startTimeUnixNano":', span.start_time, _time)
+    _optional(fields, '"endTimeUnixNano":', span.end_time, _time)
+    _add(fields, _attributes(span.attributes))
+    _optional(fields, '"droppedAttributesCount":', span.dropped_attributes, _count)
+    events, links = span.events, span.links
+    if events:
+        fields.append('"events":[' + ",".join([_event(e) for e in events]) + "]")
+    _optional(fields, '"droppedEventsCount":', span.dropped_events, _count)
+    if links:
+        fields.append('"links":[' + ",".join([_link(lk) for lk in links]) + "]")
+    _optional(fields, '"droppedLinksCount":', span.dropped_links, _count)
+    if span.status is not None:
+        fields.append(_status(span.status))
+    fields.append(_REMOTE if parent and parent.is_remote else _LOCAL)
+    return ",".join(fields) + "}"
+
+
+def _log(record: ReadableLogRecord) -> str:
+    """One LogRecord object (the SDK's ``_encode_log``)."""
+    log = record.log_record
+    fields: list[str] = []
+    _optional(fields, '"timeUnixNano":', log.timestamp, _time)
+    severity = getattr(log.severity_number, "value", None)
+    _optional(fields, '"severityNumber":', severity, _enum)
+    _optional(fields, '"severityText":', log.severity_text, _str)
+    fields.append('"body":' + _value(log.body))
+    _add(fields, _attributes(log.attributes))
+    _optional(fields, '"droppedAttributesCount":', record.dropped_attributes, _count)
+    _optional(fields, '"flags":', int(log.trace_flags), _count)  # a None trace_flags fails, as in the SDK
+    if log.trace_id != 0:  # as the SDK: 0 is no id, None fails
+        fields.append('"traceId":"' + _trace_id(log.trace_id) + '"')
+    if log.span_id != 0:
+        fields.append('"spanId":"' + _span_id(log.span_id) + '"')
+    _optional(fields, '"observedTimeUnixNano":', log.observed_timestamp, _time)
+    _optional(fields, '"eventName":', log.event_name, _str)
+    return "{" + ",".join(fields) + "}"
+
+
+def _scope(scope: InstrumentationScope | None) -> str:
+    """The ``"scope":{...}`` field (the SDK's ``_encode_instrumentation_scope``)."""
+    fields: list[str] = []
+    if scope is not None:
+        _optional(fields, '"name":', scope.name, _str)
+        _optional(fields, '"version":', scope.version, _str)
+        _add(fields, _attributes(scope.attributes))
+    return '"scope":{' + ",".join(fields) + "}"
+
+
+def _resource(resource: Resource) -> str:
+    return '"resource":{' + _attributes(resource.attributes) + "}"
+
+
+def _encode(items: Sequence[_T], encode: Callable[[_T], str], top: str, middle: str, inner: str) -> str:
+    """Group ``items`` by resource, then scope, as the SDK's encoders do, and write the request.
+
+    The groups are dicts keyed by the SDK objects, as the SDK's are (equal resources share a
+    group); each distinct resource and scope object is hashed once, not once per item (a
+    Resource's hash json-dumps its attributes)."""
+    by_object: dict[tuple[int, int], list[str]] = {}
+    groups: dict[Resource, dict[InstrumentationScope | None, list[str]]] = {}
+    for item in items:
+        resource, scope = item.resource, item.instrumentation_scope or None
+        out = by_object.get((id(resource), id(scope)))
+        if out is None:  # items hold their resource and scope: the ids stay theirs for the batch
+            out = by_object[id(resource), id(scope)] = groups.setdefault(resource, {}).setdefault(scope, [])
+        out.append(encode(item))
+    if not groups:
+        return "{}"
+    blocks = []
+    for resource, scopes in groups.items():
+        scope_blocks = []
+        for scope, encoded in scopes.items():
+            schema = ',"schemaUrl":' + _str(scope.schema_url) if scope is not None and scope.schema_url else ""
+            scope_blocks.append("{" + _scope(scope) + ',"' + inner + '":[' + ",".join(encoded) + "]" + schema + "}")
+        schema = ',"schemaUrl":' + _str(resource.schema_url) if resource.schema_url else ""
+        blocks.append("{" + _resource(resource) + ',"' + middle + '":[' + ",".join(scope_blocks) + "]" + schema + "}")
+    return '{"' + top + '":[' + ",".join(blocks) + "]}"
+
+
+def _checked(items: Sequence[_T], encode: Callable[[_T], str], top: str, middle: str, inner: str) -> str:
+    try:
+        return _encode(items, encode, top, middle, inner)
+    except Unencodable:
+        raise
+    except Exception as exc:  # malformed input (a span without a kind, a None trace_flags): the SDK's path decides
+        raise Unencodable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> str:
+    """The ExportTraceServiceRequest of ``spans`` as one OTLP/JSON line (no newline); raises
+    :class:`Unencodable` when it cannot be written exactly as ``to_otlp_json(encode_spans(spans))``."""
+    return _checked(spans, _span, "resourceSpans", "scopeSpans", "spans")
+
+
+def logs_to_otlp_json(records: Sequence[ReadableLogRecord]) -> str:
+    """The ExportLogsServiceRequest of ``records`` as one OTLP/JSON line (no newline); raises
+    :class:`Unencodable` when it cannot be written exactly as ``to_otlp_json(encode_logs(records))``."""
+    return _checked(records, _log, "resourceLogs", "scopeLogs", "logRecords")
