@@ -1,4 +1,5 @@
-"""PyTorch processor: operator calls (otel_ebpf/receivers/torch) to nested spans and pytorch.op.duration."""
+"""PyTorch processor: operator calls and steps (otel_ebpf/receivers/torch) to nested spans, one trace per
+step under a pytorch.step span, and the pytorch.op.duration / pytorch.step.duration histograms."""
 from __future__ import annotations
 
 from otel_ebpf.core.ids import op_ids
@@ -15,5 +16,6 @@ def create(config: Config, ctx: Context, next_: Consumer) -> TorchProcessor:
 
 
 factory = Factory(type="torch", config_class=Config, create=create,
-                  description="PyTorch operator calls to nested spans and the pytorch.op.duration histogram",
+                  description="PyTorch operator calls to nested spans (one trace per step) and the "
+                              "pytorch.op.duration and pytorch.step.duration histograms",
                   default_on=False)
