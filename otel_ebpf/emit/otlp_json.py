@@ -39,13 +39,14 @@ from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanKind, Status
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status
 
 __all__ = ["Unencodable", "logs_to_otlp_json", "spans_to_otlp_json"]
 
 _I64 = 1 << 63
 _U64 = 1 << 64
 _U32 = 1 << 32
+_U128 = 1 << 128
 _I32 = 1 << 31
 _ESCAPE: Callable[[str], str] = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str
 # the SDK's SpanKind -> the proto's Span.SpanKind number (SPAN_KIND_INTERNAL = 1, ...)
@@ -53,8 +54,11 @@ _KINDS = {SpanKind.INTERNAL: '"kind":1', SpanKind.SERVER: '"kind":2', SpanKind.C
           SpanKind.PRODUCER: '"kind":4', SpanKind.CONSUMER: '"kind":5'}
 # Span.flags: SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK, plus SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK for a remote parent
 _LOCAL, _REMOTE = '"flags":256', '"flags":768'
-_DOUBLES = {float("inf"): '"Infinity"', float("-inf"): '"-Infinity"'}
+_INF = float("inf")
+_DOUBLES = {_INF: '"Infinity"', -_INF: '"-Infinity"'}
 _T = TypeVar("_T", ReadableSpan, ReadableLogRecord)
+_HEADS: dict[str, str] = {}  # attribute key -> its escaped head (_key_head)
+_HEADS_MAX = 4096
 
 
 class Unencodable(ValueError):
@@ -124,21 +128,48 @@ def _value(value: Any) -> str:
     raise Unencodable(f"a value of type {kind.__name__}")
 
 
+def _key_head(key: Any) -> str:
+    """``{"key":"<key>","value":`` (``{"value":`` for the empty key: its default), cached: keys repeat."""
+    if type(key) is not str:
+        raise Unencodable(f"a key of type {type(key).__name__}")
+    head = _HEADS.get(key)
+    if head is None:
+        head = '{"key":' + _str(key) + ',"value":' if key else '{"value":'
+        if len(_HEADS) >= _HEADS_MAX:  # many distinct keys: start over rather than grow (dict ops are atomic)
+            _HEADS.clear()
+        _HEADS[key] = head
+    return head
+
+
 def _key_value(key: Any, value: Any) -> str:
-    if key == "" and type(key) is str:
-        return '{"value":' + _value(value) + "}"
-    return '{"key":' + _str(key) + ',"value":' + _value(value) + "}"
+    return _key_head(key) + _value(value) + "}"
 
 
 def _attributes(attributes: Mapping[str, Any] | None) -> str:
     """The ``"attributes":[...]`` field, or "" when there are none (the SDK's ``_encode_attributes``)."""
     if not attributes:
         return ""
-    return '"attributes":[' + ",".join([_key_value(k, v) for k, v in attributes.items()]) + "]"
+    parts = []
+    for key, value in attributes.items():  # _key_head and _value's commonest cases inlined: the hot loop
+        head = _HEADS.get(key) if type(key) is str else None
+        if head is None:
+            head = _key_head(key)
+        kind = type(value)
+        if kind is str and value.isascii():
+            parts.append(f'{head}{{"stringValue":{_ESCAPE(value)}}}}}')
+        elif kind is int and -_I64 <= value < _I64:
+            parts.append(f'{head}{{"intValue":"{value}"}}}}')
+        elif kind is float and -_INF < value < _INF:  # not NaN nor an infinity
+            parts.append(f'{head}{{"doubleValue":{float.__repr__(value)}}}}}')
+        elif kind is bool:
+            parts.append(head + ('{"boolValue":true}}' if value else '{"boolValue":false}}'))
+        else:
+            parts.append(f"{head}{_value(value)}}}")
+    return '"attributes":[' + ",".join(parts) + "]"
 
 
 def _trace_id(value: Any) -> str:
-    if type(value) is int and 0 <= value < 1 << 128:
+    if type(value) is int and 0 <= value < _U128:
         return f"{value:032x}"
     raise Unencodable(f"trace id out of range: {value!r}")
 
@@ -187,40 +218,66 @@ def _link(link: Link) -> str:
 
 
 def _status(status: Status) -> str:
-    code = status.status_code.value
+    code, message = status.status_code.value, status.description
+    if not code and not message:
+        return '"status":{}'
     fields: list[str] = []
-    _optional(fields, '"message":', status.description, _str)
+    _optional(fields, '"message":', message, _str)
     _optional(fields, '"code":', code, _enum)
     return '"status":{' + ",".join(fields) + "}"
 
 
-def _span(span: ReadableSpan) -> str:
-    """One Span object (the SDK's ``_encode_span``)."""
-    context, parent = span.get_span_context(), span.parent
-    if context is None:
-        raise Unencodable("a span without a context")
-    fields = ['{"traceId":"' + _trace_id(context.trace_id) + '","spanId":"' + _span_id(context.span_id) + '"']
+def _span_head(span: ReadableSpan, context: SpanContext, parent: SpanContext | None) -> list[str]:
+    """A Span's fields 1-8 (ids, trace state, name, kind, times); the first opens the object."""
+    trace_id, span_id = context.trace_id, context.span_id
+    if type(trace_id) is int and type(span_id) is int and 0 <= trace_id < _U128 and 0 <= span_id < _U64:
+        fields = [f'{{"traceId":"{trace_id:032x}","spanId":"{span_id:016x}"']
+    else:
+        fields = [f'{{"traceId":"{_trace_id(trace_id)}","spanId":"{_span_id(span_id)}"']
     trace_state = context.trace_state
     if trace_state:
         fields.append('"traceState":' + _str(",".join([f"{k}={v}" for k, v in trace_state.items()])))
     if parent:
-        fields.append('"parentSpanId":"' + _span_id(parent.span_id) + '"')
-    _optional(fields, '"name":', span.name, _str)
+        fields.append(f'"parentSpanId":"{_span_id(parent.span_id)}"')
+    name = span.name
+    if name:
+        fields.append('"name":' + _str(name))
     kind = _KINDS.get(span.kind)
     if kind is None:
         raise Unencodable(f"span kind {span.kind!r}")
     fields.append(kind)
-    _optional(fields, '"startTimeUnixNano":', span.start_time, _time)
-    _optional(fields, '"endTimeUnixNano":', span.end_time, _time)
-    _add(fields, _attributes(span.attributes))
-    _optional(fields, '"droppedAttributesCount":', span.dropped_attributes, _count)
+    start, end = span.start_time, span.end_time
+    if type(start) is int and type(end) is int and 0 < start < _U64 and 0 < end < _U64:
+        fields.append(f'"startTimeUnixNano":"{start}","endTimeUnixNano":"{end}"')
+    else:
+        _optional(fields, '"startTimeUnixNano":', start, _time)
+        _optional(fields, '"endTimeUnixNano":', end, _time)
+    return fields
+
+
+def _span(span: ReadableSpan) -> str:
+    """One Span object (the SDK's ``_encode_span``); the hot path: optional fields tested in place."""
+    context, parent = span.get_span_context(), span.parent
+    if context is None:
+        raise Unencodable("a span without a context")
+    fields = _span_head(span, context, parent)
+    attributes = _attributes(span.attributes)
+    if attributes:
+        fields.append(attributes)
+    dropped = span.dropped_attributes
+    if dropped:
+        fields.append('"droppedAttributesCount":' + _count(dropped))
     events, links = span.events, span.links
     if events:
         fields.append('"events":[' + ",".join([_event(e) for e in events]) + "]")
-    _optional(fields, '"droppedEventsCount":', span.dropped_events, _count)
+    dropped = span.dropped_events
+    if dropped:
+        fields.append('"droppedEventsCount":' + _count(dropped))
     if links:
         fields.append('"links":[' + ",".join([_link(lk) for lk in links]) + "]")
-    _optional(fields, '"droppedLinksCount":', span.dropped_links, _count)
+    dropped = span.dropped_links
+    if dropped:
+        fields.append('"droppedLinksCount":' + _count(dropped))
     if span.status is not None:
         fields.append(_status(span.status))
     fields.append(_REMOTE if parent and parent.is_remote else _LOCAL)

@@ -31,6 +31,7 @@ from otel_ebpf.core.events import LogRecord
 from otel_ebpf.core.otlpjson import parse_otlp_json, to_otlp_json
 from otel_ebpf.emit.jsonfile import JsonLinesLogExporter, JsonLinesSpanExporter
 from otel_ebpf.emit.logs import LogBuilder
+from otel_ebpf.emit import otlp_json
 from otel_ebpf.emit.otlp_json import Unencodable, logs_to_otlp_json, spans_to_otlp_json
 
 MAX_U64 = 2**64 - 1
@@ -122,6 +123,8 @@ def direct_spans() -> list[ReadableSpan]:
                     status=Status(StatusCode.ERROR)),
         direct_span("max ids", {"k": "v"}, resource=res[1], scope=InstrumentationScope("s", "", None),
                     trace_id=2**128 - 1, span_id=MAX_U64, start=MAX_U64, end=MAX_U64),
+        direct_span("start only", {"k": 1}, resource=res[1], scope=None, start=1, end=0),
+        direct_span("end only", {"k": 1.5}, resource=res[1], scope=None, start=None, end=1),
     ]
 
 
@@ -131,7 +134,7 @@ def old_line(spans: list[ReadableSpan]) -> str:
 
 def test_spans_are_written_byte_for_byte_as_the_sdk_path_writes_them():
     spans = traced_spans() + direct_spans()
-    assert len(spans) == 4 * 3 * 2 + 4
+    assert len(spans) == 4 * 3 * 2 + 6
     line = spans_to_otlp_json(spans)
     assert line == old_line(spans)
     for span in spans:  # and each alone: its own resource and scope blocks
@@ -167,6 +170,13 @@ def test_the_line_parses_back_with_the_proto_classes_to_the_sdk_encoding():
 
 def _has_nan(span: ReadableSpan) -> bool:
     return "f.nan" in (span.attributes or {})
+
+
+def test_more_distinct_keys_than_the_key_cache_holds_are_written_alike():
+    attributes = {f"key.{i}": i for i in range(5000)}  # the cache of escaped keys starts over at 4096
+    spans = [direct_span("many", attributes, resource=resources()[0], scope=None)] * 2
+    assert spans_to_otlp_json(spans) == old_line(spans)
+    assert len(otlp_json._HEADS) <= otlp_json._HEADS_MAX  # bounded: an agent meets keys without end (argv...)
 
 
 def test_an_empty_batch_is_the_empty_request():
