@@ -7,7 +7,10 @@ in the kernel (the process is held until the probes are attached). The operators
 are read from the library's symbol table once per library (BCC, about half a second for the
 430 MB libtorch_cpu.so of torch 2.13), then each gets a uprobe and a uretprobe. One BPF
 function serves them all; records carry the entry address, mapped back to the operator here
-through the process's ``/proc/PID/maps`` (cached per process, bounded).
+through the process's ``/proc/PID/maps`` (cached per process, bounded). With ``steps``, the same
+symbol scan finds the step markers' functions (record_function_enter_new: uprobe + uretprobe;
+record_function_exit_new: uprobe), attached both or neither; step records become
+:class:`TorchStep` events (the package docstring says how steps are cut).
 
 Threading: ``decode`` runs on the poll thread; attaching holds the base's attach lock.
 """

@@ -182,3 +182,11 @@ def test_step_config_reaches_the_program_and_markers_are_looked_up_only_with_ste
     assert not rx.match(b"_ZN5torch8autograd8profilerL28record_function_enter_legacyERKNSt7__cxx11")
     off = TorchReceiver(build(Config, {"steps": False}), Context(), ListConsumer())
     assert "-DTORCH_STEPS=0" in off.program_cflags() and MARKER_REGEX not in off._symbol_regex()
+
+
+def test_markers_attach_both_or_neither(caplog: pytest.LogCaptureFixture) -> None:
+    r = TorchReceiver(Config(), Context(), ListConsumer())
+    with caplog.at_level("WARNING"):  # a library whose symbol table lost the static exit function
+        assert r._attach_markers("/x/libtorch_cpu.so", {"record_function_enter_new": 0x1000}) == 0
+    assert "record_function_exit_new" in caplog.text and "gaps and bounds only" in caplog.text
+    assert r.ctx.telemetry.get("otel_ebpf.probes.failed") == 0
