@@ -3,9 +3,10 @@
 :func:`spans_to_otlp_json` returns exactly the string ``to_otlp_json(encode_spans(spans))``
 returns (the SDK's OTLP protobuf encoder, then protobuf's pure-Python ``json_format``, ids
 spelled in hex), and :func:`logs_to_otlp_json` exactly that of ``encode_logs``: the same bytes,
-at a fraction of the cost (``bench/file_export.py``). What that path writes, and so what this
-module writes (opentelemetry-exporter-otlp-proto-common 1.45, protobuf 7.x ``json_format`` with
-``use_integers_for_enums``, ``json.dumps`` with ``separators=(",", ":")``):
+for ~1/13 of the CPU per span, ~1/8 per log record (``bench/file_export.py``, docs/benchmarks.md).
+What that path writes, and so what this module writes (opentelemetry-exporter-otlp-proto-common
+1.45, protobuf 7.x ``json_format`` with ``use_integers_for_enums``, ``json.dumps`` with
+``separators=(",", ":")``):
 
 * keys lowerCamelCase, in field-number order (``Span.flags``, number 16, comes last);
 * grouped by resource, then by instrumentation scope, in the order each first appears, as the
@@ -26,7 +27,9 @@ returned: a value of another type than None, bool, int, float, str, bytes, list,
 string holding a lone surrogate (protobuf refuses it). The caller then encodes the batch the
 SDK's way, which drops such an attribute with a log line, or raises, as it always did. Any
 other error the input causes (a span without a context, say) is raised as :class:`Unencodable`
-too. Pure functions, thread-safe.
+too: a signal for the caller, a ``ValueError``, not one of the agent's errors (otel_ebpf.core.errors).
+Thread-safe: the one shared state, a cache of escaped attribute keys bounded at 4,096 entries,
+is only touched by single dict operations.
 """
 from __future__ import annotations
 
