@@ -25,10 +25,11 @@ from tests.support.wheel import ROOT, fresh_venv, run
 #: the unit tests that run against the floors: the emit stage (SDK spans and metrics, sending
 #: queues, OTLP JSON, Prometheus), OTLP in (SDK exporters against the receiver, refusals), config
 UNIT_TESTS = ["emit/test_emitter.py", "emit/test_sending.py", "emit/test_jsonfile.py", "emit/test_histograms.py",
+              "emit/test_otlp_json.py",  # our OTLP/JSON encoder writes what the SDK + json_format write, there too
               "emit/test_otlp_in.py", "receivers/test_otlp_server.py", "receivers/test_otlp_server_refusal.py",
               "emit/test_prometheus_exporter.py", "gateway/test_gateway_losses.py", "host/test_resources.py",
               "core/test_ids.py", "core/test_config.py", "service/test_settings.py"]
-TEST_REQUIREMENTS = ["pytest>=8", "pytest-timeout>=2.3"]
+TEST_REQUIREMENTS = ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6"]
 _IMPORT_ALL = """
 import importlib, pkgutil, otel_ebpf
 # otel_ebpf.demo.train is the demo's torch job: package data run by the twin's venv (torch 2.11), not the agent's;
