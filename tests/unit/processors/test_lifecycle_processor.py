@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from otel_ebpf.core.config import build
 from otel_ebpf.core.errors import ConfigError
@@ -94,6 +95,16 @@ def test_redact_argv_matches_the_resource_and_also_splits_scripts() -> None:
     assert redact_argv(["sh", "-c", "curl -u a https://u:pw9@h/ --api-key k9 && echo ok"]) == (
         "sh", "-c", "curl -u a https://u:<redacted>@h/ --api-key <redacted> && echo ok")
     assert redact_argv(["x" * 300]) == ("x" * 256,)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(max_size=300), max_size=30))
+def test_redact_argv_takes_any_argv(argv: list[str]) -> None:
+    """The kernel's argv is whatever the traced process passed: any text is redacted without raising,
+    one argument out per argument in, none longer than 256 characters, no control characters."""
+    out = redact_argv(argv)
+    assert len(out) == len(argv) and all(len(a) <= 256 for a in out)
+    assert not any(ch in a for a in out for ch in "\x00\x01\n\x1b")
 
 
 def test_running_processes_end_at_shutdown_twice_safe() -> None:
