@@ -207,21 +207,28 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 }
 
 #ifdef OE_LIB_PATTERN
-/* basename(path) starts with OE_LIB_PATTERN ("libcudart.so", "libnccl.so") */
+/* basename(path) starts with OE_LIB_PATTERN ("libcudart.so", "libnccl.so").
+ * The scan for the last '/' is a bounded loop, not unrolled: unrolled, its 255 steps cost ~0.45 s of
+ * compile (LLVM and the verifier) in every program that watches a library, at every agent start. The
+ * basename offset lives on the stack (volatile), not in a register: the verifier then reads it back as
+ * an unknown scalar, so the states of successive iterations match and are pruned; kept in a register its
+ * exact value differs in every iteration and every path, and the walk exceeded the verifier's 1M-
+ * instruction budget (E2BIG). The pattern's own loop is short and stays unrolled. */
 static __always_inline int oe_lib_match(const char *path)
 {
     const char pat[] = OE_LIB_PATTERN;
-    int base = 0;
-#pragma unroll
+    volatile int base = 0;
     for (int i = 0; i < OE_PATH_MAX - 1; i++) {
-        if (path[i] == 0)
+        char c = path[i];
+        if (c == 0)
             break;
-        if (path[i] == '/')
+        if (c == '/')
             base = i + 1;
     }
+    int b = base;
 #pragma unroll
     for (int j = 0; j < (int)sizeof(pat) - 1; j++) {
-        int k = (base + j) & (OE_PATH_MAX - 1);
+        int k = (b + j) & (OE_PATH_MAX - 1);
         if (path[k] != pat[j])
             return 0;
     }
