@@ -43,7 +43,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "otel_ebpf" / "demo" / "train.py"
 STEP = re.compile(r"oe-demo step rank=0 step=(\d+)")
-PIPELINE = ["cuda", "nccl", "sched"]
+PIPELINE = ["cuda", "nccl", "lifecycle", "sched"]  # what the demo's agents run
 
 
 def _agent_config(path: Path, libdir: Path, pipeline: list[str], gpu_time: bool = True) -> Path:
