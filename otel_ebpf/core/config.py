@@ -237,7 +237,8 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = [k for k in data if k not in fields]
     if unknown:
-        raise ConfigError(key_path(path, str(unknown[0])), f"unknown key (known keys: {', '.join(sorted(fields))})")
+        known = f"known keys: {', '.join(sorted(fields))}" if fields else "it takes no keys"
+        raise ConfigError(key_path(path, str(unknown[0])), f"unknown key ({known})")
     kwargs = {}
     for name, value in data.items():
         kwargs[name] = _convert(hints[name], value, key_path(path, name), dict(fields[name].metadata))

@@ -68,11 +68,18 @@ def redact_command_line(argv: Sequence[str], patterns: Sequence[str] = DEFAULT_R
     option; a secret that starts with ``-`` and looks like an option is thus not redacted),
     ``KEY=value`` assignments (``HF_TOKEN=…``, ``wandb.api_key=…``), ``scheme://user:pass@host``
     (the password only), ``Authorization: Bearer x`` / ``X-Api-Key: x`` headers (scheme kept)
-    and a bare ``Bearer x`` anywhere. Keys match case-insensitively, see
-    :data:`DEFAULT_REDACT_PATTERNS`. Not handled: secrets inside code (``python -c``), attached
-    short options (``mysql -pSECRET``), ``-p``. Pure function; never raises for str input.
+    and a bare ``Bearer x`` anywhere. An argument holding several words (the script of ``sh -c "tool
+    --token x"``, ``bash -lc``, ``su -c``) is redacted word by word as well. Keys match
+    case-insensitively, see :data:`DEFAULT_REDACT_PATTERNS`. Not handled: secrets inside code
+    (``python -c``), attached short options (``mysql -pSECRET``), ``-p``. Pure function; never raises
+    for str input.
     """
     words = _pattern_words(tuple(patterns))
+    return [" ".join(_redact_args(arg.split(" "), words)) if " " in arg else arg
+            for arg in _redact_args(argv, words)]
+
+
+def _redact_args(argv: Sequence[str], words: tuple[tuple[str, ...], ...]) -> list[str]:
     out: list[str] = []
     pending = False
     for arg in argv:

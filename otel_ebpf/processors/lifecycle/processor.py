@@ -49,8 +49,7 @@ def redact_argv(argv: Sequence[str]) -> tuple[str, ...]:
     """``argv`` as it may be exported: control characters stripped, secret values replaced by
     ``<redacted>`` (keys kept), as the resource's command line is; an argument with spaces (a
     ``sh -c`` script) also word by word; each argument cut to 256 characters. Never raises for str."""
-    out = redact_command_line([clean(a, _ARG_READ) for a in argv])
-    return tuple((" ".join(redact_command_line(a.split(" "))) if " " in a else a)[:MAX_VALUE_CHARS] for a in out)
+    return tuple(a[:MAX_VALUE_CHARS] for a in redact_command_line([clean(a, _ARG_READ) for a in argv]))
 
 
 @dataclass(slots=True)
