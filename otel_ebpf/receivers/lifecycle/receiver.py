@@ -12,11 +12,10 @@ Threading: ``decode`` runs on the receiver's own poll thread only; it raises on 
 from __future__ import annotations
 
 import logging
-import re
 import struct
 from pathlib import Path
-from typing import Any
 
+from otel_ebpf.bpf.newtask import USUAL_OFFSETS, attach_newtask, newtask_offsets
 from otel_ebpf.bpf.receiver import BpfReceiver
 from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.errors import AttachError
@@ -25,16 +24,14 @@ from otel_ebpf.core.pipeline import Consumer, Context
 from .config import Config
 from .events import LifecycleExec, LifecycleExitCode, LifecycleFork
 
-__all__ = ["EXEC", "EXIT_CODE", "FORK", "MIRRORS", "LifecycleReceiver", "newtask_offsets"]
+__all__ = ["EXEC", "EXIT_CODE", "FORK", "MIRRORS", "LifecycleReceiver"]
 
 log = logging.getLogger(__name__)
-_TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 _ARGS_LEN = 1024  # LC_ARGS_LEN
 # The common part's exit/exec ring (OE_LIFECYCLE_PAGES, 16 pages elsewhere: ~1,600 records of 40 bytes). This
 # receiver's spans end at those exits, and a storm of short processes (tests/faults/test_load.py, 10,000
 # forks) filled 16 pages while the agent was busy: 128 pages (512 KiB) hold ~13,000.
 _EXIT_RING_PAGES = 128
-_USUAL_OFFSETS = (8, 32)  # task_newtask's pid and clone_flags on x86-64 6.x: only for --dump-bpf without tracefs
 
 FORK = Mirror("lc_fork_rec", 48, struct.Struct("<B3xII4xQ16s"), ("type", "pid", "ppid", "ts", "comm"))
 EXEC = Mirror("lc_exec_rec", 49, struct.Struct("<BBHIIIQ256s1280s"),
@@ -45,24 +42,6 @@ MIRRORS: tuple[Mirror, ...] = (FORK, EXEC, EXIT_CODE)
 
 def _cstr(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode(errors="replace")
-
-
-def newtask_offsets() -> tuple[int, int]:
-    """(pid offset, clone_flags offset) in task:task_newtask's record, from its format file
-    (the layout is the running kernel's, not the headers'). Raises AttachError when not found.
-
-    The sched receiver reads the same file for its thread table; receivers are independent of
-    each other (pyproject's import contracts), so each has its own copy of these lines."""
-    for base in _TRACEFS:
-        try:
-            text = Path(f"{base}/events/task/task_newtask/format").read_text()
-        except OSError:
-            continue
-        found = dict(re.findall(r"field:[^;]*?\b(pid|clone_flags);\s*offset:(\d+);", text))
-        if "pid" in found and "clone_flags" in found:
-            return int(found["pid"]), int(found["clone_flags"])
-    raise AttachError("tracefs", "task:task_newtask", "its format file (pid, clone_flags offsets) was not found "
-                      f"under {' or '.join(_TRACEFS)}")
 
 
 class LifecycleReceiver(BpfReceiver):
@@ -84,7 +63,7 @@ class LifecycleReceiver(BpfReceiver):
                 offsets = self._offsets = newtask_offsets()
             except AttachError as exc:  # --dump-bpf on a host without tracefs: the usual layout
                 log.debug("%s", exc)
-                offsets = _USUAL_OFFSETS
+                offsets = USUAL_OFFSETS
         return [f"-DLC_NEWTASK_PID_OFF={offsets[0]}", f"-DLC_NEWTASK_FLAGS_OFF={offsets[1]}",
                 f"-DLC_EXEC_PENDING={self.config.max_pending_execs}", f"-DOE_LIFECYCLE_PAGES={_EXIT_RING_PAGES}"]
 
@@ -93,15 +72,12 @@ class LifecycleReceiver(BpfReceiver):
             return
         self._offsets = newtask_offsets()
         super().start()
-        bpf: Any = self.bpf
         try:
-            bpf.attach_tracepoint(tp="task:task_newtask", fn_name="lc_newtask")
-        except Exception as exc:
-            err = AttachError("tracepoint", "task:task_newtask", str(exc).strip() or type(exc).__name__)
-            if self.ctx.strict:
-                self.shutdown()
-                raise err from None
-            log.warning("%s: %s: forks are not seen", self.name, err)
+            attach_newtask(self.bpf, "lc_newtask", receiver=self.name, strict=self.ctx.strict,
+                           lost="forks are not seen")
+        except AttachError:
+            self.shutdown()
+            raise
 
     def decode(self, etype: int, raw: bytes) -> object | None:
         """One record -> one event. Raises on a malformed record (the base counts it)."""

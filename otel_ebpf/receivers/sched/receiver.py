@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import ctypes as ct
 import logging
-import re
 import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from otel_ebpf.bpf.newtask import attach_newtask, newtask_offsets
 from otel_ebpf.bpf.receiver import BpfReceiver
 from otel_ebpf.core.errors import AttachError
 from otel_ebpf.core.pipeline import Consumer, Context
@@ -32,30 +32,12 @@ from otel_ebpf.host.procfs import process_gone
 from .config import Config
 from .events import OFF_CPU_REASONS, SchedCpuStats, SchedProcStats
 
-__all__ = ["SchedReceiver", "newtask_offsets"]
+__all__ = ["SchedReceiver"]
 
 log = logging.getLogger(__name__)
-_TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 _HIST_SLOTS = 40  # SCHED_HIST_SLOTS
 _R_RUNQ = 4  # SCHED_R_RUNQ
 _RINGBUF_PAGES = 8  # the base's "events" buffer, which this program never writes
-
-
-def newtask_offsets() -> tuple[int, int]:
-    """(pid offset, clone_flags offset) in task:task_newtask's record, from its format file
-    (the layout is the running kernel's, not the headers'). The lifecycle receiver reads the same
-    file; receivers are independent of each other (pyproject's import contracts), so each has its
-    own copy of these lines."""
-    for base in _TRACEFS:
-        try:
-            text = Path(f"{base}/events/task/task_newtask/format").read_text()
-        except OSError:
-            continue
-        found = dict(re.findall(r"field:[^;]*?\b(pid|clone_flags);\s*offset:(\d+);", text))
-        if "pid" in found and "clone_flags" in found:
-            return int(found["pid"]), int(found["clone_flags"])
-    raise AttachError("tracefs", "task:task_newtask", "its format file (pid, clone_flags offsets) was not found "
-                      f"under {' or '.join(_TRACEFS)}")
 
 
 ProcTotals = tuple[int, ...]  # on, off x4, runq, voluntary, involuntary, hist x40
@@ -100,15 +82,12 @@ class SchedReceiver(BpfReceiver):
             return
         self._offsets = newtask_offsets()
         super().start()
-        bpf: Any = self.bpf
         try:
-            bpf.attach_tracepoint(tp="task:task_newtask", fn_name="sched_newtask")
-        except Exception as exc:
-            err = AttachError("tracepoint", "task:task_newtask", str(exc).strip() or type(exc).__name__)
-            if self.ctx.strict:
-                self.shutdown()
-                raise err from None
-            log.warning("%s: %s: a new thread's first run-queue wait is not counted", self.name, err)
+            attach_newtask(self.bpf, "sched_newtask", receiver=self.name, strict=self.ctx.strict,
+                           lost="a new thread's first run-queue wait is not counted")
+        except AttachError:
+            self.shutdown()
+            raise
         if self.ctx.host_stats is not None:
             self._on_demand_open = True
             self.ctx.host_stats.set_sampler(self._sample_on_demand)
