@@ -2,11 +2,13 @@
 names of mangled kernels. The ELF files are built here by gcc; the live process is this test's own child."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -64,22 +66,29 @@ def test_not_an_elf_file_is_refused(tmp_path: Path) -> None:
         ElfFunctions(str(junk))
 
 
-def test_live_process_addresses_are_named_and_still_after_it_exits(lib: Path) -> None:
-    """A child maps the library and prints a function's run-time address; the symbolizer names it, and once it
-    has read the child's mappings it still names it after the child is gone."""
+@contextlib.contextmanager
+def mapping_child(lib: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A child that maps ``lib`` and waits: (the child, plain_c_kernel's run-time address in it). It exits when
+    the block ends."""
     code = ("import ctypes,sys; l=ctypes.CDLL(sys.argv[1]); "
             "print(ctypes.cast(l.plain_c_kernel, ctypes.c_void_p).value, flush=True); sys.stdin.readline()")
     child = subprocess.Popen([sys.executable, "-c", code, str(lib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
     try:
         assert child.stdout is not None
-        addr = int(child.stdout.readline())
+        yield child, int(child.stdout.readline())
+    finally:
+        child.communicate("\n", timeout=30)
+
+
+def test_live_process_addresses_are_named_and_still_after_it_exits(lib: Path) -> None:
+    """A child maps the library and prints a function's run-time address; the symbolizer names it, and once it
+    has read the child's mappings it still names it after the child is gone."""
+    with mapping_child(lib) as (child, addr):
         sym = AddressSymbolizer()
         sym.remember(child.pid)
         assert sym.name(child.pid, addr) == "plain_c_kernel"
         assert sym.name(child.pid, 8) is None  # no mapping there
-    finally:
-        child.communicate("\n", timeout=30)
     assert sym.name(child.pid, addr) == "plain_c_kernel"  # from the mappings read while it lived
     sym.forget(child.pid)
     assert sym.name(child.pid, addr) is None
@@ -102,20 +111,12 @@ def test_a_process_exiting_between_stat_and_open_still_gets_its_name(lib: Path,
             raise FileNotFoundError(2, "No such file or directory", path)
         return real(path)
 
-    code = ("import ctypes,sys; l=ctypes.CDLL(sys.argv[1]); "
-            "print(ctypes.cast(l.plain_c_kernel, ctypes.c_void_p).value, flush=True); sys.stdin.readline()")
-    child = subprocess.Popen([sys.executable, "-c", code, str(lib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
-    try:
-        assert child.stdout is not None
-        addr = int(child.stdout.readline())
+    with mapping_child(lib) as (child, addr):
         sym = AddressSymbolizer()
         sym.remember(child.pid)
         monkeypatch.setattr(symbols, "ElfFunctions", gone_under_proc)
         assert sym.name(child.pid, addr) == "plain_c_kernel"
         assert opened == [f"/proc/{child.pid}/root{lib}", str(lib)]
-    finally:
-        child.communicate("\n", timeout=30)
     monkeypatch.setattr(symbols, "ElfFunctions", real)
     flaky = AddressSymbolizer()
     flaky.remember(os.getpid())
