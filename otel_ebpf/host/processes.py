@@ -33,6 +33,7 @@ import os
 import pwd
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
@@ -46,6 +47,11 @@ from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME
 
 from otel_ebpf.host.attributes import MAX_VALUE_CHARS, AttributeValue, Attributes, clean as _clean
 from otel_ebpf.host.cgroups import container_id_from_cgroup, pod_uid_from_cgroup
+from otel_ebpf.host.cmdline import MAX_CMDLINE_READ as _MAX_CMDLINE_READ
+from otel_ebpf.host.cmdline import MAX_COMMAND_LINE_CHARS
+from otel_ebpf.host.cmdline import command_attributes as _command_attributes
+from otel_ebpf.host.cmdline import exec_attributes
+from otel_ebpf.host.exec_hints import ExecHints, apply_hint, describes
 from otel_ebpf.host.identity import host_attributes
 from otel_ebpf.host.k8s import DOWNWARD_ENV_NAMES, K8sMetadata
 from otel_ebpf.host.redact import DEFAULT_REDACT_PATTERNS, REDACTED, redact_command_line
@@ -68,8 +74,6 @@ SLURM_JOB_ID = "slurm.job.id"
 SLURM_STEP_ID = "slurm.step.id"
 CUDA_VISIBLE_DEVICES = "cuda.visible_devices"
 
-MAX_COMMAND_LINE_CHARS = 4096
-_MAX_CMDLINE_READ = 128 * 1024
 _MAX_ENVIRON_READ = 1024 * 1024
 _MAX_SMALL_READ = 64 * 1024
 
@@ -173,21 +177,6 @@ def _env_attributes(env: dict[str, str]) -> Attributes:
     return attrs
 
 
-def _command_attributes(argv: Sequence[str], redact: Sequence[str]) -> Attributes:
-    if not argv:
-        return {}
-    redacted = redact_command_line(argv, redact)  # redact first, cap after
-    kept: list[str] = []
-    total = 0
-    for arg in redacted:
-        total += min(len(arg), MAX_VALUE_CHARS)
-        if total > MAX_COMMAND_LINE_CHARS:
-            break
-        kept.append(arg[:MAX_VALUE_CHARS])
-    line = " ".join(redacted)[:MAX_COMMAND_LINE_CHARS]
-    return {_proc.PROCESS_COMMAND_LINE: line, _proc.PROCESS_COMMAND_ARGS: tuple(kept)}
-
-
 def process_attributes(pid: int, *, proc_root: str = "/proc", fallback_comm: str | None = None,
                        service_name: str | None = None,
                        redact: Sequence[str] = DEFAULT_REDACT_PATTERNS) -> Attributes:
@@ -273,7 +262,8 @@ class ResourceCache:
     served as is; a miss then is computed with ``fallback_comm`` and *not* cached. Thread-safe:
     one lock guards the map and counters; ``/proc`` is read outside it. ``hits``, ``misses`` and
     ``evictions`` (entries dropped by LRU overflow, :meth:`evict` or PID reuse) are plain ints.
-    Returned dicts are shared: do not mutate them.
+    Returned dicts are shared: do not mutate them. A process gone before ``/proc`` could be read
+    gets what the kernel reported of it (:meth:`hint`; ``hints``: :class:`~otel_ebpf.host.exec_hints.ExecHints`).
 
     ``k8s`` (:class:`otel_ebpf.host.k8s.K8sMetadata`): adds ``k8s.pod.name``, ``k8s.namespace.name``,
     ``k8s.container.name``, ``k8s.node.name`` to a process in a pod, computed once per entry (a
@@ -286,8 +276,10 @@ class ResourceCache:
         self.max_entries = max(1, max_entries)
         self._proc_root, self._service_name, self._redact = proc_root, service_name, tuple(redact)
         self._k8s = k8s
-        self._entries: OrderedDict[int, tuple[int, Attributes, dict[str, str]]] = OrderedDict()
+        # pid -> (start time, attributes, environment, time.monotonic_ns() when the read began)
+        self._entries: OrderedDict[int, tuple[int, Attributes, dict[str, str], int]] = OrderedDict()
         self._lock = threading.Lock()
+        self.hints = ExecHints(self.max_entries)
         self._subscribers: list[Callable[[int, Attributes], None]] = []
         self.hits = self.misses = self.evictions = 0
 
@@ -305,41 +297,79 @@ class ResourceCache:
 
     def get(self, pid: int, fallback_comm: str | None = None) -> Attributes:
         """Attributes of ``pid``, computed once per (pid, start time); never raises."""
-        return self._entry(pid, fallback_comm)[0]
+        return self._hinted(pid, self._entry(pid, fallback_comm))
 
     def environment(self, pid: int) -> tuple[dict[str, str], bool] | None:
         """(:data:`ENV_VARIABLES` set in ``pid``'s initial environment, whether it is in a
         container), from the same entry as :meth:`get`; None when never read and now gone."""
-        attrs, env = self._entry(pid, None)
+        _, attrs, env, _ = self._entry(pid, None)  # /proc only: a hint holds no environment
         if not env and _proc.PROCESS_PARENT_PID not in attrs:
             return None  # nothing of the live process was ever read
         return env, CONTAINER_ID in attrs
 
-    def _entry(self, pid: int, fallback_comm: str | None) -> tuple[Attributes, dict[str, str]]:
+    def _entry(self, pid: int, fallback_comm: str | None) -> tuple[int | None, Attributes, dict[str, str], int]:
+        """(start time or None when gone, attributes, environment, read time) of ``pid`` from /proc."""
         stat = _stat(self._proc_root, pid)
         with self._lock:
             entry = self._entries.get(pid)
             if entry is not None and (stat is None or entry[0] == stat[2]):
                 self._entries.move_to_end(pid)
                 self.hits += 1
-                return entry[1], entry[2]
+                return entry
             self.misses += 1
+        read_ns = time.monotonic_ns()
         attrs, env = self._read(pid, fallback_comm)
         if stat is None:
-            return attrs, env
+            return None, attrs, env, read_ns
         with self._lock:
             old = self._entries.get(pid)
             if old is not None and old[0] == stat[2]:  # filled while we read (a refresh at exec is newer)
                 self._entries.move_to_end(pid)
-                return old[1], old[2]
-            old = self._entries.pop(pid, None)
-            if old is not None and old[0] != stat[2]:
-                self.evictions += 1  # PID reuse: the old process's entry (not a racing thread's)
-            self._entries[pid] = (stat[2], attrs, env)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-                self.evictions += 1
-        return attrs, env
+                entry = old
+            else:
+                old = self._entries.pop(pid, None)
+                if old is not None and old[0] != stat[2]:
+                    self.evictions += 1  # PID reuse: the old process's entry (not a racing thread's)
+                entry = self._entries[pid] = (stat[2], attrs, env, read_ns)
+                self._bound()
+        return entry
+
+    def _hinted(self, pid: int, entry: tuple[int | None, Attributes, dict[str, str], int]) -> Attributes:
+        """The entry's attributes completed by the kernel's hint for ``pid`` (:meth:`hint`) when the
+        ``/proc`` read missed (the process had exited) or began before the exec; a complete read
+        after the exec is served as read. A hint of an earlier process of the pid is not used."""
+        start, attrs, _, read_ns = entry
+        hint = self.hints.get(pid)
+        if hint is None:
+            return attrs
+        read = _proc.PROCESS_PARENT_PID in attrs  # else a miss: the name, if any, is a fallback comm
+        after_exec = hint.exec_ns is None or (read and hint.exec_ns <= read_ns)
+        if after_exec and read and _proc.PROCESS_COMMAND_LINE in attrs:
+            return attrs  # /proc wins
+        if start is not None and not describes(hint, start):
+            return attrs  # the pid's later process
+        return apply_hint(attrs, hint, after_exec=after_exec)
+
+    def hint(self, pid: int, time_ns: int, *, ppid: int | None = None, filename: str | None = None,
+             argv: Sequence[str] | None = None) -> None:
+        """What the kernel reported of ``pid``, for when ``/proc/PID`` cannot be read in time: its fork
+        at ``time_ns`` (``bpf_ktime_get_ns()``, CLOCK_MONOTONIC) with parent ``ppid`` (``argv`` None), or
+        its exec at ``time_ns`` of ``filename`` with ``argv`` as the caller passed it. Cleaned, redacted and
+        capped as ``/proc`` content is, at once (nothing unredacted is kept); served by :meth:`get` only to
+        fill what ``/proc`` did not give (:func:`otel_ebpf.host.exec_hints.apply_hint`). Call from the
+        receiver's poll thread as the record is decoded, before the event goes down the pipeline (the
+        Emitter builds a process's resource at its first record). Subscribers are not called. Never raises."""
+        attrs: Attributes = {} if ppid is None else {_proc.PROCESS_PARENT_PID: ppid}
+        if argv is None:
+            self.hints.fork(pid, time_ns, attrs)
+        else:
+            self.hints.exec(pid, time_ns, {**attrs, **exec_attributes(filename or "", argv, self._redact)})
+
+    def _bound(self) -> None:
+        """Drop least recently used entries beyond ``max_entries`` (lock held)."""
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+            self.evictions += 1
 
     def _read(self, pid: int, fallback_comm: str | None) -> tuple[Attributes, dict[str, str]]:
         """The process's attributes (Kubernetes ones included) and environment subset, read now."""
@@ -359,15 +389,14 @@ class ResourceCache:
         stat = _stat(self._proc_root, pid)
         if stat is None:
             return
+        read_ns = time.monotonic_ns()
         attrs, env = self._read(pid, None)
         if _proc.PROCESS_PARENT_PID not in attrs:
             return  # exited (or reused) during the read
         with self._lock:
             old = self._entries.pop(pid, None)
-            self._entries[pid] = (stat[2], attrs, env)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-                self.evictions += 1
+            self._entries[pid] = (stat[2], attrs, env, read_ns)
+            self._bound()
         if old is not None and old[1] == attrs:
             return  # another receiver's refresh of the same exec got here first
         for changed in self._subscribers:
