@@ -21,6 +21,7 @@ from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.gateway import Gateway
 from otel_ebpf.gateway import config as gateway_config
 from tests.faults.agentproc import ROOT, wait_until
+from tests.support.otlp_sink import spans_from_jsonl
 
 SECRETS = {"--password=": "hunter2pw", "--api-key": "k3ysekret", "url": "pa55w0rdurl",
            "AWS_SECRET_ACCESS_KEY=": "awsargs3cr3t", "env": "awsenvs3cr3t", "--token": "tok3nvalue"}
@@ -131,5 +132,27 @@ def test_secrets_in_argv_and_environment_never_reach_the_output(bpf_ready, cudar
     # the lifecycle receiver (on by default) exported the command's process span and its exec event, whose
     # argv the kernel read from the process's memory: they are covered too (issue 18)
     assert "otel_ebpf.lifecycle" in text and '"process.exec"' in text
+    leaked = [name for name, secret in s.items() if secret in text]
+    assert not leaked, f"secrets leaked: {leaked}"
+
+
+@pytest.mark.bpf
+def test_secrets_in_the_argv_of_processes_gone_before_proc_is_read_never_reach_the_output(bpf_ready, tmp_path):
+    # /bin/true exits at once: most of their resources come from the argv the kernel read at exec
+    # (ResourceCache.hint), not from /proc; that copy is redacted as /proc's is
+    s = SECRETS
+    args = (f"--password={s['--password=']} --api-key {s['--api-key']} https://user:{s['url']}@host/x "
+            f"AWS_SECRET_ACCESS_KEY={s['AWS_SECRET_ACCESS_KEY=']} --token {s['--token']}")
+    script = f"for i in $(seq 20); do /bin/true {args}; done"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EBPF_")}
+    r = subprocess.run([sys.executable, "-m", "otel_ebpf", "run", "--output", str(tmp_path / "out"), "--",
+                        "sh", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    text = "".join(f.read_text() for f in (tmp_path / "out").iterdir()) + r.stderr
+    rows = spans_from_jsonl(tmp_path / "out" / "traces.jsonl")
+    trues = [res for res, _, span in rows if span.name == "process true"]
+    assert len(trues) == 20
+    assert all(res.get("process.command_line", "").startswith("/bin/true --password=<redacted> --api-key <redacted>")
+               for res in trues), trues
     leaked = [name for name, secret in s.items() if secret in text]
     assert not leaked, f"secrets leaked: {leaked}"

@@ -4,7 +4,9 @@
 Records arrive through the ring buffer; the exit itself is the common part's
 :class:`~otel_ebpf.core.events.ProcessExit` (``source="lifecycle"``). Nothing is read from
 ``/proc`` here beyond what the base does for every receiver (a process's identity at its first
-record and at exec): argv comes from the kernel.
+record and at exec): argv comes from the kernel. Each fork and exec is also handed, as it is
+decoded, to the resource cache (``ResourceCache.hint``), so a process that exits before its
+``/proc`` could be read still gets its parent pid, command line and executable on its resource.
 
 Threading: ``decode`` runs on the receiver's own poll thread only; it raises on a malformed record
 (the base counts it as ``decode_error``).
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from otel_ebpf.bpf.newtask import USUAL_OFFSETS, attach_newtask, newtask_offsets
 from otel_ebpf.bpf.receiver import BpfReceiver
@@ -38,6 +42,11 @@ EXEC = Mirror("lc_exec_rec", 49, struct.Struct("<BBHIIIQ256s1280s"),
               ("type", "truncated", "argc", "pid", "tid", "args_len", "ts", "filename", "args"))
 EXIT_CODE = Mirror("lc_exit_code_rec", 50, struct.Struct("<B3xIi4xQ"), ("type", "pid", "code", "ts"))
 MIRRORS: tuple[Mirror, ...] = (FORK, EXEC, EXIT_CODE)
+
+
+class _Hint(Protocol):
+    def __call__(self, pid: int, time_ns: int, *, ppid: int | None = None, filename: str | None = None,
+                 argv: Sequence[str] | None = None) -> None: ...
 
 
 def _cstr(raw: bytes) -> str:
@@ -82,13 +91,20 @@ class LifecycleReceiver(BpfReceiver):
     def decode(self, etype: int, raw: bytes) -> object | None:
         """One record -> one event. Raises on a malformed record (the base counts it)."""
         to_epoch = self.clock.to_epoch_ns
+        # ResourceCache.hint (otel_ebpf.host.processes); core.services.ProcessResources does not name it yet,
+        # so a Context whose resources lack it (a test's stand-in, or none) gets no hints
+        hint: _Hint | None = getattr(self.ctx.resources, "hint", None)
         if etype == FORK.etype:
             _, pid, ppid, ts, comm = FORK.fmt.unpack_from(raw)
+            if hint is not None:
+                hint(pid, ts, ppid=ppid)
             return LifecycleFork(pid, ppid, to_epoch(ts), _cstr(comm))
         if etype == EXEC.etype:
             _, truncated, argc, pid, tid, args_len, ts, filename, args = EXEC.fmt.unpack_from(raw)
             parts = args[:min(args_len, _ARGS_LEN)].split(b"\0")
             argv = tuple(p.decode(errors="replace") for p in parts[:argc])
+            if hint is not None:  # before the event goes on: the process may be gone before /proc is read
+                hint(pid, ts, filename=_cstr(filename), argv=argv)
             return LifecycleExec(pid, tid, to_epoch(ts), _cstr(filename), argv, bool(truncated))
         if etype == EXIT_CODE.etype:
             _, pid, code, ts = EXIT_CODE.fmt.unpack_from(raw)

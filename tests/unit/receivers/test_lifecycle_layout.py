@@ -10,6 +10,7 @@ from otel_ebpf.bpf.records import Mirror
 from otel_ebpf.core.config import build
 from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.core.pipeline import Context, ListConsumer
+from otel_ebpf.host.processes import ResourceCache
 from otel_ebpf.receivers.lifecycle import Config, factory
 from otel_ebpf.receivers.lifecycle import receiver as lifecycle_receiver
 from otel_ebpf.receivers.lifecycle.events import LifecycleExec, LifecycleExitCode, LifecycleFork
@@ -56,6 +57,20 @@ def test_decode_each_record() -> None:
     assert r.decode(50, EXIT_CODE.fmt.pack(50, 10, 3, 8)) == LifecycleExitCode(10, 1008, 3)
     with pytest.raises(ValueError):
         r.decode(51, bytes(64))
+
+
+def test_decode_hands_fork_and_exec_to_the_resource_cache(tmp_path: Path) -> None:
+    ctx = Context()
+    ctx.resources = cache = ResourceCache(proc_root=str(tmp_path))  # nothing in /proc: every process is gone
+    r = LifecycleReceiver(Config(), ctx, ListConsumer())
+    r.decode(48, FORK.fmt.pack(48, 10, 9, 5, b"sh"))
+    args = b"/bin/true\0--token\0t1\0"
+    r.decode(49, EXEC.fmt.pack(49, 0, 3, 10, 10, len(args), 7, b"/bin/true", args))
+    a = cache.get(10, "sh")
+    assert a["process.parent_pid"] == 9 and a["process.executable.path"] == "/bin/true"
+    assert a["process.command_line"] == "/bin/true --token <redacted>"
+    assert cache.hints.get(10) is not None and cache.hints.get(10).exec_ns == 7  # type: ignore[union-attr]
+    _receiver().decode(49, EXEC.fmt.pack(49, 0, 3, 10, 10, len(args), 7, b"/bin/true", args))  # no cache: fine
 
 
 def test_config_reaches_the_program() -> None:
