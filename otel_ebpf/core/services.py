@@ -21,7 +21,7 @@ so each implementation is thread-safe and never raises from these methods (hot p
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 __all__ = ["AppContext", "CudaThreads", "GpuTable", "HostTimeline", "KernelTime", "ProcessResources"]
@@ -58,6 +58,13 @@ class ProcessResources(Protocol):
 
     def evict(self, pid: int) -> None:
         """Forget ``pid``."""
+        ...
+
+    def hint(self, pid: int, time_ns: int, *, ppid: int | None = None, filename: str | None = None,
+             argv: Sequence[str] | None = None) -> None:
+        """What the kernel reported of ``pid`` (its fork with ``ppid``, or its exec of ``filename`` with
+        ``argv``, at kernel monotonic ``time_ns``), used only where ``/proc/PID`` could not be read in time
+        (a short-lived process); redacted as /proc content is. Never raises."""
         ...
 
 

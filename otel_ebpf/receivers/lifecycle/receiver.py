@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 from otel_ebpf.bpf.newtask import USUAL_OFFSETS, attach_newtask, newtask_offsets
 from otel_ebpf.bpf.receiver import BpfReceiver
@@ -42,11 +40,6 @@ EXEC = Mirror("lc_exec_rec", 49, struct.Struct("<BBHIIIQ256s1280s"),
               ("type", "truncated", "argc", "pid", "tid", "args_len", "ts", "filename", "args"))
 EXIT_CODE = Mirror("lc_exit_code_rec", 50, struct.Struct("<B3xIi4xQ"), ("type", "pid", "code", "ts"))
 MIRRORS: tuple[Mirror, ...] = (FORK, EXEC, EXIT_CODE)
-
-
-class _Hint(Protocol):
-    def __call__(self, pid: int, time_ns: int, *, ppid: int | None = None, filename: str | None = None,
-                 argv: Sequence[str] | None = None) -> None: ...
 
 
 def _cstr(raw: bytes) -> str:
@@ -91,9 +84,8 @@ class LifecycleReceiver(BpfReceiver):
     def decode(self, etype: int, raw: bytes) -> object | None:
         """One record -> one event. Raises on a malformed record (the base counts it)."""
         to_epoch = self.clock.to_epoch_ns
-        # ResourceCache.hint (otel_ebpf.host.processes); core.services.ProcessResources does not name it yet,
-        # so a Context whose resources lack it (a test's stand-in, or none) gets no hints
-        hint: _Hint | None = getattr(self.ctx.resources, "hint", None)
+        # what the kernel saw, for a process gone before /proc is read (core.services.ProcessResources.hint)
+        hint = None if self.ctx.resources is None else self.ctx.resources.hint
         if etype == FORK.etype:
             _, pid, ppid, ts, comm = FORK.fmt.unpack_from(raw)
             if hint is not None:
