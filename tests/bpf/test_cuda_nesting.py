@@ -217,6 +217,7 @@ def test_cuda_work_inside_a_pytorch_operator_nests_under_it_and_counts_per_opera
     import sys
 
     pytest.importorskip("torch", reason="torch (CPU) is a test dependency")
+    from otel_ebpf.core.ids import TORCH_ROOT_STEP
     from otel_ebpf.processors.torch import Config as TorchProcConfig
     from otel_ebpf.processors.torch import TorchProcessor
     from otel_ebpf.receivers.cuda.events import KernelLaunchStats
@@ -247,10 +248,13 @@ def test_cuda_work_inside_a_pytorch_operator_nests_under_it_and_counts_per_opera
             proc.wait(timeout=10)
     (mm,) = [e for e in sink.events if isinstance(e, TorchOp) and e.pid == proc.pid]
     inside, outside = sorted((e for e in sink.events if isinstance(e, MemcpyCall)), key=lambda e: e.bytes)
-    assert inside.enclosing == EnclosingCall("torch", mm.start_ns, mm.start_ns)
+    # mm is a top-level call outside any traced Python call: the first (and only) call of its thread's step,
+    # so its root is the step's start (mm's own) tagged as a step (receivers/torch: "Traces and steps")
+    step_root = mm.start_ns | TORCH_ROOT_STEP
+    assert inside.enclosing == EnclosingCall("torch", mm.start_ns, step_root)
     assert outside.enclosing is None
     (launch,) = [e for e in sink.events if isinstance(e, KernelLaunch)]
-    assert launch.enclosing == EnclosingCall("torch", mm.start_ns, mm.start_ns)
+    assert launch.enclosing == EnclosingCall("torch", mm.start_ns, step_root)
     stats = [e for e in sink.events if isinstance(e, KernelLaunchStats)]
     assert [(s.count, s.op) for s in stats] == [(1, "mm")]
 
