@@ -15,7 +15,7 @@ from typing import Any
 
 from otel_ebpf.core.errors import AttachError
 
-__all__ = ["NEWTASK", "USUAL_OFFSETS", "attach_newtask", "newtask_offsets"]
+__all__ = ["NEWTASK", "USUAL_OFFSETS", "attach_newtask", "compile_offsets", "newtask_offsets"]
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +39,27 @@ def newtask_offsets() -> tuple[int, int]:
                       f"under {' or '.join(_TRACEFS)}")
 
 
-def attach_newtask(bpf: Any, fn_name: str, *, receiver: str, strict: bool, lost: str) -> None:
-    """Attach ``fn_name`` of the loaded program ``bpf`` to task:task_newtask. A failure raises AttachError
-    with ``strict``, else is one warning saying what the receiver then misses (``lost``)."""
+def compile_offsets(known: tuple[int, int] | None) -> tuple[int, int]:
+    """The offsets to compile with: ``known`` (read at start), else the running kernel's, else
+    :data:`USUAL_OFFSETS` (``--dump-bpf`` on a host without tracefs; ``start`` reads them for real)."""
+    if known is not None:
+        return known
     try:
-        bpf.attach_tracepoint(tp=NEWTASK, fn_name=fn_name)
+        return newtask_offsets()
+    except AttachError as exc:
+        log.debug("%s", exc)
+        return USUAL_OFFSETS
+
+
+def attach_newtask(receiver: Any, fn_name: str, *, lost: str) -> None:
+    """Attach ``fn_name`` of ``receiver``'s loaded program (a started BpfReceiver) to task:task_newtask. A
+    failure is one warning saying what the receiver then misses (``lost``); with ``ctx.strict`` the
+    receiver is shut down and AttachError raised."""
+    try:
+        receiver.bpf.attach_tracepoint(tp=NEWTASK, fn_name=fn_name)
     except Exception as exc:
         err = AttachError("tracepoint", NEWTASK, str(exc).strip() or type(exc).__name__)
-        if strict:
+        if receiver.ctx.strict:
+            receiver.shutdown()
             raise err from None
-        log.warning("%s: %s: %s", receiver, err, lost)
+        log.warning("%s: %s: %s", receiver.name, err, lost)

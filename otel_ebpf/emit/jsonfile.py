@@ -24,9 +24,9 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
@@ -43,6 +43,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_ebpf.core.otlpjson import to_otlp_json
 from otel_ebpf.emit.otlp_json import Unencodable, logs_to_otlp_json, spans_to_otlp_json
+
+T = TypeVar("T")
 
 __all__ = ["FILES", "JsonLinesLogExporter", "JsonLinesMetricExporter", "JsonLinesSpanExporter", "ensure_writable",
            "to_otlp_json"]
@@ -97,11 +99,17 @@ class _Fallbacks:
         self.what = what
         self.count = 0
 
-    def __call__(self, exc: Unencodable) -> None:
-        self.count += 1
-        if self.count == 1:
-            log.info("%s: a batch the direct OTLP/JSON encoder cannot write exactly (%s); encoded by the SDK "
-                     "instead (said once, counted in the exporter's fallbacks)", self.what, exc)
+    def encode(self, batch: Sequence[T], direct: Callable[[Sequence[T]], str],
+               sdk: Callable[[Sequence[T]], str]) -> str:
+        """``batch`` as one OTLP/JSON line: ``direct``'s, or ``sdk``'s when ``direct`` cannot write it exactly."""
+        try:
+            return direct(batch)
+        except Unencodable as exc:
+            self.count += 1
+            if self.count == 1:
+                log.info("%s: a batch the direct OTLP/JSON encoder cannot write exactly (%s); encoded by the SDK "
+                         "instead (said once, counted in the exporter's fallbacks)", self.what, exc)
+            return sdk(batch)
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -117,11 +125,7 @@ class JsonLinesSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
-        try:
-            line = spans_to_otlp_json(spans)
-        except Unencodable as exc:
-            self._fallback(exc)
-            line = to_otlp_json(encode_spans(spans))
+        line = self._fallback.encode(spans, spans_to_otlp_json, lambda b: to_otlp_json(encode_spans(b)))
         ok = self._writer.write(line)
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
@@ -164,11 +168,7 @@ class JsonLinesLogExporter(LogRecordExporter):
     def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
         if not batch:
             return LogRecordExportResult.SUCCESS
-        try:
-            line = logs_to_otlp_json(batch)
-        except Unencodable as exc:
-            self._fallback(exc)
-            line = to_otlp_json(encode_logs(batch))
+        line = self._fallback.encode(batch, logs_to_otlp_json, lambda b: to_otlp_json(encode_logs(b)))
         ok = self._writer.write(line)
         return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
 

@@ -17,10 +17,9 @@ import logging
 import struct
 from pathlib import Path
 
-from otel_ebpf.bpf.newtask import USUAL_OFFSETS, attach_newtask, newtask_offsets
+from otel_ebpf.bpf.newtask import attach_newtask, compile_offsets, newtask_offsets
 from otel_ebpf.bpf.receiver import BpfReceiver
 from otel_ebpf.bpf.records import Mirror
-from otel_ebpf.core.errors import AttachError
 from otel_ebpf.core.pipeline import Consumer, Context
 
 from .config import Config
@@ -59,13 +58,7 @@ class LifecycleReceiver(BpfReceiver):
         self._offsets: tuple[int, int] | None = None
 
     def cflags(self) -> list[str]:
-        offsets = self._offsets
-        if offsets is None:
-            try:
-                offsets = self._offsets = newtask_offsets()
-            except AttachError as exc:  # --dump-bpf on a host without tracefs: the usual layout
-                log.debug("%s", exc)
-                offsets = USUAL_OFFSETS
+        offsets = compile_offsets(self._offsets)
         return [f"-DLC_NEWTASK_PID_OFF={offsets[0]}", f"-DLC_NEWTASK_FLAGS_OFF={offsets[1]}",
                 f"-DLC_EXEC_PENDING={self.config.max_pending_execs}", f"-DOE_LIFECYCLE_PAGES={_EXIT_RING_PAGES}"]
 
@@ -74,12 +67,7 @@ class LifecycleReceiver(BpfReceiver):
             return
         self._offsets = newtask_offsets()
         super().start()
-        try:
-            attach_newtask(self.bpf, "lc_newtask", receiver=self.name, strict=self.ctx.strict,
-                           lost="forks are not seen")
-        except AttachError:
-            self.shutdown()
-            raise
+        attach_newtask(self, "lc_newtask", lost="forks are not seen")
 
     def decode(self, etype: int, raw: bytes) -> object | None:
         """One record -> one event. Raises on a malformed record (the base counts it)."""

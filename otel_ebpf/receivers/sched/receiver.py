@@ -23,9 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from otel_ebpf.bpf.newtask import attach_newtask, newtask_offsets
+from otel_ebpf.bpf.newtask import attach_newtask, compile_offsets, newtask_offsets
 from otel_ebpf.bpf.receiver import BpfReceiver
-from otel_ebpf.core.errors import AttachError
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.host.procfs import process_gone
 
@@ -63,13 +62,7 @@ class SchedReceiver(BpfReceiver):
         self._on_demand_open = False
 
     def cflags(self) -> list[str]:
-        if self._offsets is None:
-            try:
-                self._offsets = newtask_offsets()
-            except AttachError as exc:  # --dump-bpf on a host without tracefs: the usual layout
-                log.debug("%s", exc)
-                return self._flags((8, 32))
-        return self._flags(self._offsets)
+        return self._flags(compile_offsets(self._offsets))
 
     def _flags(self, offsets: tuple[int, int]) -> list[str]:
         c = self.config
@@ -82,12 +75,7 @@ class SchedReceiver(BpfReceiver):
             return
         self._offsets = newtask_offsets()
         super().start()
-        try:
-            attach_newtask(self.bpf, "sched_newtask", receiver=self.name, strict=self.ctx.strict,
-                           lost="a new thread's first run-queue wait is not counted")
-        except AttachError:
-            self.shutdown()
-            raise
+        attach_newtask(self, "sched_newtask", lost="a new thread's first run-queue wait is not counted")
         if self.ctx.host_stats is not None:
             self._on_demand_open = True
             self.ctx.host_stats.set_sampler(self._sample_on_demand)
