@@ -400,8 +400,13 @@ static __always_inline u64 nccl_p2p_next(u32 tgid, u64 gen, s32 peer, u32 dir)
     return __sync_fetch_and_add(v, 1);
 }
 
+/* The number is taken before the record is reserved: a record dropped on a full ring buffer leaves
+ * a gap and never shifts the numbers of later calls, which the join across ranks depends on. */
 static __always_inline int nccl_submit_p2p(struct nccl_call *c, u64 id, s32 rc, u64 now)
 {
+    u64 seq = (u64)-1;
+    if (c->gen && nccl_issued(rc))
+        seq = nccl_p2p_next(id >> 32, c->gen, c->peer, c->op == NCCL_OP_RECV);
     struct nccl_p2p *e = events.ringbuf_reserve(sizeof(struct nccl_p2p));
     if (!e) {
         oe_drop(OE_DROP_RINGBUF);
@@ -422,12 +427,9 @@ static __always_inline int nccl_submit_p2p(struct nccl_call *c, u64 id, s32 rc, 
     e->stream = c->stream;
     e->group = c->group;
     e->api = c->api;
-    if (c->gen && nccl_issued(rc)) {
-        u64 seq = nccl_p2p_next(id >> 32, c->gen, c->peer, c->op == NCCL_OP_RECV);
-        if (seq != (u64)-1) {
-            e->seq = seq;
-            e->flags = NCCL_F_SEQ;
-        }
+    if (seq != (u64)-1) {
+        e->seq = seq;
+        e->flags = NCCL_F_SEQ;
     }
     if (oe_capture_depth((u32)id))
         e->flags |= NCCL_F_CAPTURED;
@@ -438,6 +440,10 @@ static __always_inline int nccl_submit_p2p(struct nccl_call *c, u64 id, s32 rc, 
 static __always_inline int nccl_submit_coll(struct nccl_call *c, u64 id, s32 rc, u64 now,
                                             struct nccl_comm_state *st)
 {
+    int numbered = c->gen && nccl_issued(rc);
+    /* st NULL: the communicator ended (ncclCommAbort from another thread) while this call was inside:
+     * the number it would have taken at entry (one thread at a time uses a communicator) */
+    u64 seq = !numbered ? 0 : st ? __sync_fetch_and_add(&st->seq, 1) : c->seq;
     struct nccl_coll *e = events.ringbuf_reserve(sizeof(struct nccl_coll));
     if (!e) {
         oe_drop(OE_DROP_RINGBUF);
@@ -459,10 +465,8 @@ static __always_inline int nccl_submit_coll(struct nccl_call *c, u64 id, s32 rc,
     e->stream = c->stream;
     e->group = c->group;
     e->api = c->api;
-    if (c->gen && nccl_issued(rc)) {
-        /* st NULL: the communicator ended (ncclCommAbort from another thread) while this call was inside:
-         * the number it would have taken at entry (one thread at a time uses a communicator) */
-        e->seq = st ? __sync_fetch_and_add(&st->seq, 1) : c->seq;
+    if (numbered) {
+        e->seq = seq;
         e->flags = NCCL_F_SEQ;
     }
     if (oe_capture_depth((u32)id))
