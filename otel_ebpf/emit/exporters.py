@@ -1,7 +1,8 @@
 """Exporter configs (``exporters:`` section) and the SDK exporters they build.
 
 * ``file``: OTLP JSON lines in a directory (the default: useful with no server at all).
-* ``otlp``: the OTel SDK's OTLP exporters over gRPC or HTTP/protobuf. gRPC channels get a bounded
+* ``otlp``: the OTel SDK's OTLP exporters over gRPC or HTTP/protobuf, spans and log records
+  encoded by :mod:`otel_ebpf.emit.otlp_proto` (the same bytes). gRPC channels get a bounded
   reconnect backoff (``reconnect_backoff_max``): docs/reliability.md, "Recovery stall".
 * ``prometheus``: a ``/metrics`` endpoint serving the same metrics (off unless a pipeline lists
   it; spans and log records are not sent there). See :mod:`otel_ebpf.emit.prometheus`.
@@ -181,34 +182,35 @@ def _http_args(cfg: OtlpExporterConfig, path: str) -> dict[str, Any]:
 
 
 def _otlp(cfg: OtlpExporterConfig) -> tuple[SpanExporter, MetricExporter]:
+    """Spans: the SDK's OTLP exporter sending the direct encoder's bytes (otel_ebpf.emit.otlp_direct);
+    metrics: the SDK's."""
+    from otel_ebpf.emit.otlp_direct import DirectGrpcSpanExporter, DirectHttpSpanExporter
+
     if cfg.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter(**_grpc_args(cfg)), OTLPMetricExporter(**_grpc_args(cfg))
+        return DirectGrpcSpanExporter(**_grpc_args(cfg)), OTLPMetricExporter(**_grpc_args(cfg))
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetric
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpan
 
-    return HttpSpan(**_http_args(cfg, "/v1/traces")), HttpMetric(**_http_args(cfg, "/v1/metrics"))
+    return DirectHttpSpanExporter(**_http_args(cfg, "/v1/traces")), HttpMetric(**_http_args(cfg, "/v1/metrics"))
 
 
 def build_log_exporter(cfg: FileExporterConfig | OtlpExporterConfig | PrometheusExporterConfig
                        ) -> LogRecordExporter | None:
     """The SDK log record exporter for one configured exporter, None for Prometheus (it has no
-    logs). OTLP: the SDK's ``OTLPLogExporter`` with the span exporter's endpoint, headers, TLS,
-    compression, timeout (and gRPC channel options); HTTP posts to ``<endpoint>/v1/logs``.
+    logs). OTLP: the SDK's ``OTLPLogExporter`` (sending otel_ebpf.emit.otlp_proto's bytes) with the
+    span exporter's endpoint, headers, TLS, compression, timeout (and gRPC channel options); HTTP
+    posts to ``<endpoint>/v1/logs``.
     File: ``logs.jsonl`` next to ``traces.jsonl``."""
     if isinstance(cfg, FileExporterConfig):
         return JsonLinesLogExporter(cfg.directory)
     if isinstance(cfg, PrometheusExporterConfig):
         return None
+    from otel_ebpf.emit.otlp_direct import DirectGrpcLogExporter, DirectHttpLogExporter
+
     if cfg.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
-
-        return OTLPLogExporter(**_grpc_args(cfg))
-    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLog
-
-    return HttpLog(**_http_args(cfg, "/v1/logs"))
+        return DirectGrpcLogExporter(**_grpc_args(cfg))
+    return DirectHttpLogExporter(**_http_args(cfg, "/v1/logs"))
 
 
 def check_output_directory(cfg: FileExporterConfig | OtlpExporterConfig | PrometheusExporterConfig,

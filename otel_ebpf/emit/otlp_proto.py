@@ -1,0 +1,340 @@
+"""Spans and log records -> OTLP protobuf request bytes, written directly (no protobuf messages).
+
+:func:`spans_to_otlp_proto` returns exactly the bytes ``encode_spans(spans).SerializeToString()``
+returns (the SDK's OTLP encoder, then protobuf's serializer), and :func:`logs_to_otlp_proto`
+exactly those of ``encode_logs``: the request body the OTLP/gRPC and OTLP/HTTP exporters send,
+for a fraction of the CPU (``bench/file_export.py``, docs/benchmarks.md). It is the wire twin
+of :mod:`.otlp_json`, which it follows field for field; what that path writes, and so what this
+module writes (opentelemetry-exporter-otlp-proto-common 1.45, opentelemetry-proto 1.45's
+``trace.proto``/``logs.proto``/``common.proto``, protobuf 7.x serialization):
+
+* fields in field-number order (``Span.flags``, number 16, comes last), each as its tag, then a
+  varint, a fixed 8 or 4 bytes (``fixed64`` times, the ``double``, the ``fixed32`` flags), or a
+  length and the bytes of a string, bytes field or message;
+* grouped by resource, then by instrumentation scope, in the order each first appears, as the
+  SDK's encoders group them; a resource is encoded once per batch;
+* a scalar field at its default (0, ``""``, no bytes) is left out; a message field the encoder
+  sets is written even when empty (status, resource, scope, body); an AnyValue holds its one
+  member even at its default (a ``oneof``), and the AnyValue of None is empty;
+* int64 (``intValue``) and a negative enum as the 10-byte varint of their two's complement.
+
+Anything it cannot write exactly as that path would raises :class:`~.otlp_json.Unencodable`
+(the same cases as :mod:`.otlp_json`), and the caller encodes the batch the SDK's way.
+Thread-safe: the one shared state, a cache of encoded attribute keys bounded at 4,096 entries,
+is only touched by single dict operations.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status
+
+from .otlp_json import Unencodable
+
+__all__ = ["logs_to_otlp_proto", "spans_to_otlp_proto"]
+
+_I64 = 1 << 63
+_U64 = 1 << 64
+_U32 = 1 << 32
+_U128 = 1 << 128
+_I32 = 1 << 31
+_DOUBLE = struct.Struct("<d").pack
+_FIXED64 = struct.Struct("<Q").pack
+_KINDS = {SpanKind.INTERNAL: b"\x30\x01", SpanKind.SERVER: b"\x30\x02", SpanKind.CLIENT: b"\x30\x03",
+          SpanKind.PRODUCER: b"\x30\x04", SpanKind.CONSUMER: b"\x30\x05"}
+# Span.flags (field 16, fixed32): SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK, plus ..._IS_REMOTE_MASK
+_LOCAL, _REMOTE = b"\x85\x01\x00\x01\x00\x00", b"\x85\x01\x00\x03\x00\x00"
+_LINK_LOCAL, _LINK_REMOTE = b"\x35\x00\x01\x00\x00", b"\x35\x00\x03\x00\x00"  # Link.flags is field 6
+_SMALL = [bytes([n]) for n in range(128)]
+_T = TypeVar("_T", ReadableSpan, ReadableLogRecord)
+_HEADS: dict[str, bytes] = {}  # attribute key -> its encoded KeyValue.key field (_key_head)
+_HEADS_MAX = 4096
+
+
+def _varint(value: int) -> bytes:
+    """An unsigned varint; a negative int64 as its two's complement (10 bytes), as protobuf writes it."""
+    if 0 <= value < 128:
+        return _SMALL[value]
+    if value < 0:
+        value += _U64
+    out = bytearray()
+    while value >= 128:
+        out.append((value & 127) | 128)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(tag: bytes, body: bytes) -> bytes:
+    """A length-delimited field: its tag, the length of ``body``, ``body``."""
+    n = len(body)
+    return tag + (_SMALL[n] if n < 128 else _varint(n)) + body
+
+
+def _utf8(text: Any) -> bytes:
+    """A string field's bytes; its text must be valid for a protobuf string field (no lone surrogate)."""
+    if type(text) is not str:
+        raise Unencodable(f"not a str: {type(text).__name__}")
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Unencodable("a string with a lone surrogate") from None
+
+
+def _int64(value: int) -> bytes:
+    if -_I64 <= value < _I64:
+        return _varint(value)
+    raise Unencodable(f"int outside int64: {value}")
+
+
+def _unsigned(value: Any, limit: int) -> int:
+    if type(value) is int and 0 <= value < limit:
+        return value
+    raise Unencodable(f"not an unsigned int below {limit}: {value!r}")
+
+
+def _enum(value: Any) -> bytes:
+    if type(value) is int and -_I32 <= value < _I32:
+        return _varint(value)
+    raise Unencodable(f"not an enum number: {value!r}")
+
+
+def _value(value: Any) -> bytes:
+    """The AnyValue message body of one attribute value (the SDK's ``_encode_value``)."""
+    kind = type(value)
+    if kind is str:
+        return _field(b"\x0a", _utf8(value))
+    if kind is int:
+        return b"\x18" + _int64(value)
+    if kind is bool:
+        return b"\x10\x01" if value else b"\x10\x00"
+    if kind is float:
+        return b"\x21" + _DOUBLE(value)
+    if value is None:
+        return b""
+    if kind is tuple or kind is list:
+        return _field(b"\x2a", b"".join([_field(b"\x0a", _value(v)) for v in value]))
+    if kind is bytes:
+        return _field(b"\x3a", value)
+    if kind is dict:
+        pairs = [_field(b"\x0a", _key_value(str(k), v)) for k, v in value.items()]
+        return _field(b"\x32", b"".join(pairs))
+    raise Unencodable(f"a value of type {kind.__name__}")
+
+
+def _key_head(key: Any) -> bytes:
+    """The KeyValue's ``key`` field (nothing for the empty key: its default), cached: keys repeat."""
+    if type(key) is not str:
+        raise Unencodable(f"a key of type {type(key).__name__}")
+    head = _HEADS.get(key)
+    if head is None:
+        head = _field(b"\x0a", _utf8(key)) if key else b""
+        if len(_HEADS) >= _HEADS_MAX:  # many distinct keys: start over rather than grow (dict ops are atomic)
+            _HEADS.clear()
+        _HEADS[key] = head
+    return head
+
+
+def _key_value(key: Any, value: Any) -> bytes:
+    return _key_head(key) + _field(b"\x12", _value(value))
+
+
+def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
+    """The repeated KeyValue field ``tag``, or b"" when there are none (the SDK's ``_encode_attributes``)."""
+    if not attributes:
+        return b""
+    parts = []
+    for key, value in attributes.items():  # _key_head and _value's commonest cases inlined: the hot loop
+        head = _HEADS.get(key) if type(key) is str else None
+        if head is None:
+            head = _key_head(key)
+        kind = type(value)
+        if kind is str and value.isascii():
+            n = len(value)
+            body = (b"\x0a" + _SMALL[n] if n < 128 else b"\x0a" + _varint(n)) + value.encode("ascii")
+        elif kind is int and 0 <= value < 128:
+            body = b"\x18" + _SMALL[value]
+        elif kind is float:
+            body = b"\x21" + _DOUBLE(value)
+        else:
+            body = _value(value)
+        n = len(body)
+        kv = head + b"\x12" + (_SMALL[n] if n < 128 else _varint(n)) + body
+        n = len(kv)
+        parts.append(tag + (_SMALL[n] if n < 128 else _varint(n)) + kv)
+    return b"".join(parts)
+
+
+def _trace_id(value: Any) -> bytes:
+    if type(value) is int and 0 <= value < _U128:
+        return value.to_bytes(16, "big")
+    raise Unencodable(f"trace id out of range: {value!r}")
+
+
+def _span_id(value: Any) -> bytes:
+    if type(value) is int and 0 <= value < _U64:
+        return value.to_bytes(8, "big")
+    raise Unencodable(f"span id out of range: {value!r}")
+
+
+def _time(tag: bytes, value: Any) -> bytes:
+    """A fixed64 time field, left out at 0."""
+    return tag + _FIXED64(_unsigned(value, _U64)) if value else b""
+
+
+def _count(tag: bytes, value: Any) -> bytes:
+    """A uint32 count field, left out at 0."""
+    return tag + _varint(_unsigned(value, _U32)) if value else b""
+
+
+def _string(tag: bytes, value: Any) -> bytes:
+    """A string field, left out when empty (or None)."""
+    return _field(tag, _utf8(value)) if value else b""
+
+
+def _event(event: Event) -> bytes:
+    return (_time(b"\x09", event.timestamp) + _string(b"\x12", event.name)
+            + _attributes(b"\x1a", event.attributes) + _count(b"\x20", event.dropped_attributes))
+
+
+def _link(link: Link) -> bytes:
+    context = link.context
+    return (_field(b"\x0a", _trace_id(context.trace_id)) + _field(b"\x12", _span_id(context.span_id))
+            + _attributes(b"\x22", link.attributes) + _count(b"\x28", link.dropped_attributes)
+            + (_LINK_REMOTE if context.is_remote else _LINK_LOCAL))
+
+
+def _status(status: Status) -> bytes:
+    """The Status field (15), written even when empty."""
+    code, message = status.status_code.value, status.description
+    body = _string(b"\x12", message) + (b"\x18" + _enum(code) if code else b"")
+    return _field(b"\x7a", body)
+
+
+def _span_head(span: ReadableSpan, context: SpanContext, parent: SpanContext | None) -> list[bytes]:
+    """A Span's fields 1-8 (ids, trace state, name, kind, times)."""
+    fields = [b"\x0a\x10" + _trace_id(context.trace_id), b"\x12\x08" + _span_id(context.span_id)]
+    trace_state = context.trace_state
+    if trace_state:
+        fields.append(_field(b"\x1a", _utf8(",".join([f"{k}={v}" for k, v in trace_state.items()]))))
+    if parent:
+        fields.append(b"\x22\x08" + _span_id(parent.span_id))
+    name = span.name
+    if name:
+        fields.append(_field(b"\x2a", _utf8(name)))
+    kind = _KINDS.get(span.kind)
+    if kind is None:
+        raise Unencodable(f"span kind {span.kind!r}")
+    fields.append(kind)
+    start, end = span.start_time, span.end_time
+    if type(start) is int and type(end) is int and 0 < start < _U64 and 0 < end < _U64:
+        fields.append(b"\x39" + _FIXED64(start) + b"\x41" + _FIXED64(end))
+    else:
+        fields.append(_time(b"\x39", start) + _time(b"\x41", end))
+    return fields
+
+
+def _span(span: ReadableSpan) -> bytes:
+    """One Span message body (the SDK's ``_encode_span``)."""
+    context, parent = span.get_span_context(), span.parent
+    if context is None:
+        raise Unencodable("a span without a context")
+    fields = _span_head(span, context, parent)
+    fields.append(_attributes(b"\x4a", span.attributes))
+    dropped = span.dropped_attributes
+    if dropped:
+        fields.append(_count(b"\x50", dropped))
+    events, links = span.events, span.links
+    if events:
+        fields.append(b"".join([_field(b"\x5a", _event(e)) for e in events]))
+    dropped = span.dropped_events
+    if dropped:
+        fields.append(_count(b"\x60", dropped))
+    if links:
+        fields.append(b"".join([_field(b"\x6a", _link(lk)) for lk in links]))
+    dropped = span.dropped_links
+    if dropped:
+        fields.append(_count(b"\x70", dropped))
+    if span.status is not None:
+        fields.append(_status(span.status))
+    fields.append(_REMOTE if parent and parent.is_remote else _LOCAL)
+    return b"".join(fields)
+
+
+def _log(record: ReadableLogRecord) -> bytes:
+    """One LogRecord message body (the SDK's ``_encode_log``)."""
+    log = record.log_record
+    severity = getattr(log.severity_number, "value", None)
+    fields = [_time(b"\x09", log.timestamp), b"\x10" + _enum(severity) if severity else b"",
+              _string(b"\x1a", log.severity_text), _field(b"\x2a", _value(log.body)),
+              _attributes(b"\x32", log.attributes), _count(b"\x38", record.dropped_attributes)]
+    flags = _unsigned(int(log.trace_flags), _U32)  # a None trace_flags fails, as in the SDK
+    if flags:
+        fields.append(b"\x45" + flags.to_bytes(4, "little"))
+    if log.trace_id != 0:  # as the SDK: 0 is no id, None fails
+        fields.append(b"\x4a\x10" + _trace_id(log.trace_id))
+    if log.span_id != 0:
+        fields.append(b"\x52\x08" + _span_id(log.span_id))
+    fields.append(_time(b"\x59", log.observed_timestamp))
+    fields.append(_string(b"\x62", log.event_name))
+    return b"".join(fields)
+
+
+def _scope(scope: InstrumentationScope | None) -> bytes:
+    """The ``scope`` field (1) of a ScopeSpans/ScopeLogs (the SDK's ``_encode_instrumentation_scope``)."""
+    if scope is None:
+        return b"\x0a\x00"
+    return _field(b"\x0a", _string(b"\x0a", scope.name) + _string(b"\x12", scope.version)
+                  + _attributes(b"\x1a", scope.attributes))
+
+
+def _encode(items: Sequence[_T], encode: Callable[[_T], bytes]) -> bytes:
+    """Group ``items`` by resource, then scope, as the SDK's encoders do, and write the request
+    (the same grouping as :func:`.otlp_json._encode`; the field numbers of the three levels are
+    the same for spans and logs: resource 1, scopes 2, schema URL 3; items 2)."""
+    by_object: dict[tuple[int, int], list[bytes]] = {}
+    groups: dict[Resource, dict[InstrumentationScope | None, list[bytes]]] = {}
+    for item in items:
+        resource, scope = item.resource, item.instrumentation_scope or None
+        out = by_object.get((id(resource), id(scope)))
+        if out is None:  # items hold their resource and scope: the ids stay theirs for the batch
+            out = by_object[id(resource), id(scope)] = groups.setdefault(resource, {}).setdefault(scope, [])
+        body = encode(item)
+        n = len(body)
+        out.append(b"\x12" + (_SMALL[n] if n < 128 else _varint(n)) + body)
+    blocks = []
+    for resource, scopes in groups.items():
+        scope_blocks = []
+        for scope, encoded in scopes.items():
+            schema = _string(b"\x1a", scope.schema_url) if scope is not None else b""
+            scope_blocks.append(_field(b"\x12", _scope(scope) + b"".join(encoded) + schema))
+        head = _field(b"\x0a", _attributes(b"\x0a", resource.attributes))
+        blocks.append(_field(b"\x0a", head + b"".join(scope_blocks) + _string(b"\x1a", resource.schema_url)))
+    return b"".join(blocks)
+
+
+def _checked(items: Sequence[_T], encode: Callable[[_T], bytes]) -> bytes:
+    try:
+        return _encode(items, encode)
+    except Unencodable:
+        raise
+    except Exception as exc:  # malformed input (a span without a kind, a None trace_flags): the SDK's path decides
+        raise Unencodable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def spans_to_otlp_proto(spans: Sequence[ReadableSpan]) -> bytes:
+    """The serialized ExportTraceServiceRequest of ``spans``; raises :class:`~.otlp_json.Unencodable`
+    when it cannot be written exactly as ``encode_spans(spans).SerializeToString()``."""
+    return _checked(spans, _span)
+
+
+def logs_to_otlp_proto(records: Sequence[ReadableLogRecord]) -> bytes:
+    """The serialized ExportLogsServiceRequest of ``records``; raises :class:`~.otlp_json.Unencodable`
+    when it cannot be written exactly as ``encode_logs(records).SerializeToString()``."""
+    return _checked(records, _log)
