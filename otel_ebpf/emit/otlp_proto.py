@@ -58,14 +58,22 @@ _HEADS_MAX = 4096
 
 
 def _varint(value: int) -> bytes:
-    """An unsigned varint; a negative int64 as its two's complement (10 bytes), as protobuf writes it."""
-    if 0 <= value < 128:
-        return _SMALL[value]
+    """An unsigned varint; a negative int64 as its two's complement (10 bytes), as protobuf writes it.
+    Unrolled up to 4 bytes (below 2**28: thread ids, pids, sizes, lengths), a loop above."""
+    if value < 0x4000:
+        if value >= 0x80:
+            return bytes((value & 0x7F | 0x80, value >> 7))
+        if value >= 0:
+            return _SMALL[value]
+    elif value < 0x10000000:
+        if value < 0x200000:
+            return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
+        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14 & 0x7F | 0x80, value >> 21))
     if value < 0:
         value += _U64
     out = bytearray()
-    while value >= 128:
-        out.append((value & 127) | 128)
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
         value >>= 7
     out.append(value)
     return bytes(out)
@@ -155,19 +163,21 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
         if head is None:
             head = _key_head(key)
         kind = type(value)
-        if kind is str and value.isascii():
+        if kind is int and 0 <= value < _I64:
+            body = b"\x18" + (_SMALL[value] if value < 128 else _varint(value))
+        elif kind is str and value.isascii():
             n = len(value)
             body = (b"\x0a" + _SMALL[n] if n < 128 else b"\x0a" + _varint(n)) + value.encode("ascii")
-        elif kind is int and 0 <= value < 128:
-            body = b"\x18" + _SMALL[value]
         elif kind is float:
             body = b"\x21" + _DOUBLE(value)
         else:
             body = _value(value)
         n = len(body)
-        kv = head + b"\x12" + (_SMALL[n] if n < 128 else _varint(n)) + body
-        n = len(kv)
-        parts.append(tag + (_SMALL[n] if n < 128 else _varint(n)) + kv)
+        if n < 126 - len(head):  # the KeyValue's length fits one byte too
+            parts.append(b"".join((tag, _SMALL[len(head) + 2 + n], head, b"\x12", _SMALL[n], body)))
+        else:
+            kv = head + b"\x12" + _varint(n) + body
+            parts.append(tag + _varint(len(kv)) + kv)
     return b"".join(parts)
 
 
