@@ -90,6 +90,19 @@ def bare_uprobe(loop: Path, n: int) -> float:
 
 
 CUDA_CONFIG: dict = {}  # --no-launch-context: {"launch_context": False}
+EXPORT: dict[str, str] = {}  # --otlp: the null collector's {"endpoint": ..., "protocol": ...}
+
+
+def null_collector(protocol: str) -> subprocess.Popen:
+    """bench/otlp_export.py's null collector (answers OK, parses nothing) in its own process;
+    sets EXPORT to its endpoint. Ends when its stdin closes."""
+    p = subprocess.Popen([sys.executable, str(ROOT / "bench" / "otlp_export.py"), "--serve"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    ports = dict(kv.split("=") for kv in p.stdout.readline().split())
+    EXPORT.update(endpoint=f"127.0.0.1:{ports['grpc']}" if protocol == "grpc" else f"http://127.0.0.1:{ports['http']}",
+                  protocol=protocol)
+    return p
 
 
 def agent_for(pid: int, out_dir: str, receivers: list[str], **cuda: object):
@@ -97,8 +110,9 @@ def agent_for(pid: int, out_dir: str, receivers: list[str], **cuda: object):
     from otel_ebpf.service.agent import Agent
 
     procs = [r for r in receivers]
-    cfg = settings.load(None, output=out_dir, extra={"receivers": {"cuda": CUDA_CONFIG | cuda}, "service": {
-        "pipelines": {"default": {"receivers": receivers, "processors": procs}}, "metrics_interval": 1.0}})
+    extra = {"receivers": {"cuda": CUDA_CONFIG | cuda}, "service": {
+        "pipelines": {"default": {"receivers": receivers, "processors": procs}}, "metrics_interval": 1.0}}
+    cfg = settings.load(None, output=None if EXPORT else out_dir, extra=extra, **EXPORT)
     return Agent(cfg, target_pids=[pid])
 
 
@@ -114,8 +128,8 @@ def traced_launch(loop: Path, n: int) -> float:
 
 
 def pipeline_at(loop: Path, rate: float, seconds: float) -> dict[str, float]:
-    """cudaMemcpy at ``rate`` calls/s for ``seconds`` through the whole agent (file exporter),
-    every call a span (``span_rate_limit: 0``)."""
+    """cudaMemcpy at ``rate`` calls/s for ``seconds`` through the whole agent (file exporter, or
+    OTLP to a null collector with --otlp), every call a span (``span_rate_limit: 0``)."""
     me = psutil.Process()
     n = int(rate * seconds)
     p = start_loop(loop, "memcpy", n, rate)
@@ -286,6 +300,9 @@ def main() -> int:
     ap.add_argument("--probe-only", action="store_true", help="only the probe-cost rows")
     ap.add_argument("--compare", action="store_true", help="also the eACGM-style pipeline comparison")
     ap.add_argument("--compare-only", action="store_true", help="only the eACGM-style comparison")
+    ap.add_argument("--pipeline-only", action="store_true", help="only the pipeline rows")
+    ap.add_argument("--otlp", choices=("grpc", "http"),
+                    help="pipeline rows export over OTLP to a null collector in another process (default: the file)")
     ap.add_argument("--no-launch-context", action="store_true",
                     help="CUDA receiver with launch_context: false (no per-thread op lookup on launches)")
     a = ap.parse_args()
@@ -294,6 +311,20 @@ def main() -> int:
     if os.geteuid() != 0:
         sys.exit("bench: needs root (BPF)")
     loop = build_loop()
+    collector = null_collector(a.otlp) if a.otlp else None
+    try:
+        return _run(a, loop)
+    finally:
+        if collector is not None and collector.stdin is not None:
+            collector.stdin.close()
+            collector.wait(timeout=10)
+
+
+def _run(a: argparse.Namespace, loop: Path) -> int:
+    if a.pipeline_only:
+        best, runs = pipeline(loop, [float(r) for r in a.rates.split(",")], a.seconds)
+        _table(_pipeline_rows(a, best, runs))
+        return 0
     if a.compare_only:
         _table(compare(loop, a.seconds))
         return 0
@@ -314,17 +345,21 @@ def main() -> int:
             ("cudaLaunchKernel, empty uprobe", f"{bare:.0f} ns/call"),
             ("cudaLaunchKernel, CUDA receiver", f"{ours:.0f} ns/call"),
             ("**receiver / empty uprobe**", f"**{ours / bare:.2f}** (target <= 1.15)")]
-    for r in runs:
-        rows.append((f"cudaMemcpy at {r['rate']:.0f}/s for {a.seconds:.0f} s, whole agent",
-                     f"{r['spans']:.0f} of {r['calls']:.0f} calls became spans, {r['dropped']:.0f} dropped (counted); "
-                     f"{r['cpu_us_per_span']:.0f} us agent CPU per span"))
-    rows += [("**highest zero-loss rate tried**", f"**{best['rate']:.0f} spans/s**" if best else "none"),
-             ("agent RSS after the last run", f"{last['rss_mb']:.0f} MiB"),
+    rows += _pipeline_rows(a, best, runs)
+    rows += [("agent RSS after the last run", f"{last['rss_mb']:.0f} MiB"),
              ("agent start to first event", f"{first:.2f} s")]
     if a.compare:
         rows += compare(loop, a.seconds)
     _table(rows)
     return 0
+
+
+def _pipeline_rows(a: argparse.Namespace, best: dict[str, float] | None, runs: list[dict]) -> list[tuple[str, str]]:
+    to = f"OTLP/{a.otlp} to a null collector" if a.otlp else "the JSON-lines file"
+    rows = [(f"cudaMemcpy at {r['rate']:.0f}/s for {a.seconds:.0f} s, whole agent, to {to}",
+             f"{r['spans']:.0f} of {r['calls']:.0f} calls became spans, {r['dropped']:.0f} dropped (counted); "
+             f"{r['cpu_us_per_span']:.0f} us agent CPU per span") for r in runs]
+    return [*rows, ("**highest zero-loss rate tried**", f"**{best['rate']:.0f} spans/s**" if best else "none")]
 
 
 def _table(rows: list[tuple[str, str]]) -> None:
