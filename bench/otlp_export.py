@@ -40,30 +40,57 @@ sys.path.insert(0, str(ROOT / "bench"))
 from file_export import BATCH, batches, cell, make_logs, make_spans, run_pair  # noqa: E402
 
 
-def serve() -> None:
-    """The null collector: prints "grpc=PORT http=PORT", then answers OK until stdin closes."""
+def serve(count_spans: bool = False) -> None:
+    """The null collector: prints "grpc=PORT http=PORT", then answers OK until stdin closes. With
+    ``count_spans`` it parses each trace request (protobuf's C parser, in this process) and a
+    GET on the HTTP port answers the number of spans received so far."""
     import grpc
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    received = [0]
+    received = [0, 0]  # bytes, spans
+    lock = threading.Lock()
+
+    def count(body: bytes) -> None:
+        n = 0
+        if count_spans:
+            request = ExportTraceServiceRequest.FromString(body)
+            n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        with lock:
+            received[0] += len(body)
+            received[1] += n
 
     def export(body: bytes, context: Any) -> bytes:
-        received[0] += len(body)
+        count(body)
         return b""
 
-    handler = grpc.method_handlers_generic_handler("opentelemetry.proto.collector.trace.v1.TraceService", {
-        "Export": grpc.unary_unary_rpc_method_handler(export, request_deserializer=None, response_serializer=None)})
+    def ack(body: bytes, context: Any) -> bytes:
+        return b""
+
+    handlers = [grpc.method_handlers_generic_handler(f"opentelemetry.proto.collector.{service}", {
+        "Export": grpc.unary_unary_rpc_method_handler(fn, request_deserializer=None, response_serializer=None)})
+        for service, fn in (("trace.v1.TraceService", export), ("metrics.v1.MetricsService", ack),
+                            ("logs.v1.LogsService", ack))]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    server.add_generic_rpc_handlers((handler,))
+    server.add_generic_rpc_handlers(handlers)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
 
     class Http(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # http.server's name
-            received[0] += len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        def _answer(self, body: bytes, kind: str) -> None:
             self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", "0")
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:  # http.server's name
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path == "/v1/traces":
+                count(body)
+            self._answer(b"", "application/x-protobuf")
+
+        def do_GET(self) -> None:  # http.server's name
+            self._answer(str(received[1]).encode(), "text/plain")
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -72,7 +99,7 @@ def serve() -> None:
     threading.Thread(target=http.serve_forever, daemon=True).start()
     print(f"grpc={port} http={http.server_address[1]}", flush=True)
     sys.stdin.read()
-    print(f"null collector: {received[0]} bytes", file=sys.stderr)
+    print(f"null collector: {received[0]} bytes, {received[1]} spans counted", file=sys.stderr)
 
 
 def exporters(grpc_port: int, http_port: int) -> dict[str, tuple[Any, Any]]:
@@ -134,9 +161,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--resources", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--count-spans", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
-        return serve()
+        return serve(args.count_spans)
     spans, logs = make_spans(args.spans, args.resources), make_logs(args.logs, args.resources)
     size = len(__import__("otel_ebpf.emit.otlp_proto", fromlist=["x"]).spans_to_otlp_proto(spans[:BATCH])) / BATCH
     print(f"\n{platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
