@@ -61,6 +61,7 @@ __all__ = [
     "process_stat",
     "recorded",
     "recover_stale",
+    "rekey",
     "release",
     "resume",
     "resume_recorded",
@@ -271,6 +272,22 @@ def recorded(bpf: Any, pid: int, ts: int) -> bool:
     try:
         table = bpf["oe_paused"]
         table[_key(table, pid, ts)]
+        return True
+    except Exception:
+        return False
+
+
+def rekey(bpf: Any, pid: int, ts: int, new_ts: int) -> bool:
+    """Record ``pid``'s stop at ``ts`` as made at ``new_ts`` (same value), so the pause guard counts
+    its pause_timeout from ``new_ts``: the library gate's way of holding a process longer while the
+    agent shows progress (otel_ebpf.bpf.gate). The new record is written before the old one is
+    deleted: the guard never sees the stop unrecorded. False (nothing written) when the stop is no
+    longer recorded (the guard resumed it). Never raises."""
+    try:
+        table = bpf["oe_paused"]
+        value = table[_key(table, pid, ts)]
+        table[_key(table, pid, new_ts)] = value
+        del table[_key(table, pid, ts)]
         return True
     except Exception:
         return False

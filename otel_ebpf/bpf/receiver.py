@@ -89,6 +89,7 @@ class BpfReceiver:
     lib_pattern: str | None = None
     probes: Sequence[Probe] = ()
     thread_context = False  # uses oe_thread_ctx (common.bpf.c, otel_ebpf.bpf.threadctx): cuda, python, torch
+    start_early = False  # loaded before `run -- CMD` starts the command even with a deferred start (service.deferred)
 
     def __init__(self, ctx: Context, next_: Consumer, *, ringbuf_pages: int = 256,
                  pause_on_load: bool = False, extra_libraries: Sequence[str] = (),
@@ -110,6 +111,11 @@ class BpfReceiver:
         self._attach_lock = threading.Lock()
         self._seen_pids: OrderedDict[int, None] = OrderedDict()
         self._exits: list[object] = []  # held until the call records before them are read
+
+    @property
+    def pauses_on_load(self) -> bool:
+        """It stops a process that opens its library until it is attached (pause_on_load and a pattern)."""
+        return self._pauses.enabled
 
     # ---- to override -----------------------------------------------------------------
     def cflags(self) -> list[str]:
@@ -228,7 +234,9 @@ class BpfReceiver:
                     raise AttachError(path, p.symbol, str(exc).strip() or type(exc).__name__) from None
         return n, error
 
-    def initial_libraries(self) -> list[str]:
+    def initial_libraries(self, pids: Sequence[int] = ()) -> list[str]:
+        """The libraries to attach to at start: those ``pids`` (default: the targets, or every process)
+        have mapped, the configured ones, the command's environment's."""
         from otel_ebpf.host.libraries import find_libraries
 
         keys = self.library_keys or ((self.library_key,) if self.library_key else ())
@@ -236,7 +244,7 @@ class BpfReceiver:
             return []
         # ldconfig's system-wide copies matter only when tracing every process; a traced command
         # that loads one is caught at openat anyway, and each needless attach costs ~0.1 s to undo.
-        pids = self.ctx.target_pids or all_pids()
+        pids = pids or self.ctx.target_pids or all_pids()
         found: list[str] = []
         for i, key in enumerate(keys):
             for path in find_libraries(key, configured=self._extra_libs if i == 0 else (), pids=pids,

@@ -333,6 +333,14 @@ class ServiceConfig:
              "resumed that way runs untraced until its probes attach; counted in "
              "otel_ebpf.pauses.timed_out (docs/reliability.md, 'The pause guard').", duration=True,
         min=0.2, max=300)
+    deferred_start: bool = doc(
+        True, "run -- CMD starts the command once the lifecycle receiver (and python, probes when on) and a small "
+              "library gate are loaded (~1-2 s), and compiles the other receivers while it runs: a process that "
+              "opens the library of one still compiling (cuda, nccl, torch, apptrace) is held until it is attached "
+              "(at most pause_timeout); blockio, memory, sched and perf see the command from when they are loaded "
+              "(logged). false: every receiver is loaded before the command starts (~6 s with the defaults). Off "
+              "with strict (a late receiver's failure cannot stop the job) and for --pid / --all-processes "
+              "(docs/reliability.md, 'Deferred start').")
     shutdown_timeout: float = doc(
         60.0, "Longest the agent spends, once tracing stops, handing on what it collected: the pipeline's "
               "backlog, then each exporter's queue (the last metrics get 5s more). What is left then is counted "

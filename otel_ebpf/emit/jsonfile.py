@@ -74,7 +74,7 @@ def ensure_writable(directory: str | os.PathLike[str]) -> None:
 
 class _LineWriter:
     def __init__(self, path: Path) -> None:
-        self.path = path
+        self.path = path.absolute()  # BCC changes the working directory while it compiles (deferred start)
         self._lock = threading.Lock()
 
     def write(self, line: str) -> bool:

@@ -183,6 +183,7 @@ class Agent:
         self._ticks_stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self.health: Any = None  # otel_ebpf.service.health.HealthServer while started
+        self._deferred: Any = None  # otel_ebpf.service.deferred.DeferredStart once started
         self._build()
 
     def _exporters(self, ids: Sequence[str]) -> list[ExporterSpec]:
@@ -224,10 +225,12 @@ class Agent:
         return "\n".join(f"// ===== receiver {rid}\n{r.dump()}" for rid, r in self.receivers.items()
                          if hasattr(r, "dump"))
 
-    def start(self) -> None:
+    def start(self, *, deferred: bool = False) -> None:
         """Start everything; on a failure, stop what started and re-raise. First the checks that
         need no running part, privileges before the output directories (a user who is not root
-        learns that first: as root the directory may well be writable)."""
+        learns that first: as root the directory may well be writable). ``deferred``: return once
+        the receivers that must see the command from its start and the library gate are loaded;
+        the others load in the background (otel_ebpf.service.deferred)."""
         self._preflight()  # nothing runs yet: nothing to stop, nothing to flush
         self._started = True
         try:
@@ -241,16 +244,24 @@ class Agent:
                 p.queue.start()
             self._ticker = threading.Thread(target=self._tick, name="otel-ebpf-tick", daemon=True)
             self._ticker.start()
-            for rid, r in self.receivers.items():
+            from otel_ebpf.service.deferred import DeferredStart, plan
+
+            early, late, gate = plan(self.ctx, self.receivers) if deferred else (self.receivers, {}, None)
+            for rid, r in [*early.items(), *([("gate", gate)] if gate is not None else [])]:
                 t0 = time.monotonic()
                 r.start()
                 log.info("receiver %s started in %.2fs", rid, time.monotonic() - t0)
-            from otel_ebpf.bpf.loader import programs_loaded
-
-            programs_loaded(self.ctx)
+            self._deferred = DeferredStart(self.ctx, late, gate, time.monotonic())
+            self._deferred.start()  # with nothing late: only the end of the start (programs_loaded)
         except BaseException:
             self.shutdown(timeout=_FAILED_START_S)  # nothing collected yet is worth a long wait
             raise
+
+    def loading(self) -> list[str]:
+        """The receivers still loading in the background (deferred start)."""
+        d = self._deferred
+        return [] if d is None or d.done.is_set() else [rid for rid in d.late if rid not in d.started
+                                                          and rid not in d.failed]
 
     def _tick(self) -> None:
         while not self._ticks_stop.wait(TICK_INTERVAL_S):
@@ -291,7 +302,13 @@ class Agent:
         health, self.health = self.health, None
         if health is not None:
             health.shutdown()
-        for rid, r in self.receivers.items():
+        receivers = self.receivers
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:  # the gate first (its holds go on), then what started, never a compile's wait
+            _quietly(deferred.close_gate, "library gate")
+            started = deferred.stop()
+            receivers = {rid: r for rid, r in receivers.items() if rid not in deferred.late or rid in started}
+        for rid, r in receivers.items():
             _quietly(r.shutdown, f"receiver {rid}")
         self._ticks_stop.set()
         ticker, self._ticker = self._ticker, None

@@ -152,14 +152,19 @@ def run(args: argparse.Namespace) -> int:
     child = PausedChild(command, env) if command else None
     targets = [child.pid] if child else list(args.pid)
     started = time.monotonic()
+    deferred = bool(child) and cfg.service.deferred_start and not cfg.service.strict
+    if deferred:  # a background compile redirects fd 2 (the loader's capture): our lines go to a copy of it
+        sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)
     try:
         agent = Agent(cfg, target_pids=targets, command=command)
-        agent.start()
+        agent.start(deferred=deferred)
     except BaseException:
         if child:
             child.abort()
         raise
-    log.info("tracing started in %.2fs", time.monotonic() - started)
+    late = agent.loading()
+    log.info("tracing started in %.2fs%s", time.monotonic() - started,
+             f"; loading in the background: {', '.join(late)}" if late else "")
     from otel_ebpf.service.progress import Progress
 
     progress = Progress(agent.summary, sys.stderr)

@@ -214,9 +214,25 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
  * an unknown scalar, so the states of successive iterations match and are pruned; kept in a register its
  * exact value differs in every iteration and every path, and the walk exceeded the verifier's 1M-
  * instruction budget (E2BIG). The pattern's own loop is short and stays unrolled. */
+/* One pattern at basename offset b; the pattern's length is a constant, so the loop unrolls. */
+#define OE_PREFIX_AT(path, b, PAT, matched)                                  \
+    do {                                                                     \
+        const char pat_[] = PAT;                                             \
+        matched = 1;                                                         \
+        _Pragma("unroll")                                                    \
+        for (int j_ = 0; j_ < (int)sizeof(pat_) - 1; j_++) {                 \
+            if (path[(b + j_) & (OE_PATH_MAX - 1)] != pat_[j_]) {            \
+                matched = 0;                                                 \
+                break;                                                       \
+            }                                                                \
+        }                                                                    \
+    } while (0)
+
+/* OE_LIB_PATTERN2..4: more prefixes, any of which matches (the library gate of a deferred start,
+ * otel_ebpf/bpf/gate.py, watches the libraries of every receiver still compiling). Returns the
+ * number of the pattern that matched (1-4), 0 for none. */
 static __always_inline int oe_lib_match(const char *path)
 {
-    const char pat[] = OE_LIB_PATTERN;
     volatile int base = 0;
     for (int i = 0; i < OE_PATH_MAX - 1; i++) {
         char c = path[i];
@@ -226,14 +242,46 @@ static __always_inline int oe_lib_match(const char *path)
             base = i + 1;
     }
     int b = base;
-#pragma unroll
-    for (int j = 0; j < (int)sizeof(pat) - 1; j++) {
-        int k = (b + j) & (OE_PATH_MAX - 1);
-        if (path[k] != pat[j])
-            return 0;
-    }
-    return 1;
+    int m = 0;
+    OE_PREFIX_AT(path, b, OE_LIB_PATTERN, m);
+    if (m)
+        return 1;
+#ifdef OE_LIB_PATTERN2
+    OE_PREFIX_AT(path, b, OE_LIB_PATTERN2, m);
+    if (m)
+        return 2;
+#endif
+#ifdef OE_LIB_PATTERN3
+    OE_PREFIX_AT(path, b, OE_LIB_PATTERN3, m);
+    if (m)
+        return 3;
+#endif
+#ifdef OE_LIB_PATTERN4
+    OE_PREFIX_AT(path, b, OE_LIB_PATTERN4, m);
+    if (m)
+        return 4;
+#endif
+    return 0;
 }
+
+#ifdef OE_GATE
+/* The gate's patterns whose receiver is ready (index: pattern number - 1): no longer watched,
+ * the receiver's own program watches its library from then on. */
+BPF_ARRAY(oe_gate_open, u8, 4);
+
+static __always_inline int oe_gate_match(const char *path)
+{
+    int m = oe_lib_match(path);
+    if (!m)
+        return 0;
+    int i = m - 1;
+    u8 *open = oe_gate_open.lookup(&i);
+    return open && *open ? 0 : m;
+}
+#define OE_MATCH oe_gate_match
+#else
+#define OE_MATCH oe_lib_match
+#endif
 
 struct oe_path_buf {
     char path[OE_PATH_MAX];
@@ -345,7 +393,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
     struct oe_path_buf *buf = oe_path_scratch.lookup(&zero);
     if (!buf)
         return 0;
-    if (bpf_probe_read_user_str(buf->path, sizeof(buf->path), args->filename) <= 0 || !oe_lib_match(buf->path))
+    if (bpf_probe_read_user_str(buf->path, sizeof(buf->path), args->filename) <= 0 || !OE_MATCH(buf->path))
         return 0;
     u32 tid = (u32)id;
     oe_open_inflight.update(&tid, buf);

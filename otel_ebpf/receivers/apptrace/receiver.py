@@ -20,6 +20,7 @@ import os
 import random
 import struct
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,12 +103,12 @@ class AppTraceReceiver(BpfReceiver):
         self._open: OrderedDict[tuple[int, int], tuple[int, int, int, AppPoint]] = OrderedDict()
 
     # ---- program -----------------------------------------------------------------------
-    def initial_libraries(self) -> list[str]:
+    def initial_libraries(self, pids: Sequence[int] = ()) -> list[str]:
         paths = [*self._extra_libs]
         own = sdk_library()
         if own:
             paths.append(own)
-        for pid in self.ctx.target_pids or [int(d) for d in os.listdir("/proc") if d.isdigit()]:
+        for pid in pids or self.ctx.target_pids or [int(d) for d in os.listdir("/proc") if d.isdigit()]:
             paths += _mapped(pid)
         seen, out = set(), []
         for p in paths:

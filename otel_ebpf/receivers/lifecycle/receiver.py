@@ -50,6 +50,7 @@ class LifecycleReceiver(BpfReceiver):
     and their descendants (every process when there are none)."""
 
     name = "lifecycle"
+    start_early = True  # the command's forks, execs and exits from its first instruction (deferred start)
     src_file = Path(__file__).with_name("lifecycle.bpf.c")
 
     def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:

@@ -173,16 +173,17 @@ class NcclReceiver(BpfReceiver):
         return (f"{super().source()}\n// ---- {PROF_SRC.name}\n#line 1 \"{PROF_SRC}\"\n{PROF_SRC.read_text()}\n"
                 f"// ---- generated: profiler plugin probe readers\n{self._plugin.source()}\n")
 
-    def initial_libraries(self) -> list[str]:
-        found = super().initial_libraries()
-        return found + [p for p in self._plugin_libraries() if p not in found]
+    def initial_libraries(self, pids: Sequence[int] = ()) -> list[str]:
+        found = super().initial_libraries(pids)
+        return found + [p for p in self._plugin_libraries(pids) if p not in found]
 
-    def _plugin_libraries(self) -> list[str]:
-        """The agent's own profiler plugin, plugins named in ``libraries``, and those mapped by traced processes."""
+    def _plugin_libraries(self, pids: Sequence[int] = ()) -> list[str]:
+        """The agent's own profiler plugin, plugins named in ``libraries``, and those mapped by traced processes
+        (``pids``, default the targets)."""
         own = plugin_path()
         paths = [str(own)] if own is not None else []
         paths += [p for p in self.config.libraries if prof.is_plugin(p)]
-        for pid in self.ctx.target_pids:
+        for pid in pids or self.ctx.target_pids:
             paths += mapped_libraries(pid, prof.PLUGIN_PREFIX)
         seen: set[str] = set()
         out: list[str] = []

@@ -51,6 +51,7 @@ class UserProbesReceiver(BpfReceiver):
     """Receiver ``probes``. With no entries it loads nothing."""
 
     name = "probes"
+    start_early = True  # probes the user named: what they probe may run from the first instruction
     src_file = Path(__file__).with_name("probes.generated.bpf.c")  # never on disk: see source()
 
     def __init__(self, config: Config, ctx: Context, next_: Consumer) -> None:

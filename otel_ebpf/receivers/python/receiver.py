@@ -96,6 +96,7 @@ class PythonReceiver(BpfReceiver):
     process on the host when there are no targets, except this agent)."""
 
     name = "python"
+    start_early = True  # USDT on the interpreter: its first calls are made before any library opens
     src_file = Path(__file__).with_name("python.bpf.c")
     thread_context = True  # writes the thread's innermost open call for the cuda program (common.bpf.c)
 

@@ -23,6 +23,7 @@ import re
 import struct
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 
 from otel_ebpf.bpf import threadctx
@@ -119,9 +120,9 @@ class TorchReceiver(BpfReceiver):
                 f"-DTORCH_STEP_MAX_NS={int(c.step_max_duration * 1e9)}ULL", f"-DTORCH_STEP_MAX_OPS={c.step_max_ops}"]
 
     # ---- libraries -------------------------------------------------------------------------
-    def initial_libraries(self) -> list[str]:
+    def initial_libraries(self, pids: Sequence[int] = ()) -> list[str]:
         paths = list(self._extra_libs)
-        for pid in self.ctx.target_pids:
+        for pid in pids or self.ctx.target_pids:
             paths += mapped_libraries(pid, LIB_PATTERN)
         python = interpreter_of_command(list(self.ctx.libraries.get("command", [])))
         if python and os.path.basename(python).startswith("python"):

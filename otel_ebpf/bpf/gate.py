@@ -1,0 +1,185 @@
+"""The library gate of a deferred start: ``run -- CMD`` starts the command before the library
+receivers (cuda, nccl, torch, apptrace) have compiled, and this small program holds any traced
+process that opens one of their libraries until that receiver is attached to it.
+
+The gate is a :class:`~otel_ebpf.bpf.receiver.BpfReceiver` whose program is only common.bpf.c's
+traced set and library-open watch (gate.bpf.c), with pause_on_load and the patterns of up to
+four receivers (``OE_LIB_PATTERN``, ``OE_LIB_PATTERN2..4``). It compiles in a fraction of the
+time of the receivers it stands for. When a watched library is opened, the process is stopped
+by the program (SIGSTOP, recorded in ``oe_paused``, bounded by the pause guard like every
+pause_on_load stop: docs/reliability.md, "The pause guard"), and the gate's poll thread waits
+for the library's receiver to be ready (:meth:`LibraryGate.ready`, called by the deferred
+starter, otel_ebpf.service.deferred, once it has started or failed), asks that receiver to
+attach to the path, then resumes the process: its first call into the library is traced.
+
+Each hold is counted in ``otel_ebpf.gate.held{receiver}`` and logged (INFO) with its length.
+Compiling a receiver takes longer than ``service.pause_timeout`` (cuda ~3 s), the longest any
+stop may last once the agent stops making progress. So while the starter thread makes progress
+(its CPU time grows: it is compiling), the gate re-records the stop as made now, every half
+pause_timeout (otel_ebpf.bpf.paused.rekey); the pause guard's supervisor then counts its
+timeout from there. An agent that hangs, starves or dies stops the renewals, and the supervisor
+resumes the process within pause_timeout as for any stop. A hold never lasts longer than
+:data:`HOLD_MAX_S` in all. When a hold ends without the receiver (the supervisor resumed the
+process, or the cap), the gate stops waiting: counted in ``otel_ebpf.gate.late{receiver}``, and
+the receiver attaches to the library when it starts, from the process's maps, so only the calls
+made meanwhile are missed. A process the program did not stop (no current lease) is not waited
+for at all: the receiver finds its library the same way. While it waits, the gate
+tells the starter which receiver a process waits for, and the starter compiles that one next.
+Nothing the gate reads is exported (its records go nowhere): process exits and library loads
+come from the receivers themselves.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from otel_ebpf.bpf import paused as paused_map
+from otel_ebpf.bpf.receiver import _LIBOPEN, BpfReceiver
+from otel_ebpf.core.pipeline import Context
+
+__all__ = ["GATE_HELD", "GATE_LATE", "HOLD_MAX_S", "MAX_PATTERNS", "LibraryGate"]
+
+log = logging.getLogger(__name__)
+MAX_PATTERNS = 4  # OE_LIB_PATTERN, OE_LIB_PATTERN2..4 in common.bpf.c
+GATE_LATE = "otel_ebpf.gate.late"
+GATE_HELD = "otel_ebpf.gate.held"
+_WAIT_SLICE_S = 0.05
+HOLD_MAX_S = 60.0  # the longest a gate holds a process, renewals included
+
+
+class _Discard:
+    def consume(self, events: Sequence[object]) -> None:
+        pass
+
+
+class LibraryGate(BpfReceiver):
+    """Holds the processes that open the library of a receiver in ``receivers`` (at most
+    :data:`MAX_PATTERNS`, each with a ``lib_pattern``) until :meth:`ready` is called for it."""
+
+    name = "gate"
+    src_file = Path(__file__).with_name("gate.bpf.c")
+
+    def __init__(self, ctx: Context, receivers: Sequence[BpfReceiver]) -> None:
+        if not 0 < len(receivers) <= MAX_PATTERNS or not all(r.lib_pattern for r in receivers):
+            raise ValueError(f"a gate watches 1 to {MAX_PATTERNS} receivers with a library pattern")
+        self.watched = list(receivers)
+        self.lib_pattern = self.watched[0].lib_pattern
+        self._ready = {id(r): threading.Event() for r in self.watched}
+        self._wanted: list[BpfReceiver] = []
+        self._lock = threading.Lock()
+        self.progress: Callable[[], float | None] = lambda: None  # the starter's CPU seconds (DeferredStart)
+        self._stop_at: tuple[int, int, bool] = (0, 0, False)  # (pid, ts, stopped) of the open being handled
+        self._rekeyed: dict[tuple[int, int], int] = {}  # (pid, stop ts) -> the ts it is recorded at now
+        super().__init__(ctx, _Discard(), ringbuf_pages=1, pause_on_load=True, poll_interval=0.05)
+
+    def cflags(self) -> list[str]:
+        return ["-DOE_GATE=1", *(f'-DOE_LIB_PATTERN{i}="{r.lib_pattern}"' for i, r in enumerate(self.watched[1:], 2))]
+
+    def owner(self, path: str) -> BpfReceiver | None:
+        """The watched receiver whose pattern starts the basename of ``path`` (as the program matched it)."""
+        base = os.path.basename(path)
+        return next((r for r in self.watched if r.lib_pattern and base.startswith(r.lib_pattern)), None)
+
+    def ready(self, receiver: BpfReceiver) -> None:
+        """``receiver`` has started (or failed to): processes held for it may go on, and the program
+        stops no more for its library (its own program watches it now)."""
+        event = self._ready.get(id(receiver))
+        if event is None:
+            return
+        event.set()
+        bpf = self._bpf
+        if bpf is not None:
+            import ctypes as ct
+
+            try:
+                bpf["oe_gate_open"][ct.c_int(self.watched.index(receiver))] = ct.c_uint8(1)
+            except Exception:  # the gate is shutting down: nothing to open
+                log.debug("gate: marking %s ready in the program failed", receiver.name, exc_info=True)
+
+    def wanted(self) -> BpfReceiver | None:
+        """The receiver a held process waits for, longest waiting first (None: none waits)."""
+        with self._lock:
+            while self._wanted:
+                r = self._wanted.pop(0)
+                if not self._ready[id(r)].is_set():
+                    return r
+        return None
+
+    def _library_opened(self, raw: bytes) -> None:
+        """The base's handling (attach_library below, then the resume), knowing which stop it is;
+        nothing is passed on (the receiver reports its library loads itself)."""
+        _, stopped, pid, _tid, ts, _path = _LIBOPEN.unpack_from(raw)
+        self._stop_at = (pid, ts, bool(stopped))
+        super()._library_opened(raw)
+
+    def _resume(self, pid: int, ts: int | None = None) -> None:
+        if ts is not None:
+            ts = self._rekeyed.pop((pid, ts), ts)
+        super()._resume(pid, ts)
+
+    def attach_library(self, path: str) -> int:
+        """Called from the base's library-open handling: wait for the library's receiver while the
+        process is held (not when it was not stopped), then have it attach."""
+        r = self.owner(path)
+        if r is None:
+            return 0
+        event = self._ready[id(r)]
+        pid, ts, stopped = self._stop_at
+        if not event.is_set() and not stopped:
+            return 0  # it runs on: the receiver finds the library in its maps when it starts
+        if not event.is_set():
+            with self._lock:
+                if r not in self._wanted:
+                    self._wanted.append(r)
+            t0 = time.monotonic()
+            waited = self._wait(event, pid, ts)
+            if waited:
+                self._renew_stop(pid, ts)  # a whole pause_timeout for the attach (94 probes: ~1 s when loaded)
+                self.ctx.telemetry.add(GATE_HELD, 1, receiver=r.name)
+                log.info("%s: held a process that opened %s for %.2fs, until the %s receiver was ready",
+                         self.name, path, time.monotonic() - t0, r.name)
+            else:
+                if self._stop.is_set():  # shutting down: the process is resumed with the gate's other stops
+                    return 0
+                self.ctx.telemetry.add(GATE_LATE, 1, receiver=r.name)
+                log.info("%s: a process opened %s before the %s receiver was ready (%.1fs, "
+                         "service.pause_timeout); it went on, and the calls it makes until the receiver "
+                         "attaches are not traced", self.name, path, r.name, self.ctx.pause_timeout)
+                return 0
+        return r.attach_library(path) if r.bpf is not None else 0
+
+    def _wait(self, event: threading.Event, pid: int, ts: int) -> bool:
+        """Wait for ``event`` while ``pid`` is held; renew its stop's record while the starter makes
+        progress (see the module doc). False: the hold ended first (the guard resumed it, the cap,
+        a shutdown)."""
+        start = last = time.monotonic()
+        cpu = self.progress()
+        while not event.wait(_WAIT_SLICE_S):
+            now = time.monotonic()
+            if self._stop.is_set() or now - start >= HOLD_MAX_S:
+                return False
+            self._pauses.renew()
+            if now - last < self.ctx.pause_timeout / 2:
+                continue
+            spent = self.progress()
+            if spent is None or cpu is None or spent <= cpu:
+                if now - last >= self.ctx.pause_timeout:
+                    return False  # no progress: the guard resumes it (or has)
+                continue
+            if not self._renew_stop(pid, ts):
+                return False  # no longer recorded: the guard resumed it
+            cpu, last = spent, now
+        return True
+
+    def _renew_stop(self, pid: int, ts: int) -> bool:
+        """Record ``pid``'s stop at ``ts`` as made now (the guard counts pause_timeout from here)."""
+        key = self._rekeyed.get((pid, ts), ts)
+        new = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # the clock of the program's stop ts
+        if not paused_map.rekey(self._bpf, pid, key, new):
+            return False
+        self._rekeyed[(pid, ts)] = new
+        return True

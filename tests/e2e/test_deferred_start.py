@@ -1,0 +1,75 @@
+"""Issue 18, the start: ``otel-ebpf run -- CMD`` starts the command before the cuda and nccl programs
+have compiled (service.deferred_start), and loses nothing for it.
+
+The command is a shell that forks a Python process which opens the real libcudart at once and calls
+it 200 times: the shell and its child run while the CUDA receiver still compiles, the library gate
+holds the child at its open, the starter hands the receiver the child (made before it loaded) and
+the gate resumes it once the receiver is attached. pause_timeout is 1.5 s here, less than the CUDA
+program's compile: the hold outlasts it only because the gate renews the stop while the compile
+makes progress (otel_ebpf.bpf.gate); without the renewal the pause guard would resume the child
+early and its first calls would be missed.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.otlp_sink import spans_from_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
+CALLS = 200
+pytestmark = pytest.mark.bpf
+
+
+def run(tmp_path: Path, config: str, *command: str) -> subprocess.CompletedProcess[str]:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(config)
+    cfg.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EBPF_")}
+    return subprocess.run([sys.executable, "-m", "otel_ebpf", "run", "--log-level", "info", "--config", str(cfg),
+                           "--output", str(tmp_path / "out"), "--", *command], cwd=tmp_path, env={**env,
+                          "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True, timeout=180)
+
+
+def test_the_command_starts_first_and_its_first_cuda_calls_are_all_traced(bpf_ready: None, cudart: Path,
+                                                                          tmp_path: Path) -> None:
+    child = tmp_path / "child.py"
+    child.write_text(f"import ctypes\nrt = ctypes.CDLL({str(cudart)!r})\n"
+                     f"for _ in range({CALLS}):\n    rt.cudaMemcpy(None, None, 4096, 1)\n")
+    script = f"echo started; {sys.executable} {child}; echo done"
+    r = run(tmp_path, "receivers:\n  cuda:\n    span_rate_limit: 0\nservice:\n  pause_timeout: 1500ms\n"
+                      "  health_endpoint: ''\n", "sh", "-c", script)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["started", "done"]
+    err = r.stderr
+    # the command was let go before the cuda receiver compiled
+    assert re.search(r"tracing started in [0-9.]+s; loading in the background: .*cuda", err), err
+    assert re.search(r"receiver cuda started in [0-9.]+s, in the background \([0-9.]+s after the command "
+                     r"started; \d+ process(es)? it made meanwhile added\)", err), err
+    # the child was held at its open until then, longer than pause_timeout, and none of its calls was missed
+    held = re.search(r"gate: held a process that opened \S*libcudart\S* for ([0-9.]+)s, until the cuda receiver", err)
+    assert held, err
+    assert float(held.group(1)) > 1.5, "held past pause_timeout: the renewals were needed"
+    assert "resumed by the pause guard" not in err and "did not attach in time" not in err, err
+    memcpy = [span for _, _, span in spans_from_jsonl(tmp_path / "out" / "traces.jsonl") if span.name == "cudaMemcpy"]
+    assert len(memcpy) == CALLS
+
+
+def test_a_command_that_ends_while_receivers_compile_exits_cleanly(bpf_ready: None, tmp_path: Path) -> None:
+    r = run(tmp_path, "service:\n  health_endpoint: ''\n", "true")
+    assert r.returncode == 0, r.stderr
+    assert "loading in the background" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "flushing what was collected" in r.stderr
+    assert (tmp_path / "out" / "traces.jsonl").exists()  # a relative cwd-free path: BCC's chdir did not move it
+
+
+def test_deferred_start_off_loads_everything_first(bpf_ready: None, tmp_path: Path) -> None:
+    r = run(tmp_path, "service:\n  deferred_start: false\n  health_endpoint: ''\n", "true")
+    assert r.returncode == 0, r.stderr
+    assert "tracing started in" in r.stderr and "loading in the background" not in r.stderr, r.stderr
+    assert "in the background (" not in r.stderr
