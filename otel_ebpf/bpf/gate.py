@@ -15,9 +15,11 @@ attach to the path, then resumes the process: its first call into the library is
 Each hold is counted in ``otel_ebpf.gate.held{receiver}`` and logged (INFO) with its length.
 Compiling a receiver takes longer than ``service.pause_timeout`` (cuda ~3 s), the longest any
 stop may last once the agent stops making progress. So while the starter thread makes progress
-(its CPU time grows: it is compiling), the gate re-records the stop as made now, every half
-pause_timeout (otel_ebpf.bpf.paused.rekey); the pause guard's supervisor then counts its
-timeout from there. An agent that hangs, starves or dies stops the renewals, and the supervisor
+(its CPU time grows: it is compiling), the gate re-records every stop it holds as made now,
+every half pause_timeout (otel_ebpf.bpf.paused.rekey), those whose opens wait in the ring
+buffer behind the one being handled included (one poll thread handles them in turn); the pause
+guard's supervisor then counts its timeout from there, and a stop gets a fresh pause_timeout
+for its attach once its receiver is ready. An agent that hangs, starves or dies stops the renewals, and the supervisor
 resumes the process within pause_timeout as for any stop. A hold never lasts longer than
 :data:`HOLD_MAX_S` in all. When a hold ends without the receiver (the supervisor resumed the
 process, or the cap), the gate stops waiting: counted in ``otel_ebpf.gate.late{receiver}``, and
@@ -41,7 +43,7 @@ from otel_ebpf.bpf import paused as paused_map
 from otel_ebpf.bpf.receiver import _LIBOPEN, BpfReceiver
 from otel_ebpf.core.pipeline import Context
 
-__all__ = ["GATE_HELD", "GATE_LATE", "HOLD_MAX_S", "MAX_PATTERNS", "LibraryGate"]
+__all__ = ["GATE_HELD", "GATE_LATE", "HOLD_MAX_S", "MAX_PATTERNS", "LibraryGate", "thread_cpu"]
 
 log = logging.getLogger(__name__)
 MAX_PATTERNS = 4  # OE_LIB_PATTERN, OE_LIB_PATTERN2..4 in common.bpf.c
@@ -49,6 +51,18 @@ GATE_LATE = "otel_ebpf.gate.late"
 GATE_HELD = "otel_ebpf.gate.held"
 _WAIT_SLICE_S = 0.05
 HOLD_MAX_S = 60.0  # the longest a gate holds a process, renewals included
+_MAX_RENEWED = 4096
+
+
+def thread_cpu(thread: threading.Thread) -> float | None:
+    """``thread``'s CPU seconds so far; None once it ended."""
+    ident = thread.ident
+    if ident is None or not thread.is_alive():
+        return None
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(ident))
+    except OSError:
+        return None
 
 
 class _Discard:
@@ -74,6 +88,7 @@ class LibraryGate(BpfReceiver):
         self.progress: Callable[[], float | None] = lambda: None  # the starter's CPU seconds (DeferredStart)
         self._stop_at: tuple[int, int, bool] = (0, 0, False)  # (pid, ts, stopped) of the open being handled
         self._rekeyed: dict[tuple[int, int], int] = {}  # (pid, stop ts) -> the ts it is recorded at now
+        self._origin: dict[tuple[int, int], int] = {}  # (pid, recorded ts) -> its stop ts, for renewed stops
         super().__init__(ctx, _Discard(), ringbuf_pages=1, pause_on_load=True, poll_interval=0.05)
 
     def cflags(self) -> list[str]:
@@ -119,6 +134,7 @@ class LibraryGate(BpfReceiver):
     def _resume(self, pid: int, ts: int | None = None) -> None:
         if ts is not None:
             ts = self._rekeyed.pop((pid, ts), ts)
+            self._origin.pop((pid, ts), None)
         super()._resume(pid, ts)
 
     def attach_library(self, path: str) -> int:
@@ -138,7 +154,6 @@ class LibraryGate(BpfReceiver):
             t0 = time.monotonic()
             waited = self._wait(event, pid, ts)
             if waited:
-                self._renew_stop(pid, ts)  # a whole pause_timeout for the attach (94 probes: ~1 s when loaded)
                 self.ctx.telemetry.add(GATE_HELD, 1, receiver=r.name)
                 log.info("%s: held a process that opened %s for %.2fs, until the %s receiver was ready",
                          self.name, path, time.monotonic() - t0, r.name)
@@ -150,12 +165,42 @@ class LibraryGate(BpfReceiver):
                          "service.pause_timeout); it went on, and the calls it makes until the receiver "
                          "attaches are not traced", self.name, path, r.name, self.ctx.pause_timeout)
                 return 0
-        return r.attach_library(path) if r.bpf is not None else 0
+        if r.bpf is None:
+            return 0
+        if not stopped:
+            return r.attach_library(path)
+        return self._attach_held(r, path, pid, ts)
+
+    def _attach_held(self, r: BpfReceiver, path: str, pid: int, ts: int) -> int:
+        """``r.attach_library(path)`` on a helper thread while this one renews the held stop as long as
+        the attach makes progress (94 uprobes took more than 1.5 s on this 2-core VM under load)."""
+        result = [0]
+
+        def attach() -> None:
+            try:
+                result[0] = r.attach_library(path)
+            except Exception:
+                log.exception("%s: attaching %s to %s failed", self.name, r.name, path)
+
+        worker = threading.Thread(target=attach, name="otel-ebpf-gate-attach", daemon=True)
+        worker.start()
+        self._renew_all(only=(pid, ts))
+        cpu, last = thread_cpu(worker), time.monotonic()
+        while worker.is_alive():
+            worker.join(_WAIT_SLICE_S)
+            self._pauses.renew()
+            now = time.monotonic()
+            if worker.is_alive() and now - last >= self.ctx.pause_timeout / 2:
+                spent = thread_cpu(worker)
+                if spent is not None and cpu is not None and spent > cpu:
+                    self._renew_all()  # this stop and those queued behind it
+                    cpu, last = spent, now
+        return result[0]
 
     def _wait(self, event: threading.Event, pid: int, ts: int) -> bool:
-        """Wait for ``event`` while ``pid`` is held; renew its stop's record while the starter makes
-        progress (see the module doc). False: the hold ended first (the guard resumed it, the cap,
-        a shutdown)."""
+        """Wait for ``event`` while ``pid`` is held; while the starter makes progress, renew the
+        record of every stop the gate holds (the processes whose opens wait behind this one too:
+        see the module doc). False: this hold ended first (the guard resumed it, the cap, a shutdown)."""
         start = last = time.monotonic()
         cpu = self.progress()
         while not event.wait(_WAIT_SLICE_S):
@@ -170,16 +215,28 @@ class LibraryGate(BpfReceiver):
                 if now - last >= self.ctx.pause_timeout:
                     return False  # no progress: the guard resumes it (or has)
                 continue
-            if not self._renew_stop(pid, ts):
+            self._renew_all()
+            if not paused_map.recorded(self._bpf, pid, self._rekeyed.get((pid, ts), ts)):
                 return False  # no longer recorded: the guard resumed it
             cpu, last = spent, now
         return True
 
-    def _renew_stop(self, pid: int, ts: int) -> bool:
-        """Record ``pid``'s stop at ``ts`` as made now (the guard counts pause_timeout from here)."""
-        key = self._rekeyed.get((pid, ts), ts)
-        new = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # the clock of the program's stop ts
-        if not paused_map.rekey(self._bpf, pid, key, new):
-            return False
-        self._rekeyed[(pid, ts)] = new
-        return True
+    def _renew_all(self, only: tuple[int, int] | None = None) -> None:
+        """Record the gate's stops (``only``: that one, by its first ts) older than half pause_timeout
+        (all of ``only``) as made now, none held HOLD_MAX_S already."""
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # the clock of the program's stop ts
+        half = int(self.ctx.pause_timeout * 1e9 / 2)
+        if len(self._rekeyed) > _MAX_RENEWED:  # records never read (a full ring): forget, the guard resumes them
+            self._rekeyed.clear()
+            self._origin.clear()
+        for n, (pid, key) in enumerate(paused_map.stops(self._bpf)):
+            first = self._origin.get((pid, key), key)
+            if only is not None and only != (pid, first):
+                continue
+            if (only is None and now - key < half) or now - first >= HOLD_MAX_S * 1e9:
+                continue
+            new = now + n  # distinct keys even for two stops of one process
+            if paused_map.rekey(self._bpf, pid, key, new):
+                self._origin.pop((pid, key), None)
+                self._origin[(pid, new)] = first
+                self._rekeyed[(pid, first)] = new

@@ -65,6 +65,7 @@ __all__ = [
     "release",
     "resume",
     "resume_recorded",
+    "stops",
     "unpin",
 ]
 
@@ -291,6 +292,14 @@ def rekey(bpf: Any, pid: int, ts: int, new_ts: int) -> bool:
         return True
     except Exception:
         return False
+
+
+def stops(bpf: Any) -> list[tuple[int, int]]:
+    """(pid, ts) of every stop ``bpf``'s ``oe_paused`` records (none when it has no such map)."""
+    try:
+        return [(k.tgid, k.ts) for k in list(bpf["oe_paused"].keys())]
+    except Exception:
+        return []
 
 
 def hold(bpf: Any) -> int | None:

@@ -7,9 +7,11 @@ Stop order is the reverse and drains every stage into the next, so nothing colle
 receivers read their ring buffers dry, queues hand over what they hold, processors flush
 pending state (e.g. leak reports), emitters export the last metrics and spans.
 
-``run -- COMMAND`` forks the command first, held on a pipe until every probe is attached,
-so its first CUDA call is already traced. Its PID seeds the in-kernel set of traced
-processes, which follows fork() in the kernel.
+``run -- COMMAND`` forks the command first, held on a pipe until the receivers that must see it
+from its first instruction and the library gate are loaded (or, ``service.deferred_start: false``,
+every receiver); the gate holds a process that opens libcudart/libnccl before their receivers are
+attached (otel_ebpf.service.deferred), so its first CUDA call is still traced. Its PID seeds the
+in-kernel set of traced processes, which follows fork() in the kernel.
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from otel_ebpf.bpf.gate import MAX_PATTERNS, LibraryGate
+from otel_ebpf.bpf.gate import MAX_PATTERNS, LibraryGate, thread_cpu
 from otel_ebpf.bpf.loader import programs_loaded
 from otel_ebpf.bpf.receiver import BpfReceiver
 from otel_ebpf.core.pipeline import Context
@@ -137,13 +137,7 @@ class DeferredStart:
 
     def cpu_seconds(self) -> float | None:
         """The starter thread's CPU time (it grows while a receiver compiles); None once it ended."""
-        ident = self._thread.ident
-        if ident is None or not self._thread.is_alive():
-            return None
-        try:
-            return time.clock_gettime(time.pthread_getcpuclockid(ident))
-        except OSError:
-            return None
+        return thread_cpu(self._thread)
 
     def close_gate(self) -> None:
         """Shut the gate down (resuming what it holds), once: at the end of the start, or the agent's shutdown."""

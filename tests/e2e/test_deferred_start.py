@@ -1,13 +1,14 @@
 """Issue 18, the start: ``otel-ebpf run -- CMD`` starts the command before the cuda and nccl programs
 have compiled (service.deferred_start), and loses nothing for it.
 
-The command is a shell that forks a Python process which opens the real libcudart at once and calls
-it 200 times: the shell and its child run while the CUDA receiver still compiles, the library gate
-holds the child at its open, the starter hands the receiver the child (made before it loaded) and
-the gate resumes it once the receiver is attached. pause_timeout is 1.5 s here, less than the CUDA
-program's compile: the hold outlasts it only because the gate renews the stop while the compile
-makes progress (otel_ebpf.bpf.gate); without the renewal the pause guard would resume the child
-early and its first calls would be missed.
+The command is a shell that forks three Python processes which open the real libcudart at once and
+call it 200 times each: the shell and its children run while the CUDA receiver still compiles, the
+library gate holds the children at their opens (one poll thread: the second and third wait behind
+the first, and their stops are renewed too), the starter hands the receiver the children (made
+before it loaded), and the gate resumes them once the receiver is attached. pause_timeout is 1.5 s
+here, less than the CUDA program's compile: the holds outlast it only because the gate renews the
+stops while the compile makes progress (otel_ebpf.bpf.gate); without the renewals the pause guard
+would resume the children early and their first calls would be missed.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_the_command_starts_first_and_its_first_cuda_calls_are_all_traced(bpf_re
     child = tmp_path / "child.py"
     child.write_text(f"import ctypes\nrt = ctypes.CDLL({str(cudart)!r})\n"
                      f"for _ in range({CALLS}):\n    rt.cudaMemcpy(None, None, 4096, 1)\n")
-    script = f"echo started; {sys.executable} {child}; echo done"
+    script = f"echo started; for i in 1 2 3; do {sys.executable} {child} & done; wait; echo done"
     r = run(tmp_path, "receivers:\n  cuda:\n    span_rate_limit: 0\nservice:\n  pause_timeout: 1500ms\n"
                       "  health_endpoint: ''\n", "sh", "-c", script)
     assert r.returncode == 0, r.stderr
@@ -57,7 +58,7 @@ def test_the_command_starts_first_and_its_first_cuda_calls_are_all_traced(bpf_re
     assert float(held.group(1)) > 1.5, "held past pause_timeout: the renewals were needed"
     assert "resumed by the pause guard" not in err and "did not attach in time" not in err, err
     memcpy = [span for _, _, span in spans_from_jsonl(tmp_path / "out" / "traces.jsonl") if span.name == "cudaMemcpy"]
-    assert len(memcpy) == CALLS
+    assert len(memcpy) == 3 * CALLS  # three children held at once: the ones queued behind the first too
 
 
 def test_a_command_that_ends_while_receivers_compile_exits_cleanly(bpf_ready: None, tmp_path: Path) -> None:
