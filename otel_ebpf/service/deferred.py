@@ -171,8 +171,7 @@ class DeferredStart:
             if gate is not None:
                 for r in self.late.values():
                     gate.ready(r)  # nothing is held for a receiver that will not come
-            if not self._stopping:
-                programs_loaded(self.ctx)
+            programs_loaded(self.ctx)  # no compile of this start is running any more
             try:
                 self.close_gate()  # every receiver watches its own library now
             except Exception:
