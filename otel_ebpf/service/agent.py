@@ -186,6 +186,7 @@ class Agent:
         self._ticker: threading.Thread | None = None
         self.health: Any = None  # otel_ebpf.service.health.HealthServer while started
         self._deferred: Any = None  # otel_ebpf.service.deferred.DeferredStart once started
+        self._failed: dict[str, str] = {}  # receivers that failed to start in the background
         self._build()
 
     def _exporters(self, ids: Sequence[str]) -> list[ExporterSpec]:
@@ -265,6 +266,11 @@ class Agent:
         return [] if d is None or d.done.is_set() else [rid for rid in d.late if rid not in d.started
                                                           and rid not in d.failed]
 
+    def failed_receivers(self) -> dict[str, str]:
+        """Receivers that failed to start in the background (deferred start), with why."""
+        d = self._deferred
+        return dict(d.failed) if d is not None else dict(self._failed)
+
     def _tick(self) -> None:
         while not self._ticks_stop.wait(TICK_INTERVAL_S):
             for p in self.pipelines:
@@ -307,6 +313,7 @@ class Agent:
         receivers = self.receivers
         deferred, self._deferred = self._deferred, None
         if deferred is not None:  # the gate first (its holds go on), then what started, never a compile's wait
+            self._failed = deferred.failed
             _quietly(deferred.close_gate, "library gate")
             started = deferred.stop()
             receivers = {rid: r for rid, r in receivers.items() if rid not in deferred.late or rid in started}

@@ -112,6 +112,13 @@ def _report(agent: Any, started: float, command_code: int | None) -> bool:
     print(f"otel-ebpf: {s['events']} events, {s['spans']} spans, {logs}{s['dropped']} dropped{where}{unrecorded}, "
           f"{s['probes']} probes attached ({s['probe_failures']} failed) in {time.monotonic() - started:.1f}s"
           f"{exited}", file=sys.stderr)
+    late = sum(n for name, _, n in agent.ctx.telemetry.snapshot() if name == "otel_ebpf.gate.late")
+    for rid, why in sorted(agent.failed_receivers().items()):
+        print(f"otel-ebpf: receiver {rid} failed to start in the background (its data is missing): {why}",
+              file=sys.stderr)
+    if late:
+        print(f"otel-ebpf: {late} library loads went on before their receiver was ready (their first calls "
+              "are missing; service.pause_timeout)", file=sys.stderr)
     failed = []
     for eid, signals in sorted(agent.deliveries().items()):
         c = agent.cfg.exporters[eid]

@@ -1,0 +1,73 @@
+"""otel_ebpf.service.deferred: the background starter of a deferred start, on receivers that stand in
+for BPF ones (their start is what is observed: raising, or blocking as a compile does)."""
+from __future__ import annotations
+
+import threading
+
+from otel_ebpf.core.pipeline import Context
+from otel_ebpf.service.deferred import RECEIVERS_FAILED, DeferredStart, descendants, split_start
+
+
+class FakeReceiver:
+    def __init__(self, fail: bool = False, gate: threading.Event | None = None) -> None:
+        self.fail, self.gate = fail, gate
+        self.started = self.stopped = False
+        self.bpf = None
+
+    def start(self) -> None:
+        if self.gate is not None:
+            self.gate.wait(10)
+        if self.fail:
+            raise RuntimeError("BPF program failed to load: simulated")
+        self.started = True
+
+    def shutdown(self) -> None:
+        self.stopped = True
+
+
+def test_a_receiver_that_fails_is_counted_and_the_others_still_start() -> None:
+    ctx = Context()
+    bad, good = FakeReceiver(fail=True), FakeReceiver()
+    d = DeferredStart(ctx, {"cuda": bad, "nccl": good}, None, 0.0)
+    d.start()
+    assert d.done.wait(10)
+    assert list(d.failed) == ["cuda"] and "simulated" in d.failed["cuda"]
+    assert ctx.telemetry.get(RECEIVERS_FAILED, receiver="cuda") == 1
+    assert d.started == {"nccl": good} and good.started and bad.stopped
+
+
+def test_a_receiver_whose_start_ends_after_the_stop_is_shut_down_by_the_starter() -> None:
+    release = threading.Event()
+    slow, never = FakeReceiver(gate=release), FakeReceiver()
+    d = DeferredStart(Context(), {"cuda": slow, "nccl": never}, None, 0.0)
+    d.start()
+    assert d.stop() == {}  # returns at once: the agent never waits for a compile
+    release.set()
+    assert d.done.wait(10)
+    assert slow.started and slow.stopped and d.started == {}
+    assert not never.started  # nothing starts after the stop
+
+
+def test_only_bpf_receivers_not_marked_early_are_late() -> None:
+    from otel_ebpf.receivers.blockio.receiver import BlockIoReceiver
+    from otel_ebpf.receivers.lifecycle.receiver import LifecycleReceiver
+
+    assert not BlockIoReceiver.start_early and LifecycleReceiver.start_early
+    early, late = split_start({"nvml": object(), "x": FakeReceiver()})
+    assert set(early) == {"nvml", "x"} and late == {}  # not BPF receivers: they start before the command
+
+
+def test_descendants_are_found_through_the_parent_chain() -> None:
+    import subprocess
+
+    sh = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
+    try:
+        for _ in range(100):
+            kids = descendants([sh.pid])
+            if len(kids) == 2:
+                break
+            threading.Event().wait(0.02)
+        assert len(kids) == 2 and sh.pid not in kids
+    finally:
+        subprocess.run(["pkill", "-P", str(sh.pid)])
+        sh.wait(10)
