@@ -1,5 +1,5 @@
 """The library gate of a deferred start: ``run -- CMD`` starts the command before the library
-receivers (cuda, nccl, torch, apptrace) have compiled, and this small program holds any traced
+receivers (cuda, nccl, torch) have compiled, and this small program holds any traced
 process that opens one of their libraries until that receiver is attached to it.
 
 The gate is a :class:`~otel_ebpf.bpf.receiver.BpfReceiver` whose program is only common.bpf.c's

@@ -334,10 +334,11 @@ class ServiceConfig:
              "otel_ebpf.pauses.timed_out (docs/reliability.md, 'The pause guard').", duration=True,
         min=0.2, max=300)
     deferred_start: bool = doc(
-        True, "run -- CMD starts the command once the lifecycle receiver (and python, probes when on) and a small "
-              "library gate are loaded (~1-2 s), and compiles the other receivers while it runs: a process that "
-              "opens the library of one still compiling (cuda, nccl, torch, apptrace) is held until it is attached "
-              "(at most pause_timeout); blockio, memory, sched and perf see the command from when they are loaded "
+        True, "run -- CMD starts the command once the lifecycle receiver (and python, probes, apptrace when on) and a "
+              "small library gate are loaded (~1-2 s), and compiles the other receivers while it runs: a process that "
+              "opens the library of one still compiling (cuda, nccl, torch) is held until it is attached "
+              "(while the agent makes progress, else pause_timeout; 60 s at most); blockio, memory, sched and "
+              "perf see the command from when they are loaded "
               "(logged). false: every receiver is loaded before the command starts (~6 s with the defaults). Off "
               "with strict (a late receiver's failure cannot stop the job) and for --pid / --all-processes "
               "(docs/reliability.md, 'Deferred start').")

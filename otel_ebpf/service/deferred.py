@@ -1,11 +1,12 @@
 """Deferred start (``service.deferred_start``): ``run -- CMD`` starts the command once the receivers
 that must see it from its first instruction are loaded (``start_early``: lifecycle, python,
-probes) and the library gate (otel_ebpf.bpf.gate) holds the libraries of the rest; those
+probes, apptrace) and the library gate (otel_ebpf.bpf.gate) holds the libraries of the rest; those
 compile one by one in a background thread while the command runs.
 
-* A receiver with a library (cuda, nccl, torch, apptrace; ``lib_pattern`` and pause_on_load)
-  misses nothing: a process that opens its library before it is ready is held by the gate (up to
-  ``service.pause_timeout``), and the starter compiles the receiver a process waits for first.
+* A receiver with a library (cuda, nccl, torch; ``lib_pattern`` and pause_on_load)
+  misses nothing: a process that opens its library before it is ready is held by the gate (while
+  the compile progresses: see otel_ebpf.bpf.gate), and the starter compiles the receiver a process
+  waits for first.
 * A receiver without one (blockio, memory, sched, perf) sees the command from the moment it is
   loaded, said in the log with that moment.
 * Every receiver started late is handed the processes the command made meanwhile: the in-kernel

@@ -87,6 +87,7 @@ class AppTraceReceiver(BpfReceiver):
     """Receiver ``apptrace``."""
 
     name = "apptrace"
+    start_early = True  # no pause_on_load: a tracepoint library opened before the receiver loads would run untraced
     src_file = Path(__file__).with_name("apptrace.generated.bpf.c")  # never on disk: see source()
     lib_pattern = "_oetp."
 
