@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
 
-from .otlp_json import Unencodable
+from .otlp_common import Unencodable
 from .otlp_proto import logs_to_otlp_proto, spans_to_otlp_proto
 
 __all__ = ["DirectGrpcLogExporter", "DirectGrpcSpanExporter", "DirectHttpLogExporter", "DirectHttpSpanExporter"]

@@ -44,13 +44,14 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status
 
+from .otlp_common import I64 as _I64
+from .otlp_common import U32 as _U32
+from .otlp_common import U64 as _U64
+from .otlp_common import U128 as _U128
+from .otlp_common import Unencodable, checked, enum_number, grouped, int64, span_id, trace_id, unsigned
+
 __all__ = ["Unencodable", "logs_to_otlp_json", "spans_to_otlp_json"]
 
-_I64 = 1 << 63
-_U64 = 1 << 64
-_U32 = 1 << 32
-_U128 = 1 << 128
-_I32 = 1 << 31
 _ESCAPE: Callable[[str], str] = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str
 # the SDK's SpanKind -> the proto's Span.SpanKind number (SPAN_KIND_INTERNAL = 1, ...)
 _KINDS = {SpanKind.INTERNAL: '"kind":1', SpanKind.SERVER: '"kind":2', SpanKind.CLIENT: '"kind":3',
@@ -62,10 +63,6 @@ _DOUBLES = {_INF: '"Infinity"', -_INF: '"-Infinity"'}
 _T = TypeVar("_T", ReadableSpan, ReadableLogRecord)
 _HEADS: dict[str, str] = {}  # attribute key -> its escaped head (_key_head)
 _HEADS_MAX = 4096
-
-
-class Unencodable(ValueError):
-    """A value this encoder cannot write exactly as the SDK + json_format path would."""
 
 
 def _str(text: Any) -> str:
@@ -81,21 +78,15 @@ def _str(text: Any) -> str:
 
 
 def _int64(value: int) -> str:
-    if -_I64 <= value < _I64:
-        return str(value)
-    raise Unencodable(f"int outside int64: {value}")
+    return str(int64(value))
 
 
 def _unsigned(value: Any, limit: int) -> str:
-    if type(value) is int and 0 <= value < limit:
-        return str(value)
-    raise Unencodable(f"not an unsigned int below {limit}: {value!r}")
+    return str(unsigned(value, limit))
 
 
 def _enum(value: Any) -> str:
-    if type(value) is int and -_I32 <= value < _I32:
-        return str(value)
-    raise Unencodable(f"not an enum number: {value!r}")
+    return str(enum_number(value))
 
 
 def _double(value: float) -> str:
@@ -172,15 +163,11 @@ def _attributes(attributes: Mapping[str, Any] | None) -> str:
 
 
 def _trace_id(value: Any) -> str:
-    if type(value) is int and 0 <= value < _U128:
-        return f"{value:032x}"
-    raise Unencodable(f"trace id out of range: {value!r}")
+    return f"{trace_id(value):032x}"
 
 
 def _span_id(value: Any) -> str:
-    if type(value) is int and 0 <= value < _U64:
-        return f"{value:016x}"
-    raise Unencodable(f"span id out of range: {value!r}")
+    return f"{span_id(value):016x}"
 
 
 def _optional(fields: list[str], name: str, value: Any, encode: Callable[[Any], str]) -> None:
@@ -323,19 +310,8 @@ def _resource(resource: Resource) -> str:
 
 
 def _encode(items: Sequence[_T], encode: Callable[[_T], str], top: str, middle: str, inner: str) -> str:
-    """Group ``items`` by resource, then scope, as the SDK's encoders do, and write the request.
-
-    The groups are dicts keyed by the SDK objects, as the SDK's are (equal resources share a
-    group); each distinct resource and scope object is hashed once, not once per item (a
-    Resource's hash json-dumps its attributes)."""
-    by_object: dict[tuple[int, int], list[str]] = {}
-    groups: dict[Resource, dict[InstrumentationScope | None, list[str]]] = {}
-    for item in items:
-        resource, scope = item.resource, item.instrumentation_scope or None
-        out = by_object.get((id(resource), id(scope)))
-        if out is None:  # items hold their resource and scope: the ids stay theirs for the batch
-            out = by_object[id(resource), id(scope)] = groups.setdefault(resource, {}).setdefault(scope, [])
-        out.append(encode(item))
+    """Write the request of ``items``, grouped as the SDK's encoders group them (otlp_common.grouped)."""
+    groups = grouped(items, encode)
     if not groups:
         return "{}"
     blocks = []
@@ -349,22 +325,13 @@ def _encode(items: Sequence[_T], encode: Callable[[_T], str], top: str, middle: 
     return '{"' + top + '":[' + ",".join(blocks) + "]}"
 
 
-def _checked(items: Sequence[_T], encode: Callable[[_T], str], top: str, middle: str, inner: str) -> str:
-    try:
-        return _encode(items, encode, top, middle, inner)
-    except Unencodable:
-        raise
-    except Exception as exc:  # malformed input (a span without a kind, a None trace_flags): the SDK's path decides
-        raise Unencodable(f"{type(exc).__name__}: {exc}") from exc
-
-
 def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> str:
     """The ExportTraceServiceRequest of ``spans`` as one OTLP/JSON line (no newline); raises
     :class:`Unencodable` when it cannot be written exactly as ``to_otlp_json(encode_spans(spans))``."""
-    return _checked(spans, _span, "resourceSpans", "scopeSpans", "spans")
+    return checked(lambda: _encode(spans, _span, "resourceSpans", "scopeSpans", "spans"))
 
 
 def logs_to_otlp_json(records: Sequence[ReadableLogRecord]) -> str:
     """The ExportLogsServiceRequest of ``records`` as one OTLP/JSON line (no newline); raises
     :class:`Unencodable` when it cannot be written exactly as ``to_otlp_json(encode_logs(records))``."""
-    return _checked(records, _log, "resourceLogs", "scopeLogs", "logRecords")
+    return checked(lambda: _encode(records, _log, "resourceLogs", "scopeLogs", "logRecords"))

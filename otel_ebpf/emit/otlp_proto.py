@@ -18,7 +18,7 @@ module writes (opentelemetry-exporter-otlp-proto-common 1.45, opentelemetry-prot
   member even at its default (a ``oneof``), and the AnyValue of None is empty;
 * int64 (``intValue``) and a negative enum as the 10-byte varint of their two's complement.
 
-Anything it cannot write exactly as that path would raises :class:`~.otlp_json.Unencodable`
+Anything it cannot write exactly as that path would raises :class:`~.otlp_common.Unencodable`
 (the same cases as :mod:`.otlp_json`), and the caller encodes the batch the SDK's way.
 Thread-safe: the one shared state, a cache of encoded attribute keys bounded at 4,096 entries,
 is only touched by single dict operations.
@@ -30,20 +30,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from opentelemetry.sdk._logs import ReadableLogRecord
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status
 
-from .otlp_json import Unencodable
+from .otlp_common import I64 as _I64
+from .otlp_common import U32 as _U32
+from .otlp_common import U64 as _U64
+from .otlp_common import Unencodable, checked, enum_number, grouped, int64, span_id, trace_id, unsigned
 
 __all__ = ["logs_to_otlp_proto", "spans_to_otlp_proto"]
 
-_I64 = 1 << 63
-_U64 = 1 << 64
-_U32 = 1 << 32
-_U128 = 1 << 128
-_I32 = 1 << 31
 _DOUBLE = struct.Struct("<d").pack
 _FIXED64 = struct.Struct("<Q").pack
 _KINDS = {SpanKind.INTERNAL: b"\x30\x01", SpanKind.SERVER: b"\x30\x02", SpanKind.CLIENT: b"\x30\x03",
@@ -96,21 +93,11 @@ def _utf8(text: Any) -> bytes:
 
 
 def _int64(value: int) -> bytes:
-    if -_I64 <= value < _I64:
-        return _varint(value)
-    raise Unencodable(f"int outside int64: {value}")
-
-
-def _unsigned(value: Any, limit: int) -> int:
-    if type(value) is int and 0 <= value < limit:
-        return value
-    raise Unencodable(f"not an unsigned int below {limit}: {value!r}")
+    return _varint(int64(value))
 
 
 def _enum(value: Any) -> bytes:
-    if type(value) is int and -_I32 <= value < _I32:
-        return _varint(value)
-    raise Unencodable(f"not an enum number: {value!r}")
+    return _varint(enum_number(value))
 
 
 def _value(value: Any) -> bytes:
@@ -182,25 +169,21 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
 
 
 def _trace_id(value: Any) -> bytes:
-    if type(value) is int and 0 <= value < _U128:
-        return value.to_bytes(16, "big")
-    raise Unencodable(f"trace id out of range: {value!r}")
+    return trace_id(value).to_bytes(16, "big")
 
 
 def _span_id(value: Any) -> bytes:
-    if type(value) is int and 0 <= value < _U64:
-        return value.to_bytes(8, "big")
-    raise Unencodable(f"span id out of range: {value!r}")
+    return span_id(value).to_bytes(8, "big")
 
 
 def _time(tag: bytes, value: Any) -> bytes:
     """A fixed64 time field, left out at 0."""
-    return tag + _FIXED64(_unsigned(value, _U64)) if value else b""
+    return tag + _FIXED64(unsigned(value, _U64)) if value else b""
 
 
 def _count(tag: bytes, value: Any) -> bytes:
     """A uint32 count field, left out at 0."""
-    return tag + _varint(_unsigned(value, _U32)) if value else b""
+    return tag + _varint(unsigned(value, _U32)) if value else b""
 
 
 def _string(tag: bytes, value: Any) -> bytes:
@@ -284,7 +267,7 @@ def _log(record: ReadableLogRecord) -> bytes:
     fields = [_time(b"\x09", log.timestamp), b"\x10" + _enum(severity) if severity else b"",
               _string(b"\x1a", log.severity_text), _field(b"\x2a", _value(log.body)),
               _attributes(b"\x32", log.attributes), _count(b"\x38", record.dropped_attributes)]
-    flags = _unsigned(int(log.trace_flags), _U32)  # a None trace_flags fails, as in the SDK
+    flags = unsigned(int(log.trace_flags), _U32)  # a None trace_flags fails, as in the SDK
     if flags:
         fields.append(b"\x45" + flags.to_bytes(4, "little"))
     if log.trace_id != 0:  # as the SDK: 0 is no id, None fails
@@ -305,21 +288,16 @@ def _scope(scope: InstrumentationScope | None) -> bytes:
 
 
 def _encode(items: Sequence[_T], encode: Callable[[_T], bytes]) -> bytes:
-    """Group ``items`` by resource, then scope, as the SDK's encoders do, and write the request
-    (the same grouping as :func:`.otlp_json._encode`; the field numbers of the three levels are
-    the same for spans and logs: resource 1, scopes 2, schema URL 3; items 2)."""
-    by_object: dict[tuple[int, int], list[bytes]] = {}
-    groups: dict[Resource, dict[InstrumentationScope | None, list[bytes]]] = {}
-    for item in items:
-        resource, scope = item.resource, item.instrumentation_scope or None
-        out = by_object.get((id(resource), id(scope)))
-        if out is None:  # items hold their resource and scope: the ids stay theirs for the batch
-            out = by_object[id(resource), id(scope)] = groups.setdefault(resource, {}).setdefault(scope, [])
-        body = encode(item)
+    """Write the request of ``items``, grouped as the SDK's encoders group them (otlp_common.grouped);
+    the field numbers of the three levels are the same for spans and logs: resource 1, scopes 2,
+    schema URL 3; items 2."""
+    def item(one: _T) -> bytes:
+        body = encode(one)
         n = len(body)
-        out.append(b"\x12" + (_SMALL[n] if n < 128 else _varint(n)) + body)
+        return b"\x12" + (_SMALL[n] if n < 128 else _varint(n)) + body
+
     blocks = []
-    for resource, scopes in groups.items():
+    for resource, scopes in grouped(items, item).items():
         scope_blocks = []
         for scope, encoded in scopes.items():
             schema = _string(b"\x1a", scope.schema_url) if scope is not None else b""
@@ -329,22 +307,13 @@ def _encode(items: Sequence[_T], encode: Callable[[_T], bytes]) -> bytes:
     return b"".join(blocks)
 
 
-def _checked(items: Sequence[_T], encode: Callable[[_T], bytes]) -> bytes:
-    try:
-        return _encode(items, encode)
-    except Unencodable:
-        raise
-    except Exception as exc:  # malformed input (a span without a kind, a None trace_flags): the SDK's path decides
-        raise Unencodable(f"{type(exc).__name__}: {exc}") from exc
-
-
 def spans_to_otlp_proto(spans: Sequence[ReadableSpan]) -> bytes:
-    """The serialized ExportTraceServiceRequest of ``spans``; raises :class:`~.otlp_json.Unencodable`
+    """The serialized ExportTraceServiceRequest of ``spans``; raises :class:`~.otlp_common.Unencodable`
     when it cannot be written exactly as ``encode_spans(spans).SerializeToString()``."""
-    return _checked(spans, _span)
+    return checked(lambda: _encode(spans, _span))
 
 
 def logs_to_otlp_proto(records: Sequence[ReadableLogRecord]) -> bytes:
-    """The serialized ExportLogsServiceRequest of ``records``; raises :class:`~.otlp_json.Unencodable`
+    """The serialized ExportLogsServiceRequest of ``records``; raises :class:`~.otlp_common.Unencodable`
     when it cannot be written exactly as ``encode_logs(records).SerializeToString()``."""
-    return _checked(records, _log)
+    return checked(lambda: _encode(records, _log))
