@@ -27,9 +27,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.exporter.otlp.proto.http._common import RequestPayloadTooLargeError, _is_request_too_large
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
-from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk._logs.export import LogRecordExportResult
-from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
 
@@ -91,48 +89,50 @@ class _RawStub:
         return self._call(request, metadata=metadata, timeout=timeout)
 
 
-class DirectGrpcSpanExporter(GrpcSpanExporter):
+class _Direct:
+    """What the four exporters below add to the SDK's: the encoder (``_codec``: what is logged on
+    a fallback, the direct encoder, the SDK's; each looked up when called) and its fallback count."""
+
+    _codec: tuple[str, Callable[[Sequence[Any]], bytes], Callable[[Sequence[Any]], bytes]]
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.encoder = _Encoder(*self._codec)
+        super().__init__(**kwargs)
+
+    @property
+    def fallbacks(self) -> int:
+        return self.encoder.fallbacks
+
+
+class _DirectGrpc(_Direct):
+    """The gRPC side: the stub sends the encoder's bytes to ``_method``, encoded once for all retries."""
+
+    _method: str
+    _client: Any  # the SDK's stub, replaced by a _RawStub
+
+    def _initialize_channel_and_stub(self) -> None:
+        super()._initialize_channel_and_stub()  # type: ignore[misc]
+        self._client = _RawStub(self._channel, self._method)  # type: ignore[attr-defined]  # _channel: the SDK's
+
+    def _translate_data(self, data: Sequence[Any]) -> Any:
+        return self.encoder(data)
+
+    def export(self, batch: Sequence[Any]) -> Any:
+        return self.encoder.sent(batch, super().export)  # type: ignore[misc]
+
+
+class DirectGrpcSpanExporter(_DirectGrpc, GrpcSpanExporter):
     """``OTLPSpanExporter`` (gRPC), sending :func:`.otlp_proto.spans_to_otlp_proto`'s bytes."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        self.encoder = _Encoder("OTLP/gRPC spans", spans_to_otlp_proto, lambda b: encode_spans(b).SerializeToString())
-        super().__init__(**kwargs)
-
-    def _initialize_channel_and_stub(self) -> None:
-        super()._initialize_channel_and_stub()  # type: ignore[no-untyped-call]
-        self._client = _RawStub(self._channel, _TRACES)  # type: ignore[assignment]
-
-    def _translate_data(self, data: Sequence[ReadableSpan]) -> Any:
-        return self.encoder(data)
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return self.encoder.sent(spans, super().export)
-
-    @property
-    def fallbacks(self) -> int:
-        return self.encoder.fallbacks
+    _codec = ("OTLP/gRPC spans", lambda b: spans_to_otlp_proto(b), lambda b: encode_spans(b).SerializeToString())
+    _method = _TRACES
 
 
-class DirectGrpcLogExporter(GrpcLogExporter):
+class DirectGrpcLogExporter(_DirectGrpc, GrpcLogExporter):
     """``OTLPLogExporter`` (gRPC), sending :func:`.otlp_proto.logs_to_otlp_proto`'s bytes."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        self.encoder = _Encoder("OTLP/gRPC logs", logs_to_otlp_proto, lambda b: encode_logs(b).SerializeToString())
-        super().__init__(**kwargs)
-
-    def _initialize_channel_and_stub(self) -> None:
-        super()._initialize_channel_and_stub()  # type: ignore[no-untyped-call]
-        self._client = _RawStub(self._channel, _LOGS)  # type: ignore[assignment]
-
-    def _translate_data(self, data: Sequence[ReadableLogRecord]) -> Any:
-        return self.encoder(data)
-
-    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
-        return self.encoder.sent(batch, super().export)
-
-    @property
-    def fallbacks(self) -> int:
-        return self.encoder.fallbacks
+    _codec = ("OTLP/gRPC logs", lambda b: logs_to_otlp_proto(b), lambda b: encode_logs(b).SerializeToString())
+    _method = _LOGS
 
 
 def _post(exporter: Any, what: str, batch: Sequence[Any]) -> bool:
@@ -162,37 +162,28 @@ def _post(exporter: Any, what: str, batch: Sequence[Any]) -> bool:
     return True
 
 
-class DirectHttpSpanExporter(HttpSpanExporter):
+class _DirectHttp(_Direct):
+    """The HTTP side: ``export`` posts the encoder's bytes (``_noun`` names the batch in the SDK's
+    messages; ``_results``: the SDK's success and failure values)."""
+
+    _noun: str
+    _results: tuple[Any, Any]
+
+    def export(self, batch: Sequence[Any]) -> Any:
+        if self._shutdown:  # type: ignore[attr-defined]
+            return super().export(batch)  # type: ignore[misc]  # the SDK's warning and FAILURE
+        return self._results[0] if _post(self, self._noun, batch) else self._results[1]
+
+
+class DirectHttpSpanExporter(_DirectHttp, HttpSpanExporter):
     """``OTLPSpanExporter`` (HTTP/protobuf), posting :func:`.otlp_proto.spans_to_otlp_proto`'s bytes."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.encoder = _Encoder("OTLP/HTTP spans", spans_to_otlp_proto, lambda b: encode_spans(b).SerializeToString())
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if self._shutdown:
-            return super().export(spans)  # the SDK's warning and FAILURE
-        ok = _post(self, "span", spans)
-        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
-
-    @property
-    def fallbacks(self) -> int:
-        return self.encoder.fallbacks
+    _codec = ("OTLP/HTTP spans", lambda b: spans_to_otlp_proto(b), lambda b: encode_spans(b).SerializeToString())
+    _noun, _results = "span", (SpanExportResult.SUCCESS, SpanExportResult.FAILURE)
 
 
-class DirectHttpLogExporter(HttpLogExporter):
+class DirectHttpLogExporter(_DirectHttp, HttpLogExporter):
     """``OTLPLogExporter`` (HTTP/protobuf), posting :func:`.otlp_proto.logs_to_otlp_proto`'s bytes."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.encoder = _Encoder("OTLP/HTTP logs", logs_to_otlp_proto, lambda b: encode_logs(b).SerializeToString())
-
-    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
-        if self._shutdown:
-            return super().export(batch)
-        ok = _post(self, "logs", batch)
-        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
-
-    @property
-    def fallbacks(self) -> int:
-        return self.encoder.fallbacks
+    _codec = ("OTLP/HTTP logs", lambda b: logs_to_otlp_proto(b), lambda b: encode_logs(b).SerializeToString())
+    _noun, _results = "logs", (LogRecordExportResult.SUCCESS, LogRecordExportResult.FAILURE)
