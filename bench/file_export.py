@@ -135,13 +135,18 @@ def cell(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def workload_parser(description: str) -> argparse.ArgumentParser:
+    """The options of the workload (spans, log records, resources) and the rounds; bench/otlp_export.py's too."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--spans", type=int, default=20_000)
     ap.add_argument("--logs", type=int, default=5_000)
     ap.add_argument("--resources", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = workload_parser(__doc__.split("\n\n")[0]).parse_args(argv)
 
     from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from file_export import BATCH, batches, cell, make_logs, make_spans, run_pair  # noqa: E402
+from file_export import BATCH, batches, cell, make_logs, make_spans, run_pair, workload_parser  # noqa: E402
 
 
 def serve(count_spans: bool = False) -> None:
@@ -155,18 +155,16 @@ def encode_table(spans: list[Any], logs: list[Any], rounds: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spans", type=int, default=20_000)
-    ap.add_argument("--logs", type=int, default=5_000)
-    ap.add_argument("--resources", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap = workload_parser(__doc__.split("\n\n")[0])
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--count-spans", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
         return serve(args.count_spans)
+    from otel_ebpf.emit.otlp_proto import spans_to_otlp_proto
+
     spans, logs = make_spans(args.spans, args.resources), make_logs(args.logs, args.resources)
-    size = len(__import__("otel_ebpf.emit.otlp_proto", fromlist=["x"]).spans_to_otlp_proto(spans[:BATCH])) / BATCH
+    size = len(spans_to_otlp_proto(spans[:BATCH])) / BATCH
     print(f"\n{platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
           f"{os.getloadavg()[0]:.1f}; {len(spans)} spans ({size:.0f} bytes each on the wire), {len(logs)} log "
           f"records, {args.resources} resources, batches of {BATCH}, {args.rounds} interleaved rounds; "

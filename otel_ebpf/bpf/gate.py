@@ -32,6 +32,7 @@ come from the receivers themselves.
 """
 from __future__ import annotations
 
+import ctypes as ct
 import logging
 import os
 import threading
@@ -108,8 +109,6 @@ class LibraryGate(BpfReceiver):
         event.set()
         bpf = self._bpf
         if bpf is not None:
-            import ctypes as ct
-
             try:
                 bpf["oe_gate_open"][ct.c_int(self.watched.index(receiver))] = ct.c_uint8(1)
             except Exception:  # the gate is shutting down: nothing to open

@@ -186,7 +186,6 @@ class Agent:
         self._ticker: threading.Thread | None = None
         self.health: Any = None  # otel_ebpf.service.health.HealthServer while started
         self._deferred: Any = None  # otel_ebpf.service.deferred.DeferredStart once started
-        self._failed: dict[str, str] = {}  # receivers that failed to start in the background
         self._build()
 
     def _exporters(self, ids: Sequence[str]) -> list[ExporterSpec]:
@@ -268,8 +267,7 @@ class Agent:
 
     def failed_receivers(self) -> dict[str, str]:
         """Receivers that failed to start in the background (deferred start), with why."""
-        d = self._deferred
-        return dict(d.failed) if d is not None else dict(self._failed)
+        return dict(self._deferred.failed) if self._deferred is not None else {}
 
     def _tick(self) -> None:
         while not self._ticks_stop.wait(TICK_INTERVAL_S):
@@ -311,9 +309,8 @@ class Agent:
         if health is not None:
             health.shutdown()
         receivers = self.receivers
-        deferred, self._deferred = self._deferred, None
+        deferred = self._deferred  # kept: failed_receivers() after the shutdown; stop and close_gate run once
         if deferred is not None:  # the gate first (its holds go on), then what started, never a compile's wait
-            self._failed = deferred.failed
             _quietly(deferred.close_gate, "library gate")
             started = deferred.stop()
             receivers = {rid: r for rid, r in receivers.items() if rid not in deferred.late or rid in started}

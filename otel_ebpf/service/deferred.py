@@ -27,6 +27,7 @@ compile ends after the stop is shut down by the starter itself.
 """
 from __future__ import annotations
 
+import ctypes as ct
 import logging
 import os
 import threading
@@ -103,8 +104,6 @@ def descendants(roots: Sequence[int]) -> list[int]:
 def adopt(receiver: BpfReceiver, roots: Sequence[int]) -> int:
     """Add the processes ``roots`` made before ``receiver`` loaded to its traced set, and attach to
     the libraries they mapped; returns how many processes were added."""
-    import ctypes as ct
-
     traced, added = receiver.bpf["traced"], set()
     for _ in range(2):  # a fork between the walk and the update is in the next walk
         for pid in descendants(roots):

@@ -112,7 +112,9 @@ def _report(agent: Any, started: float, command_code: int | None) -> bool:
     print(f"otel-ebpf: {s['events']} events, {s['spans']} spans, {logs}{s['dropped']} dropped{where}{unrecorded}, "
           f"{s['probes']} probes attached ({s['probe_failures']} failed) in {time.monotonic() - started:.1f}s"
           f"{exited}", file=sys.stderr)
-    late = sum(n for name, _, n in agent.ctx.telemetry.snapshot() if name == "otel_ebpf.gate.late")
+    from otel_ebpf.bpf.gate import GATE_LATE
+
+    late = sum(n for name, _, n in agent.ctx.telemetry.snapshot() if name == GATE_LATE)
     for rid, why in sorted(agent.failed_receivers().items()):
         print(f"otel-ebpf: receiver {rid} failed to start in the background (its data is missing): {why}",
               file=sys.stderr)
