@@ -87,9 +87,17 @@ def test_dump_bpf_from_the_wheel(installed: Path, elsewhere: Path) -> None:
 
 
 def test_run_compiles_every_default_program_from_the_wheel(installed: Path, elsewhere: Path, bpf_ready: None) -> None:
-    """BCC compiles the installed .bpf.c files with their installed headers, then the command runs."""
-    r = run([str(installed / "otel-ebpf"), "run", "--output", "out", "--", "true"], cwd=elsewhere, timeout=180,
-            check=False)
+    """BCC compiles the installed .bpf.c files with their installed headers, then the command runs (every
+    program before it: with a deferred start, `true` would end before cuda and nccl had compiled)."""
+    config = elsewhere / "all-first.yaml"
+    config.write_text("service:\n  deferred_start: false\n")
+    config.chmod(0o600)
+    r = run([str(installed / "otel-ebpf"), "run", "--config", str(config), "--output", "out", "--", "true"],
+            cwd=elsewhere, timeout=180, check=False)
     assert r.returncode == 0, r.stderr[-4000:]
     assert "probes attached (0 failed)" in r.stderr, r.stderr[-2000:]
     assert (elsewhere / "out" / "metrics.jsonl").stat().st_size > 0
+    # the default, deferred start: the library gate (bpf/gate.bpf.c) compiles from the wheel too
+    r = run([str(installed / "otel-ebpf"), "run", "--log-level", "info", "--output", "out2", "--", "true"],
+            cwd=elsewhere, timeout=180, check=False)
+    assert r.returncode == 0 and "receiver gate started" in r.stderr, r.stderr[-4000:]
