@@ -22,10 +22,15 @@
  *     0..STAND_IN_CUDA_DEVICES-1, else CUDA_ERROR_INVALID_VALUE / CUDA_ERROR_INVALID_DEVICE; handles are
  *     STAND_IN_CUDA_HANDLE_BASE + n), cuMemRelease (an unknown handle: CUDA_ERROR_INVALID_VALUE), cuMemMap /
  *     cuMemUnmap / cuMemSetAccess (argument checks only).  No entry calls another exported one.
+ *   - Copies (CUDA 12.9 cuda.h): cuMemcpy / cuMemcpyAsync and the typed cuMemcpy{HtoD,DtoH,DtoD}_v2 and their
+ *     Async_v2 forms take (dst, src, ByteCount[, hStream]) and return CUDA_ERROR_INVALID_VALUE for a NULL/0
+ *     pointer; nothing is copied (there is no memory).  cuGetProcAddress_v2 hands out cuMemcpy and cuMemcpyAsync
+ *     (libcudart 12's strings name both).
  * Launch counts are printed at exit to stderr when STAND_IN_CUDA_TRACE=1.
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 #include <cuda.h>
@@ -208,6 +213,36 @@ API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc 
     return ptr && size && desc && count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+static CUresult copy(unsigned long long dst, unsigned long long src)
+{
+    return dst && src ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { (void)n; return copy(dst, src); }
+API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    (void)n; (void)s;
+    return copy(dst, src);
+}
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) { (void)n; return copy(dst, (uintptr_t)src); }
+API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) { (void)n; return copy((uintptr_t)dst, src); }
+API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) { (void)n; return copy(dst, src); }
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+    (void)n; (void)s;
+    return copy(dst, (uintptr_t)src);
+}
+API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    (void)n; (void)s;
+    return copy((uintptr_t)dst, src);
+}
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    (void)n; (void)s;
+    return copy(dst, src);
+}
+
 static const struct { const char *name; void *fn; void *ptsz; } entries[] = {
     { "cuInit", (void *)cuInit, NULL },
     { "cuDriverGetVersion", (void *)cuDriverGetVersion, NULL },
@@ -228,6 +263,8 @@ static const struct { const char *name; void *fn; void *ptsz; } entries[] = {
     { "cuMemMap", (void *)cuMemMap, NULL },
     { "cuMemUnmap", (void *)cuMemUnmap, NULL },
     { "cuMemSetAccess", (void *)cuMemSetAccess, NULL },
+    { "cuMemcpy", (void *)cuMemcpy, NULL },
+    { "cuMemcpyAsync", (void *)cuMemcpyAsync, NULL },
     { "cuModuleLoadData", (void *)cuModuleLoadData, NULL },
     { "cuModuleGetFunction", (void *)cuModuleGetFunction, NULL },
 };

@@ -20,6 +20,7 @@ from otel_ebpf.receivers.cuda.events import (
     GraphLaunchCall,
     KernelLaunch,
     KernelLaunchStats,
+    MemcpyCall,
 )
 from otel_ebpf.receivers.cuda.receiver import DRIVER_PROBES
 from tests.bpf.test_cuda_receiver import build_c, stand_in_cudart, traced  # noqa: F401  (a fixture)
@@ -39,6 +40,11 @@ def stand_in_cuda(tmp_path_factory: pytest.TempPathFactory, cudart: Path) -> Pat
 @pytest.fixture(scope="module")
 def cuda_mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_c(tmp_path_factory, "cuda_mixed.c", "cuda_mixed")
+
+
+@pytest.fixture(scope="module")
+def cuda_copies(tmp_path_factory: pytest.TempPathFactory, cudart: Path) -> Path:
+    return build_c(tmp_path_factory, "cuda_copies.c", "cuda_copies", f"-I{cudart.parent.parent / 'include'}")
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +153,55 @@ def test_driver_memory_is_tracked_and_runtime_allocations_once(bpf_ready: None, 
                    if isinstance(s, SpanRecord) and s.name in ("cuMemCreate", "cuMemRelease")]
         assert handles == [("cuMemCreate", hex(h1), False), ("cuMemCreate", hex(h2), False),
                            ("cuMemCreate", None, False), ("cuMemRelease", hex(h2), False)]
+        # both chunks were mapped, h2's unmapped again: counted, and h1's bytes stay mapped (the thread's device)
+        calls = {k: v for k, (v, _) in _metrics(out.events, "gpu.cuda.api.calls", "cuda.api").items()}
+        assert calls == {("cuMemMap",): 2, ("cuMemUnmap",): 1}
+        mapped = {k: v for k, (v, _) in _metrics(out.events, "gpu.cuda.memory.mapped", "cuda.device.index").items()}
+        assert mapped == {(0,): g}
+
+
+def _metrics(events: list[object], name: str, *keys: str) -> dict[tuple[object, ...], tuple[float, int]]:
+    """(summed value, summed count) of metric ``name`` per the values of attributes ``keys``."""
+    out: dict[tuple[object, ...], tuple[float, int]] = {}
+    for m in events:
+        if isinstance(m, MetricRecord) and m.name == name:
+            key = tuple(dict(m.attributes).get(k) for k in keys)
+            value, count = out.get(key, (0, 0))
+            out[key] = (value + m.value, count + m.count)
+    return out
+
+
+def test_driver_copies_are_tracked_and_runtime_copies_once(bpf_ready: None, cuda_copies: Path,
+                                                           stand_in_cudart: Path, stand_in_cuda: Path) -> None:  # noqa: F811
+    """Copies straight on the driver (JAX/XLA's and Numba's typed cuMemcpy*_v2, cuMemcpy(Async)) are spans and
+    counts with the kind their entry point names; cudaMemcpy/cudaMemcpyAsync, which the runtime makes through
+    cuMemcpy/cuMemcpyAsync, are seen once, as runtime calls."""
+    env = {"LD_LIBRARY_PATH": str(stand_in_cuda.parent)}
+    with traced([str(cuda_copies), str(stand_in_cudart)], Config(), env=env) as t:
+        t.release()
+        t.receiver.shutdown()
+        assert [rc for _, rc in t.results()] == [0] * 10 + [1], t.stdout
+        d, d2, host = (t.printed(k) for k in ("d", "d2", "host"))
+        copies = [(c.api, c.dst, c.src, c.bytes, c.kind, c.stream, c.rc) for c in t.events(MemcpyCall)]
+        assert copies == [
+            ("cudaMemcpy", d, host, 1024, 1, 0, 0), ("cudaMemcpyAsync", host, d, 2048, 2, 0x71, 0),
+            ("cuMemcpyHtoD_v2", d, host, 4096, 1, 0, 0), ("cuMemcpyDtoH_v2", host, d, 8192, 2, 0, 0),
+            ("cuMemcpyDtoD_v2", d2, d, 16384, 3, 0, 0), ("cuMemcpyHtoDAsync_v2", d, host, 32768, 1, 0x72, 0),
+            ("cuMemcpyDtoHAsync_v2", host, d, 65536, 2, 0x72, 0), ("cuMemcpyDtoDAsync_v2", d2, d, 131072, 3, 0x72, 0),
+            ("cuMemcpy", d2, d, 262144, 4, 0, 0), ("cuMemcpyAsync", d2, d, 524288, 4, 0x73, 0),
+            ("cuMemcpyHtoD_v2", 0, host, 1, 1, 0, 1)]
+        calls: dict[str, int] = {}
+        for c in t.events(CallStats):
+            calls[c.api] = calls.get(c.api, 0) + c.calls
+        assert calls == {api: 1 for api, *_ in copies if api != "cuMemcpyHtoD_v2"} | {"cuMemcpyHtoD_v2": 2}
+        out = ListConsumer()
+        CudaProcessor(ProcessorConfig(), Context(), out).consume(t.sink.take())
+        assert _metrics(out.events, "gpu.cuda.memory.copies", "cuda.memcpy.kind") == {
+            ("HostToDevice",): (1024 + 4096 + 32768, 3), ("DeviceToHost",): (2048 + 8192 + 65536, 3),
+            ("DeviceToDevice",): (16384 + 131072, 2), ("Default",): (262144 + 524288, 2)}
+        errors = {k: v for k, (v, _) in _metrics(out.events, "gpu.cuda.api.errors", "cuda.api", "error.type").items()}
+        assert errors == {("cuMemcpyHtoD_v2", "CUDA_ERROR_INVALID_VALUE"): 1}
+        streams = {s.name: s.attributes.get("cuda.stream") for s in out.events
+                   if isinstance(s, SpanRecord) and "Async" in s.name}
+        assert streams == {"cudaMemcpyAsync": "0x71", "cuMemcpyHtoDAsync_v2": "0x72", "cuMemcpyDtoHAsync_v2": "0x72",
+                           "cuMemcpyDtoDAsync_v2": "0x72", "cuMemcpyAsync": "0x73"}

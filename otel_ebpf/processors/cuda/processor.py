@@ -1,8 +1,8 @@
 """CUDA events (otel_ebpf/receivers/cuda) -> SpanRecord / MetricRecord; everything else passes unchanged.
 
 Spans (scope ``otel_ebpf.cuda``, name = the API symbol, e.g. ``cudaMemcpyAsync``), one per
-memcpy, malloc/free, synchronize, cudaSetDevice and cudaGraphLaunch call; a call with rc != 0 gets status
-ERROR described by the CUDA error name. Sampled kernel launches (receiver
+memcpy (runtime or driver), malloc/free, synchronize, cudaSetDevice and cudaGraphLaunch call; a call with
+rc != 0 gets status ERROR described by the CUDA error name. Sampled kernel launches (receiver
 ``launch_sample_every``) are zero-length spans at the launch.
 
 Span attributes (``cuda.*``; a metric carries only the ones listed with it):
@@ -19,7 +19,7 @@ Span attributes (``cuda.*``; a metric carries only the ones listed with it):
 * ``cuda.memcpy.kind``: ``HostToHost``, ``HostToDevice``, ``DeviceToHost``, ``DeviceToDevice``,
   ``Default`` (OBI's attribute).
 * ``cuda.ptr``: device pointer as hex (``0x7f00...``); ``cuda.mem.handle``: the physical allocation of
-  ``cuMemCreate``/``cuMemRelease`` (hex; mapped by the caller with ``cuMemMap``, not probed);
+  ``cuMemCreate``/``cuMemRelease`` (hex; mapped by the caller with ``cuMemMap``: counted, no span);
   ``cuda.stream``, ``cuda.event``: handles
   as hex; ``cuda.malloc.flags``: cudaMallocManaged flags; ``cuda.device.requested``: the
   argument of cudaSetDevice.
@@ -86,7 +86,7 @@ from ...receivers.cuda.events import (
 from .config import Config
 from .errors import error_name
 from .kernels import KernelLabels
-from .metrics import COUNTED, HANDLE_APIS, MEMCPY_KINDS, METRICS, SYNC_CALLS
+from .metrics import ASYNC_MEMCPY_APIS, COUNTED, HANDLE_APIS, MEMCPY_APIS, MEMCPY_KINDS, METRICS, SYNC_CALLS
 
 __all__ = ["MEMCPY_KINDS", "METRICS", "SCOPE", "CudaProcessor"]
 
@@ -186,7 +186,7 @@ class CudaProcessor(EventProcessor[Config]):
     def _memcpy(self, ev: MemcpyCall, out: list[object]) -> None:
         kind = MEMCPY_KINDS.get(ev.kind, f"cudaMemcpyKind({ev.kind})")
         extra: dict[str, Any] = {"cuda.bytes": ev.bytes, "cuda.memcpy.kind": kind}
-        if _base_api(ev.api) == "cudaMemcpyAsync":
+        if _base_api(ev.api) in ASYNC_MEMCPY_APIS:
             extra["cuda.stream"] = hex(ev.stream)
         self._call_span(ev, extra, out, count_error=False)  # metrics: _call_stats
 
@@ -274,7 +274,7 @@ class CudaProcessor(EventProcessor[Config]):
         if ev.limited > 0:
             self._telemetry.add("otel_ebpf.spans.rate_limited", ev.limited, receiver=TELEMETRY_NAME)
         base = _base_api(ev.api)
-        if base in ("cudaMemcpy", "cudaMemcpyAsync"):
+        if base in MEMCPY_APIS:
             kind = MEMCPY_KINDS.get(ev.kind, f"cudaMemcpyKind({ev.kind})")
             if error is None:
                 self.metric(out, ev.pid, "gpu.cuda.memory.copies", ev.bytes, {"cuda.memcpy.kind": kind, **where},
@@ -308,6 +308,8 @@ class CudaProcessor(EventProcessor[Config]):
             self.metric(out, ev.pid, "gpu.cuda.memory.sets", ev.bytes, where, count=ev.calls, buckets=ev.bytes_hist)
         elif base == "cudaHostRegister":
             self.metric(out, ev.pid, "gpu.cuda.memory.host.registered", ev.bytes, where)
+        elif base in ("cuMemMap", "cuMemUnmap") and ev.bytes:
+            self.metric(out, ev.pid, "gpu.cuda.memory.mapped", ev.bytes if base == "cuMemMap" else -ev.bytes, where)
 
     @handles(SetDeviceCall)
     def _set_device(self, ev: SetDeviceCall, out: list[object]) -> None:

@@ -377,6 +377,39 @@ static __always_inline int call_return(struct pt_regs *ctx, u32 api, struct cuda
     return keep;
 }
 
+/* A copy's cudaMemcpyKind: the runtime's own argument (dst, src, count, kind[, stream]); the driver's typed entry
+ * points (dst, src, ByteCount[, hStream]) name it in the symbol; cuMemcpy / cuMemcpyAsync leave it to unified
+ * addressing, which is cudaMemcpyDefault (4) (CUDA 12.9 cuda.h and driver_types.h). */
+static __always_inline u32 memcpy_kind(u32 api, struct cuda_call_state *st)
+{
+    switch (api) {
+    case CUDA_API_cuMemcpyHtoD_v2:
+    case CUDA_API_cuMemcpyHtoDAsync_v2:
+        return 1;
+    case CUDA_API_cuMemcpyDtoH_v2:
+    case CUDA_API_cuMemcpyDtoHAsync_v2:
+        return 2;
+    case CUDA_API_cuMemcpyDtoD_v2:
+    case CUDA_API_cuMemcpyDtoDAsync_v2:
+        return 3;
+    case CUDA_API_cuMemcpy:
+    case CUDA_API_cuMemcpyAsync:
+        return 4;
+    default:
+        return (u32)st->arg[3];
+    }
+}
+
+static __always_inline u64 memcpy_stream(u32 api, struct cuda_call_state *st)
+{
+    if (api == CUDA_API_cudaMemcpyAsync || api == CUDA_API_cudaMemcpyAsync_ptsz)
+        return st->arg[4];
+    if (api == CUDA_API_cuMemcpyAsync || api == CUDA_API_cuMemcpyHtoDAsync_v2 ||
+        api == CUDA_API_cuMemcpyDtoHAsync_v2 || api == CUDA_API_cuMemcpyDtoDAsync_v2)
+        return st->arg[3];
+    return 0;
+}
+
 static __always_inline int memcpy_return(struct pt_regs *ctx, u32 api)
 {
     struct cuda_call_key key = {};
@@ -386,7 +419,8 @@ static __always_inline int memcpy_return(struct pt_regs *ctx, u32 api)
     if (!st)
         return 0;
     u64 now = bpf_ktime_get_ns();
-    if (!call_return(ctx, api, st, now, (u32)st->arg[3], st->arg[2], 1)) {
+    u32 kind = memcpy_kind(api, st);
+    if (!call_return(ctx, api, st, now, kind, st->arg[2], 1)) {
         inflight.delete(&key);
         return 0;
     }
@@ -401,9 +435,8 @@ static __always_inline int memcpy_return(struct pt_regs *ctx, u32 api)
     e->dst = st->arg[0];
     e->src = st->arg[1];
     e->bytes = st->arg[2];
-    e->kind = (u32)st->arg[3];
-    if (api == CUDA_API_cudaMemcpyAsync || api == CUDA_API_cudaMemcpyAsync_ptsz)
-        e->stream = st->arg[4];
+    e->kind = kind;
+    e->stream = memcpy_stream(api, st);
     events.ringbuf_submit(e, oe_wakeup_flags());
     inflight.delete(&key);
     return 0;
@@ -553,6 +586,9 @@ static __always_inline int count_return(struct pt_regs *ctx, u32 api)
     } else if (api >= CUDA_API_cudaMemset && api <= CUDA_API_cudaMemsetAsync_ptsz) {  /* (ptr, value, count, ...) */
         bytes = st->arg[2];
         has_bytes = ok;
+    } else if (api == CUDA_API_cuMemMap || api == CUDA_API_cuMemUnmap) {  /* (ptr, size, ...) */
+        bytes = st->arg[1];
+        has_bytes = ok;
     }
     struct cuda_call_stats_key sk = {};
     sk.pid = id >> 32;
@@ -560,7 +596,8 @@ static __always_inline int count_return(struct pt_regs *ctx, u32 api)
     sk.rc = (s32)PT_REGS_RC(ctx);
     sk.api = (u8)api;
     /* the capture calls themselves run on the host: never counted as captured */
-    sk.captured = api >= CUDA_API_cudaStreamBeginCapture ? 0 : cuda_captured((u32)id);
+    sk.captured = api >= CUDA_API_cudaStreamBeginCapture && api <= CUDA_API_cudaStreamEndCapture_ptsz
+                      ? 0 : cuda_captured((u32)id);
     call_account(&sk, dur, bytes, has_bytes, 0);
     inflight.delete(&key);
     return 0;
@@ -1019,6 +1056,19 @@ static __always_inline int driver_free_enter(struct pt_regs *ctx, u32 api)
     return cuda_enter(ctx, api);
 }
 
+/* Driver copies: JAX/XLA's stream executor and Numba copy with the driver's typed entry points (cuMemcpyHtoD_v2,
+ * ...Async_v2; cuda.h #defines the plain names to them), CuPy's and Numba's unified copies with cuMemcpy(Async).
+ * libcudart 12 resolves the same entry points for its own cudaMemcpy* (its strings name cuMemcpy, cuMemcpyAsync
+ * and the typed ones, fetched with cuGetProcAddress_v2): a driver copy made while one of the thread's runtime
+ * copies is in flight is that copy, counted there. */
+static __always_inline int driver_memcpy_enter(struct pt_regs *ctx, u32 api)
+{
+    if (runtime_inflight((u32)bpf_get_current_pid_tgid(), CUDA_API_cudaMemcpy, CUDA_API_cudaMemcpy_ptds,
+                         CUDA_API_cudaMemcpyAsync, CUDA_API_cudaMemcpyAsync_ptsz))
+        return 0;
+    return cuda_enter(ctx, api);
+}
+
 /* ---- thread exit: forget per-thread state --------------------------------------- */
 
 /* Not filtered by `traced`: common.bpf.c may already have removed the process (order of
@@ -1135,3 +1185,13 @@ CUDA_DRIVER_CALL(cuMemCreate, cuda_enter, alloc_return)
 CUDA_DRIVER_CALL(cuMemRelease, cuda_enter, free_return)
 CUDA_DRIVER_CALL(cuModuleGetFunction, cuda_enter, kernel_return)
 CUDA_DRIVER_CALL(cuLibraryGetKernel, cuda_enter, kernel_return)
+CUDA_DRIVER_CALL(cuMemcpy, driver_memcpy_enter, memcpy_return)
+CUDA_DRIVER_CALL(cuMemcpyAsync, driver_memcpy_enter, memcpy_return)
+CUDA_DRIVER_CALL(cuMemcpyHtoD_v2, driver_memcpy_enter, memcpy_return)
+CUDA_DRIVER_CALL(cuMemcpyDtoH_v2, driver_memcpy_enter, memcpy_return)
+CUDA_DRIVER_CALL(cuMemcpyDtoD_v2, driver_memcpy_enter, memcpy_return)
+CUDA_DRIVER_CALL(cuMemcpyHtoDAsync_v2, driver_memcpy_enter, memcpy_return)
+CUDA_DRIVER_CALL(cuMemcpyDtoHAsync_v2, driver_memcpy_enter, memcpy_return)
+CUDA_DRIVER_CALL(cuMemcpyDtoDAsync_v2, driver_memcpy_enter, memcpy_return)
+CUDA_DRIVER_CALL(cuMemMap, cuda_enter, count_return)
+CUDA_DRIVER_CALL(cuMemUnmap, cuda_enter, count_return)

@@ -92,7 +92,19 @@
 #define CUDA_API_cudaStreamBeginCaptureToGraph_ptsz 63
 #define CUDA_API_cudaStreamEndCapture 64
 #define CUDA_API_cudaStreamEndCapture_ptsz 65
-#define CUDA_API_COUNT 66
+/* driver copies (driver_memcpy_enter: not counted again inside a runtime cudaMemcpy* of the thread) */
+#define CUDA_API_cuMemcpy 66
+#define CUDA_API_cuMemcpyAsync 67
+#define CUDA_API_cuMemcpyHtoD_v2 68
+#define CUDA_API_cuMemcpyDtoH_v2 69
+#define CUDA_API_cuMemcpyDtoD_v2 70
+#define CUDA_API_cuMemcpyHtoDAsync_v2 71
+#define CUDA_API_cuMemcpyDtoHAsync_v2 72
+#define CUDA_API_cuMemcpyDtoDAsync_v2 73
+/* driver virtual-memory mappings (count_return): counted, with the bytes mapped and unmapped */
+#define CUDA_API_cuMemMap 74
+#define CUDA_API_cuMemUnmap 75
+#define CUDA_API_COUNT 76
 
 #define CUDA_KERNEL_NAME_LEN 160
 

@@ -141,6 +141,19 @@ APIS: tuple[Api, ...] = (
     Api("cudaStreamBeginCaptureToGraph_ptsz", "capture", True),
     Api("cudaStreamEndCapture", "capture"),
     Api("cudaStreamEndCapture_ptsz", "capture", True),
+    # driver copies: JAX/XLA and Numba copy with the typed entry points, CuPy and Numba with cuMemcpy(Async); a
+    # runtime cudaMemcpy* that reaches them is counted once, as the runtime call (cuda.bpf.c driver_memcpy_enter)
+    Api("cuMemcpy", "memcpy", True, library="driver"),
+    Api("cuMemcpyAsync", "memcpy", True, library="driver"),
+    Api("cuMemcpyHtoD_v2", "memcpy", True, library="driver"),
+    Api("cuMemcpyDtoH_v2", "memcpy", True, library="driver"),
+    Api("cuMemcpyDtoD_v2", "memcpy", True, library="driver"),
+    Api("cuMemcpyHtoDAsync_v2", "memcpy", True, library="driver"),
+    Api("cuMemcpyDtoHAsync_v2", "memcpy", True, library="driver"),
+    Api("cuMemcpyDtoDAsync_v2", "memcpy", True, library="driver"),
+    # virtual-memory mappings of physical chunks (expandable segments map each cuMemCreate'd chunk): counted
+    Api("cuMemMap", "count", True, library="driver"),
+    Api("cuMemUnmap", "count", True, library="driver"),
 )
 _SYMBOLS = tuple(a.symbol for a in APIS)
 
