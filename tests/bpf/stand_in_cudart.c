@@ -22,7 +22,7 @@ typedef void *cudaEvent_t;
 typedef struct { unsigned int x, y, z; } dim3;
 
 static unsigned long allocations;
-static volatile int current_device;
+static __thread int current_device;  /* CUDA's current device is per host thread, 0 until set */
 
 static cudaError_t give(void **p)
 {
@@ -31,6 +31,13 @@ static cudaError_t give(void **p)
 }
 
 cudaError_t cudaSetDevice(int device) { current_device = device; return 0; }
+cudaError_t cudaGetDevice(int *device)
+{
+    if (device == NULL)
+        return 1;  /* cudaErrorInvalidValue */
+    *device = current_device;
+    return 0;
+}
 static int driver_alloc(void **p, size_t n, int *rc);
 static int driver_free(void *p, int *rc);
 cudaError_t cudaMalloc(void **p, size_t n)

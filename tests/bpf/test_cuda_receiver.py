@@ -103,9 +103,9 @@ class Traced:
         return [e for e in self.sink.events if getattr(e, "pid", None) == self.pid
                 and (not types or isinstance(e, types))]
 
-    def release(self, timeout: float = 30.0) -> str:
-        """Let the driver run, wait for it to exit and for its ProcessExit to be read."""
-        self.stdout, _ = self.proc.communicate("go\n", timeout=timeout)
+    def release(self, timeout: float = 30.0, lines: str = "go\n") -> str:
+        """Let the driver run (``lines`` on its stdin), wait for it to exit and for its ProcessExit to be read."""
+        self.stdout, _ = self.proc.communicate(lines, timeout=timeout)
         _wait_for(f"ProcessExit of {self.pid}", lambda: bool(self.events(ProcessExit)))
         return self.stdout
 

@@ -63,6 +63,15 @@ class Config:
     max_launch_keys: int = doc(
         4096, "Distinct (process, device, grid size, block size, PyTorch operator, kernel) launch counters in "
               "the kernel. Beyond it launches of new shapes are not counted (reason=stats_map_full).", min=1)
+    learn_device_for: float = doc(
+        10.0, "How long to probe cudaGetDevice after attaching to processes that were already running with a "
+              "libcudart loaded (run --pid, --all-processes, an agent restart), to learn the device of each "
+              "thread that chose it before the agent was there (its cudaSetDevice was missed; without this it "
+              "reads as device 0, CUDA's default, and NCCL spans get the wrong hw.id). PyTorch asks on nearly "
+              "every operator, so busy threads are learned at once. Costs ~1-2 us per cudaGetDevice call of "
+              "every process using those libraries, for this long only; threads learned stop paying the BPF "
+              "part. 0: never (run -- COMMAND never needs it: every cudaSetDevice is seen).",
+        duration=True, min=0)
     kernel_names: bool = doc(
         True, "Count launches per kernel and name them (gpu.cuda.kernel.launch.calls gets cuda.kernel.name, "
               "bounded by processors.cuda.kernel_name_limit): the launched function joins the in-kernel launch "

@@ -22,7 +22,9 @@
  * - The thread's device (cuda.device) comes from `thread_device`, written when cudaSetDevice
  *   returns 0 (CUDA's current device is per host thread). A thread that never set one is on
  *   device 0, CUDA's default (CUDA Runtime API 13.0, cudaSetDevice): PyTorch skips cudaSetDevice
- *   when the thread is already on the device it wants, so LOCAL_RANK 0 never calls it.
+ *   when the thread is already on the device it wants, so LOCAL_RANK 0 never calls it. A thread
+ *   that set its device before the agent attached is learned from a cudaGetDevice return, probed
+ *   only for a window after such an attach (get_device_enter).
  * - Nesting (OE_THREAD_CTX, common.bpf.c): each call's entry reads the thread's innermost open
  *   Python function / PyTorch operator from oe_thread_ctx (written by the python and torch
  *   programs of the same agent) and its record carries it (ctx_kind, ctx_start, ctx_root).
@@ -172,7 +174,7 @@ BPF_HASH(span_budget, u32, struct cuda_span_budget, OE_MAX_PIDS);
  * launch path's one lookup, so the runtime launch pays one store (a clock read measured +90 ns a launch). */
 struct cuda_thread {
     s32 device;
-    u32 _pad;
+    u32 known;       /* 1: device set (cudaSetDevice) or learned (cudaGetDevice); 0: CUDA's default, assumed */
     u64 rt_launch_ip;
 };
 BPF_HASH(thread_device, u32, struct cuda_thread, CUDA_MAX_THREADS);
@@ -665,6 +667,51 @@ static __always_inline int capture_begin_return(struct pt_regs *ctx, u32 api) { 
 static __always_inline int capture_end_return(struct pt_regs *ctx, u32 api) { return capture_return(ctx, api, 0); }
 
 /* Commits the thread -> device binding before filling, so the record carries the new device. */
+static __always_inline void thread_set_device(u32 tid, s32 device)
+{
+    struct cuda_thread *t = thread_device.lookup(&tid);
+    if (t) {
+        t->device = device;
+        t->known = 1;
+        return;
+    }
+    struct cuda_thread fresh = {};
+    fresh.device = device;
+    fresh.known = 1;
+    if (thread_device.update(&tid, &fresh) != 0)
+        oe_drop(OE_DROP_STATEMAP);
+}
+
+/* cudaGetDevice(int *device), probed only while the receiver learns the devices of threads that chose theirs before
+ * it attached (receiver.py DeviceLearning: run --pid, --all-processes, an agent restart; detached after a window).
+ * A thread whose device is known already skips at entry; a successful return tells the thread's current device.
+ * PyTorch asks on nearly every operator (c10::cuda::current_device / GetDevice), so a busy thread is learned at
+ * once. */
+static __always_inline int get_device_enter(struct pt_regs *ctx)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct cuda_thread *t = thread_device.lookup(&tid);
+    if (t && t->known)
+        return 0;
+    return cuda_enter(ctx, CUDA_API_cudaGetDevice);
+}
+
+static __always_inline int get_device_return(struct pt_regs *ctx, u32 api)
+{
+    struct cuda_call_key key = {};
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    key.tid = tid;
+    key.api = api;
+    struct cuda_call_state *st = inflight.lookup(&key);
+    if (!st)
+        return 0;
+    s32 device = 0;
+    if ((s32)PT_REGS_RC(ctx) == 0 && bpf_probe_read_user(&device, sizeof(device), (void *)st->arg[0]) == 0)
+        thread_set_device(tid, device);
+    inflight.delete(&key);
+    return 0;
+}
+
 static __always_inline int set_device_return(struct pt_regs *ctx, u32 api)
 {
     struct cuda_call_key key = {};
@@ -675,17 +722,8 @@ static __always_inline int set_device_return(struct pt_regs *ctx, u32 api)
     if (!st)
         return 0;
     s32 requested = (s32)st->arg[0];
-    if ((s32)PT_REGS_RC(ctx) == 0) {
-        struct cuda_thread *t = thread_device.lookup(&tid);
-        if (t) {
-            t->device = requested;
-        } else {
-            struct cuda_thread fresh = {};
-            fresh.device = requested;
-            if (thread_device.update(&tid, &fresh) != 0)
-                oe_drop(OE_DROP_STATEMAP);
-        }
-    }
+    if ((s32)PT_REGS_RC(ctx) == 0)
+        thread_set_device(tid, requested);
     struct cuda_set_device_rec *e = events.ringbuf_reserve(sizeof(struct cuda_set_device_rec));
     if (!e) {
         oe_drop(OE_DROP_RINGBUF);
@@ -1126,6 +1164,8 @@ CUDA_CALL(cudaStreamSynchronize_ptsz, sync_return)
 CUDA_CALL(cudaDeviceSynchronize, sync_return)
 CUDA_CALL(cudaEventSynchronize, sync_return)
 CUDA_CALL(cudaSetDevice, set_device_return)
+int enter_cudaGetDevice(struct pt_regs *ctx) { return get_device_enter(ctx); }
+int return_cudaGetDevice(struct pt_regs *ctx) { return get_device_return(ctx, CUDA_API_cudaGetDevice); }
 CUDA_CALL(cudaGraphLaunch, graph_return)
 CUDA_CALL(cudaGraphLaunch_ptsz, graph_return)
 CUDA_CALL(cudaMemset, count_return)

@@ -104,7 +104,9 @@
 /* driver virtual-memory mappings (count_return): counted, with the bytes mapped and unmapped */
 #define CUDA_API_cuMemMap 74
 #define CUDA_API_cuMemUnmap 75
-#define CUDA_API_COUNT 76
+/* the current device of a thread that chose it before the agent attached (get_device_return): learned, no record */
+#define CUDA_API_cudaGetDevice 76
+#define CUDA_API_COUNT 77
 
 #define CUDA_KERNEL_NAME_LEN 160
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from otel_ebpf.bpf import threadctx
+from otel_ebpf.bpf.loader import all_pids
 from otel_ebpf.bpf.maps import MapDeltas
 from otel_ebpf.bpf.receiver import BpfReceiver, Probe
 from otel_ebpf.bpf.records import Mirror
@@ -32,6 +33,7 @@ from otel_ebpf.host.libraries import mapped_libraries
 
 from .config import Config
 from .kernels import KernelNames
+from .learning import DeviceLearning
 from .events import (
     AllocCall,
     CallStats,
@@ -49,8 +51,8 @@ __all__ = ["ALLOC", "APIS", "DRIVER_PROBES", "FREE", "GRAPH", "KERNEL", "LAUNCH"
            "SET_DEVICE", "SYNC", "Api", "CudaReceiver"]
 
 log = logging.getLogger(__name__)
-ApiKind = Literal["launch", "launch_exc", "memcpy", "alloc", "free", "sync", "set_device", "graph", "count", "kernel",
-                  "capture"]
+ApiKind = Literal["launch", "launch_exc", "memcpy", "alloc", "free", "sync", "set_device", "get_device", "graph",
+                  "count", "kernel", "capture"]
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,8 @@ APIS: tuple[Api, ...] = (
     # virtual-memory mappings of physical chunks (expandable segments map each cuMemCreate'd chunk): counted
     Api("cuMemMap", "count", True, library="driver"),
     Api("cuMemUnmap", "count", True, library="driver"),
+    # a thread's device, learned only for a window after attaching to processes already running (.learning)
+    Api("cudaGetDevice", "get_device", True),
 )
 _SYMBOLS = tuple(a.symbol for a in APIS)
 
@@ -163,7 +167,7 @@ def _probes(library: str) -> tuple[Probe, ...]:
     # Launches are entry-only: the cost lands on the caller, no uretprobe trampoline.
     return tuple(Probe(a.symbol, entry=f"enter_{a.symbol}",
                        ret=None if a.kind.startswith("launch") else f"return_{a.symbol}", optional=a.optional)
-                 for a in APIS if a.library == library)
+                 for a in APIS if a.library == library and a.kind != "get_device")
 
 
 PROBES = _probes("runtime")  # on each libcudart.so.*
@@ -243,6 +247,8 @@ class CudaReceiver(BpfReceiver):
         self._next_stats = 0.0
         self._final_read = False
         self._kernels = KernelNames(config.max_kernel_names)
+        self._learning = DeviceLearning(config.learn_device_for, self._attach_one, lambda: self.bpf,
+                                        self._attach_lock)
         self._evicted_seen = 0
         self._gone: list[int] = []
 
@@ -313,6 +319,7 @@ class CudaReceiver(BpfReceiver):
 
     # ---- in-kernel launch counters ----------------------------------------------------
     def poll_maps(self) -> list[object]:
+        self._learning.poll()
         now = time.monotonic()
         if not self._final_read and now < self._next_stats:
             return []
@@ -366,6 +373,7 @@ class CudaReceiver(BpfReceiver):
             for pid in self.ctx.target_pids:  # alive now: their mappings name their kernels even after they exit
                 self._kernels.seen(pid)
         super().start()
+        self._learning.begin(self.ctx.target_pids or all_pids())
         if self.ctx.cuda_threads is None:
             self.ctx.cuda_threads = self
 
@@ -390,4 +398,5 @@ class CudaReceiver(BpfReceiver):
         if self.ctx.cuda_threads is self:
             self.ctx.cuda_threads = None
         self._final_read = True  # the base's last drain reads the counters one more time
+        self._learning.end()
         super().shutdown()
