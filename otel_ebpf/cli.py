@@ -191,7 +191,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--otlp-endpoint", metavar="URL", help="export with OTLP to this collector (added to the "
                                                             "exporters a --config file lists)")
     run.add_argument("--otlp-protocol", choices=["grpc", "http"], help="OTLP transport (default grpc)")
-    run.add_argument("--pid", type=int, action="append", default=[], help="attach to a running process (repeatable)")
+    run.add_argument("--pid", type=int, action="append", default=[],
+                     help="attach to a running process and the processes it has started (repeatable)")
     run.add_argument("--all-processes", action="store_true",
                      help="trace every process that loads a probed library (node agent mode)")
     run.add_argument("--service-name", help="service.name of traced processes (default: executable name)")

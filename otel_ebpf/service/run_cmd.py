@@ -79,6 +79,19 @@ def _check_pids(pids: Sequence[int]) -> None:
             raise TargetError(f"no process with PID {pid}")
 
 
+def _with_descendants(pids: Sequence[int]) -> list[int]:
+    """``pids`` and the processes they made before the agent attached (torchrun's workers for ``--pid`` of
+    torchrun): the kernel follows forks from the attach on, not those made before it."""
+    from otel_ebpf.service.deferred import descendants
+
+    made = descendants(pids)
+    if made:
+        print(f"otel-ebpf: also tracing {len(made)} process(es) that --pid {', '.join(map(str, pids))} started "
+              f"before the attach: {', '.join(map(str, made[:8]))}{' ...' if len(made) > 8 else ''}",
+              file=sys.stderr, flush=True)
+    return [*pids, *made]
+
+
 _UNITS = {"spans": ("span", "spans"), "logs": ("log record", "log records"),
           "metrics": ("metric collection", "metric collections")}
 
@@ -159,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     if env_line:
         print(f"otel-ebpf: {env_line}", file=sys.stderr, flush=True)
     child = PausedChild(command, env) if command else None
-    targets = [child.pid] if child else list(args.pid)
+    targets = [child.pid] if child else _with_descendants(args.pid)
     started = time.monotonic()
     deferred = bool(child) and cfg.service.deferred_start and not cfg.service.strict
     if deferred:  # a background compile redirects fd 2 (the loader's capture): our lines go to a copy of it

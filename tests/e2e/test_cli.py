@@ -129,6 +129,31 @@ def test_attach_to_running_pid(bpf_ready, tmp_path):
     assert "cudaMemcpyAsync" in span_names(spans_from_jsonl(tmp_path / "traces.jsonl"))
 
 
+def test_attach_to_a_launcher_traces_the_workers_it_started(bpf_ready, tmp_path):
+    """run --pid of a launcher (a shell here, torchrun in life) traces the worker it had started before the
+    attach: the kernel follows forks from the attach on only, so the agent walks the existing tree."""
+    argv = [*WORKLOAD[1:2], "--steps", "60", "--kernels-per-step", "2", "--step-sleep-ms", "250"]
+    worker = (f"{sys.executable} -c \"import time,sys,runpy; time.sleep(2); sys.argv={argv!r}; "
+              "runpy.run_path(sys.argv[0], run_name='__main__')\"")
+    launcher = subprocess.Popen(["sh", "-c", f"{worker}; echo worker done"], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        kids: list[str] = []
+        while not kids and time.monotonic() < deadline:  # the worker is forked
+            time.sleep(0.05)
+            kids = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+        assert kids, "the launcher started no worker"
+        r = cli("run", "--pid", str(launcher.pid), "--output", str(tmp_path), timeout=60)
+        assert r.returncode == 0, r.stderr
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert f"also tracing 1 process(es) that --pid {launcher.pid} started before the attach: {kids[0]}" in r.stderr
+    pids = {res.get("process.pid") for res, _, s in spans_from_jsonl(tmp_path / "traces.jsonl")
+            if s.name == "cudaMemcpyAsync"}
+    assert pids == {int(kids[0])}, pids
+
+
 def test_not_root_gets_a_clear_message(bpf_ready, tmp_path):
     if not Path("/usr/bin/setpriv").exists():
         pytest.fail("setpriv (util-linux) is needed to drop privileges in this test")
