@@ -110,6 +110,23 @@ def test_execveat_is_an_exec_too(bpf_ready: None) -> None:
     assert {e.pid for e in run.events if isinstance(e, LifecycleExitCode) and e.exit_code == 0} >= {ev.pid}
 
 
+def test_long_argument_lists_are_cut_and_marked_truncated(bpf_ready: None) -> None:
+    """At most LC_MAX_ARGS (24) arguments of at most LC_ARG_MAX (256) bytes each, LC_ARGS_LEN (1024) in all;
+    whatever is cut is marked truncated, and what fits is exact."""
+    many = " ".join(f"a{i}" for i in range(30))
+    long_arg = "L" * 300
+    five = " ".join(["B" * 250] * 5)
+    with traced(f"/bin/true {many}; /bin/true x {long_arg}; /bin/true {five}; /bin/true short") as run:
+        pass
+    execs = [e for e in run.events if isinstance(e, LifecycleExec) and e.filename == "/bin/true"]
+    assert len(execs) == 4, execs
+    assert execs[0].argv == ("/bin/true", *(f"a{i}" for i in range(23))) and execs[0].truncated
+    assert execs[1].argv[:2] == ("/bin/true", "x") and execs[1].argv[2] == "L" * 255 and execs[1].truncated
+    assert execs[2].truncated and len("\0".join(execs[2].argv)) <= 1024
+    assert execs[2].argv[:4] == ("/bin/true", "B" * 250, "B" * 250, "B" * 250)
+    assert execs[3].argv == ("/bin/true", "short") and not execs[3].truncated
+
+
 def test_secrets_in_a_real_argv_are_redacted_on_the_span_and_the_exec_event(bpf_ready: None) -> None:
     """The receiver's events hold argv as the kernel read it; nothing the processor makes of them does."""
     secrets = "--password=hunter2pw --api-key k3ysekret https://u:pa55w0rd@h/x --token tok3n"

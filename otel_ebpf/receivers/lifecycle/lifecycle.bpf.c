@@ -78,7 +78,9 @@ static __always_inline int lc_exec_enter(const char *filename, const char *const
     bpf_probe_read_user_str(e->filename, sizeof(e->filename), filename);
     u32 off = 0;
     u16 argc = 0;
-#pragma unroll
+/* a loop, not unrolled: unrolled (24 steps, in both the execve and the execveat program) it cost ~0.08 s more
+ * compile at every agent start, which a deferred start waits for (issue 18) */
+#pragma clang loop unroll(disable)
     for (int i = 0; i < LC_MAX_ARGS; i++) {
         const char *arg = NULL;
         if (bpf_probe_read_user(&arg, sizeof(arg), &argv[i]) != 0 || !arg)
@@ -101,6 +103,8 @@ static __always_inline int lc_exec_enter(const char *filename, const char *const
             e->truncated = 1;
     }
 done:
+    if (off > LC_ARGS_LEN)  /* the last argument read ran past what is kept: it is cut */
+        e->truncated = 1;
     e->argc = argc;
     e->args_len = off > LC_ARGS_LEN ? LC_ARGS_LEN : off;
     exec_pending.update(&tid, e);
