@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from otel_ebpf.bpf.gate import MAX_PATTERNS, LibraryGate, thread_cpu
+from otel_ebpf.bpf.gate_hosted import HostedGate
 from otel_ebpf.bpf.loader import programs_loaded
 from otel_ebpf.bpf.receiver import BpfReceiver
 from otel_ebpf.core.pipeline import Context
@@ -69,7 +70,14 @@ def plan(ctx: Context, receivers: dict[str, Any]) -> tuple[dict[str, Any], dict[
     # those without a gate first: they miss what happens until they load; the gated ones miss nothing
     # (and one a process waits for is taken first anyway)
     late = {rid: r for rid, r in sorted(late.items(), key=lambda item: item[1] in watched)}
-    return early, late, LibraryGate(ctx, watched) if watched else None
+    if not watched:
+        return early, late, None
+    host = next((r for r in early.values() if getattr(r, "can_host_gate", False)), None)
+    if host is None:
+        return early, late, LibraryGate(ctx, watched)
+    gate = HostedGate(ctx, watched, host)
+    host.host_gate(gate)  # one compile: the gate in the host's program (otel_ebpf.bpf.gate_hosted)
+    return early, late, gate
 
 
 def _parents() -> dict[int, int]:

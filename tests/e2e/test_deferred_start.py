@@ -37,15 +37,24 @@ def run(tmp_path: Path, config: str, *command: str) -> subprocess.CompletedProce
                           "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True, timeout=180)
 
 
+# the gate compiled into the lifecycle program (the default: otel_ebpf.bpf.gate_hosted), and, without the lifecycle
+# receiver, the gate's own program
+PIPELINES = {"hosted": "", "own": "  pipelines:\n    default: {receivers: [cuda], processors: [cuda], exporters: [file]}\n"}
+
+
+@pytest.mark.parametrize("gate", sorted(PIPELINES))
 def test_the_command_starts_first_and_its_first_cuda_calls_are_all_traced(bpf_ready: None, cudart: Path,
-                                                                          tmp_path: Path) -> None:
+                                                                          tmp_path: Path, gate: str) -> None:
     child = tmp_path / "child.py"
     child.write_text(f"import ctypes\nrt = ctypes.CDLL({str(cudart)!r})\n"
                      f"for _ in range({CALLS}):\n    rt.cudaMemcpy(None, None, 4096, 1)\n")
     script = f"echo started; for i in 1 2 3; do {sys.executable} {child} & done; wait; echo done"
     r = run(tmp_path, "receivers:\n  cuda:\n    span_rate_limit: 0\nservice:\n  pause_timeout: 1500ms\n"
-                      "  health_endpoint: ''\n", "sh", "-c", script)
+                      "  health_endpoint: ''\n" + PIPELINES[gate], "sh", "-c", script)
     assert r.returncode == 0, r.stderr
+    # the gate compiled on its own only without a host: "receiver gate started in 0.00s" when hosted
+    started = re.search(r"receiver gate started in ([0-9.]+)s", r.stderr)
+    assert started and (float(started.group(1)) < 0.05) == (gate == "hosted"), r.stderr
     assert r.stdout.split() == ["started", "done"]
     err = r.stderr
     # the command was let go before the cuda receiver compiled

@@ -17,6 +17,8 @@ import logging
 import struct
 from pathlib import Path
 
+from typing import TYPE_CHECKING, Any
+
 from otel_ebpf.bpf.newtask import attach_newtask, compile_offsets, newtask_offsets
 from otel_ebpf.bpf.receiver import BpfReceiver
 from otel_ebpf.bpf.records import Mirror
@@ -24,6 +26,9 @@ from otel_ebpf.core.pipeline import Consumer, Context
 
 from .config import Config
 from .events import LifecycleExec, LifecycleExitCode, LifecycleFork
+
+if TYPE_CHECKING:
+    from otel_ebpf.bpf.gate_hosted import HostedGate
 
 __all__ = ["EXEC", "EXIT_CODE", "FORK", "MIRRORS", "LifecycleReceiver"]
 
@@ -57,6 +62,35 @@ class LifecycleReceiver(BpfReceiver):
         super().__init__(ctx, next_, ringbuf_pages=config.ringbuf_pages)
         self.config = config
         self._offsets: tuple[int, int] | None = None
+        self._gate: HostedGate | None = None
+
+    # ---- hosting a deferred start's library gate (otel_ebpf.bpf.gate_hosted) -----------------
+    can_host_gate = True
+
+    def host_gate(self, gate: HostedGate) -> None:
+        """Compile the gate into this program (before :meth:`start`): one compile instead of two."""
+        self._gate = gate
+
+    def program_cflags(self) -> list[str]:
+        flags = super().program_cflags()
+        if self._gate is None:
+            return flags
+        return [f for f in flags if not f.startswith("-DOE_PAUSE_ON_LOAD=")] + self._gate.host_cflags()
+
+    def _load(self) -> Any:
+        if self._gate is None:
+            return super()._load()
+        self._gate.prepare()
+        try:
+            return super()._load()
+        except BaseException:
+            self._gate.unprepare()
+            raise
+
+    def _library_opened(self, raw: bytes) -> None:
+        """Only the gate's patterns are watched here: its records go to the gate's thread."""
+        if self._gate is not None:
+            self._gate.enqueue(raw)
 
     def cflags(self) -> list[str]:
         offsets = compile_offsets(self._offsets)

@@ -71,3 +71,33 @@ def test_descendants_are_found_through_the_parent_chain() -> None:
     finally:
         subprocess.run(["pkill", "-P", str(sh.pid)])
         sh.wait(10)
+
+
+def test_the_gate_compiles_into_lifecycle_when_it_is_early_and_stands_alone_otherwise() -> None:
+    from otel_ebpf.bpf.gate import LibraryGate
+    from otel_ebpf.bpf.gate_hosted import QUEUE_MAX, HostedGate
+    from otel_ebpf.core.pipeline import ListConsumer
+    from otel_ebpf.receivers.cuda import Config as CudaConfig
+    from otel_ebpf.receivers.cuda.receiver import CudaReceiver
+    from otel_ebpf.receivers.lifecycle import Config as LifecycleConfig
+    from otel_ebpf.receivers.lifecycle import LifecycleReceiver
+    from otel_ebpf.service.deferred import plan
+
+    ctx = Context(target_pids=[1])
+    lifecycle, cuda = LifecycleReceiver(LifecycleConfig(), ctx, ListConsumer()), CudaReceiver(CudaConfig(), ctx,
+                                                                                             ListConsumer())
+    early, late, gate = plan(ctx, {"lifecycle": lifecycle, "cuda": cuda})
+    assert set(early) == {"lifecycle"} and set(late) == {"cuda"} and isinstance(gate, HostedGate)
+    flags = lifecycle.program_cflags()
+    assert "-DOE_GATE=1" in flags and '-DOE_LIB_PATTERN="libcuda"' in flags
+    assert [f for f in flags if f.startswith("-DOE_PAUSE_ON_LOAD=")] == ["-DOE_PAUSE_ON_LOAD=1"]
+    for _ in range(QUEUE_MAX + 2):  # a full queue: counted, never blocking the host's poll thread
+        gate.enqueue(b"x")
+    assert ctx.telemetry.get("otel_ebpf.events.dropped", receiver="gate", reason="gate_queue_full") == 2
+    gate.shutdown()  # never started: nothing to resume
+    gate.enqueue(b"x")  # after the shutdown: ignored, not counted
+    assert ctx.telemetry.get("otel_ebpf.events.dropped", receiver="gate", reason="gate_queue_full") == 2
+
+    alone = CudaReceiver(CudaConfig(), ctx, ListConsumer())
+    _, _, own = plan(ctx, {"cuda": alone})
+    assert type(own) is LibraryGate
