@@ -18,7 +18,7 @@
 #define CUDA_EV_GRAPH 22
 #define CUDA_EV_KERNEL 23
 
-/* API ids: the index into otel_ebpf/receivers/cuda/receiver.py APIS (checked by the layout test).
+/* API ids: the index into otel_ebpf/receivers/cuda/apis.py APIS (checked by the layout test).
  * _ptsz/_ptds are the per-thread-default-stream entry points (nvcc --default-stream
  * per-thread); libcudart 12.9 exports the ones listed here. */
 #define CUDA_API_cudaLaunchKernel 0
