@@ -282,6 +282,13 @@ class ResourceCache:
         self.hints = ExecHints(self.max_entries)
         self._subscribers: list[Callable[[int, Attributes], None]] = []
         self.hits = self.misses = self.evictions = 0
+        self.overflows = 0  # of the evictions: entries dropped for room (max_entries), not for an exit or reuse
+
+    def full_evictions(self) -> dict[str, int]:
+        """Entries dropped for room so far, cumulative: {"resources": this cache's, "exec_hints": its
+        hints'}. An exec hint dropped so is lost for good (its process may be gone); a resource is read again
+        from /proc when needed, if its process still lives."""
+        return {"resources": self.overflows, "exec_hints": self.hints.evictions}
 
     def subscribe(self, changed: Callable[[int, Attributes], None]) -> None:
         """Call ``changed(pid, attributes)`` whenever :meth:`refresh` finds ``pid``'s attributes
@@ -370,6 +377,7 @@ class ResourceCache:
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
             self.evictions += 1
+            self.overflows += 1
 
     def _read(self, pid: int, fallback_comm: str | None) -> tuple[Attributes, dict[str, str]]:
         """The process's attributes (Kubernetes ones included) and environment subset, read now."""

@@ -50,6 +50,7 @@ __all__ = ["Agent", "PausedChild", "exit_status"]
 
 log = logging.getLogger(__name__)
 TICK_INTERVAL_S = 1.0  # how often every pipeline gets a Tick (nccl_watch's silence checks)
+CACHE_EVICTIONS = "otel_ebpf.cache.evictions"  # {cache, reason=full}: host caches' entries dropped for room
 
 
 class PausedChild:
@@ -184,6 +185,7 @@ class Agent:
         self._started = False
         self._ticks_stop = threading.Event()
         self._ticker: threading.Thread | None = None
+        self._evictions_seen: dict[str, int] = {}
         self.health: Any = None  # otel_ebpf.service.health.HealthServer while started
         self._deferred: Any = None  # otel_ebpf.service.deferred.DeferredStart once started
         self._build()
@@ -273,6 +275,15 @@ class Agent:
         while not self._ticks_stop.wait(TICK_INTERVAL_S):
             for p in self.pipelines:
                 p.queue.offer([Tick(time.time_ns())])  # a full queue wakes the stages anyway: no drop to count
+            self._count_evictions()
+
+    def _count_evictions(self) -> None:
+        """The host caches' evictions for room since the last call, into CACHE_EVICTIONS."""
+        for cache, n in self.resources.full_evictions().items():
+            grown = n - self._evictions_seen.get(cache, 0)
+            if grown > 0:
+                self._evictions_seen[cache] = n
+                self.ctx.telemetry.add(CACHE_EVICTIONS, grown, cache=cache, reason="full")
 
     def _preflight(self) -> None:
         """PrivilegeError/BccMissingError/KernelHeadersError when a BPF receiver cannot load; a
@@ -320,6 +331,7 @@ class Agent:
         ticker, self._ticker = self._ticker, None
         if ticker is not None:
             ticker.join()
+        self._count_evictions()
         # one budget for handing on the backlog: pipelines, then exporters (service.shutdown_timeout)
         deadline = time.monotonic() + (self.cfg.service.shutdown_timeout if timeout is None else timeout)
         for p in self.pipelines:

@@ -455,6 +455,8 @@ def test_cache_lru_bound_and_evict(tmp_path: Path) -> None:
     cache.evict(103)
     cache.evict(103)
     assert len(cache) == 2 and cache.evictions == 3
+    # of those, for room: 101 (then 102, pushed out when 101 came back); the exit's evict is not one
+    assert cache.full_evictions() == {"resources": 2, "exec_hints": 0}
 
 
 def test_cache_thread_safe_counters(tmp_path: Path) -> None:
