@@ -35,6 +35,13 @@ _HEADER = re.compile(r"^(\s*[A-Za-z][\w-]*\s*:\s*)((?:bearer|basic|token|digest|
 _BEARER = re.compile(r"\b(bearer)\s+\S+", re.I)
 # The lookbehind keeps this linear on a long run of letters; the password runs to the authority's last '@'.
 _URL_CREDS = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*):[^\s/]+@")
+# A string literal given to a name in code (the program of ``python -c``, ``node -e``, ``perl -e``): ``token =
+# "x"``, ``f(api_key='x')``, ``{"password": "x"}``, ``os.environ["HF_TOKEN"] = "x"``, ``export TOKEN="x"``.
+# group 1: the key (bare, quoted, or a subscript's quoted key), 2: up to the value's opening quote, 3: the quote.
+_CODE_LITERAL = re.compile(
+    r"""(?:\[\s*)?["']?(?<![\w.-])([A-Za-z_][\w.-]{0,63})["']?(?:\s*\])?(\s*(?::|=|:=)\s*(?:[rRbBuUfF]{0,2}))"""
+    r"""(["'])(?:\\.|(?!\3).){0,1024}\3""",
+    re.S)  # bounded key and literal, keys tried at word starts only: linear in the argument's length
 
 
 def _key_words(key: str) -> tuple[str, ...]:
@@ -60,6 +67,18 @@ def _scrub_free_text(arg: str, patterns: tuple[tuple[str, ...], ...]) -> str:
     return _BEARER.sub(lambda b: f"{b.group(1)} {REDACTED}", arg)
 
 
+def _scrub_code(arg: str, patterns: tuple[tuple[str, ...], ...]) -> str:
+    """Redact the string literals that code in one argument gives to a secret name (:data:`_CODE_LITERAL`);
+    the quotes stay, so the code still reads as code. Values that are not literals (``token = read()``) are
+    code, not secrets, and stay."""
+    def literal(m: re.Match[str]) -> str:
+        if not _is_secret_key(m.group(1), patterns):
+            return m.group(0)
+        head = m.group(0)[:m.end(2) - m.start(0)]
+        return f"{head}{m.group(3)}{REDACTED}{m.group(3)}"
+    return _CODE_LITERAL.sub(literal, arg)
+
+
 def redact_command_line(argv: Sequence[str], patterns: Sequence[str] = DEFAULT_REDACT_PATTERNS) -> list[str]:
     """Return ``argv`` with secret values replaced by :data:`REDACTED`, keys kept.
 
@@ -69,13 +88,15 @@ def redact_command_line(argv: Sequence[str], patterns: Sequence[str] = DEFAULT_R
     ``KEY=value`` assignments (``HF_TOKEN=…``, ``wandb.api_key=…``), ``scheme://user:pass@host``
     (the password only), ``Authorization: Bearer x`` / ``X-Api-Key: x`` headers (scheme kept)
     and a bare ``Bearer x`` anywhere. An argument holding several words (the script of ``sh -c "tool
-    --token x"``, ``bash -lc``, ``su -c``) is redacted word by word as well. Keys match
-    case-insensitively, see :data:`DEFAULT_REDACT_PATTERNS`. Not handled: secrets inside code
-    (``python -c``), attached short options (``mysql -pSECRET``), ``-p``. Pure function; never raises
-    for str input.
+    --token x"``, ``bash -lc``, ``su -c``) is redacted word by word as well, and so is code in one
+    (``python -c``, ``node -e``): a string literal given to a secret name (``token = "x"``,
+    ``f(api_key='x')``, ``{"password": "x"}``, ``os.environ["HF_TOKEN"] = "x"``) keeps its quotes and loses
+    its value. Keys match case-insensitively, see :data:`DEFAULT_REDACT_PATTERNS`. Not handled: a secret in
+    code that is no literal given to such a name (``login("x")``), attached short options (``mysql
+    -pSECRET``), ``-p``. Pure function; never raises for str input.
     """
     words = _pattern_words(tuple(patterns))
-    return [" ".join(_redact_args(arg.split(" "), words)) if " " in arg else arg
+    return [" ".join(_redact_args(_scrub_code(arg, words).split(" "), words)) if " " in arg else arg
             for arg in _redact_args(argv, words)]
 
 
@@ -89,7 +110,7 @@ def _redact_args(argv: Sequence[str], words: tuple[tuple[str, ...], ...]) -> lis
             continue
         pending = False
         m = _ASSIGN.match(arg)
-        if m and m.group(2) and _is_secret_key(m.group(1), words):
+        if m and m.group(2) and REDACTED not in m.group(2) and _is_secret_key(m.group(1), words):
             out.append(f"{m.group(1)}={REDACTED}")
         elif m:
             out.append(f"{m.group(1)}={_scrub_free_text(m.group(2), words)}")

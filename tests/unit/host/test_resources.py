@@ -83,6 +83,24 @@ def test_redact_leaves_lookalikes_alone(argv: list[str]) -> None:
     assert r.redact_command_line(argv) == argv
 
 
+@pytest.mark.parametrize(("code", "expected"), [
+    ("import os; token = 'abc123'; print(1)", "import os; token = '<redacted>'; print(1)"),
+    ("f(api_key='xyz', model='gpt2')", "f(api_key='<redacted>', model='gpt2')"),
+    ('cfg = {"password": "hunter2", "user": "me"}', 'cfg = {"password": "<redacted>", "user": "me"}'),
+    ('import os; os.environ["HF_TOKEN"] = "hf_abc"; run()', 'import os; os.environ["HF_TOKEN"] = "<redacted>"; run()'),
+    ('const secret="s3"; go()', 'const secret="<redacted>"; go()'),
+    ("auth_token = r'raw\\'x'; y=1", "auth_token = r'<redacted>'; y=1"),
+    # not literals given to a secret name: code, left alone
+    ("x = tokenizer('a b'); max_tokens = '5'", "x = tokenizer('a b'); max_tokens = '5'"),
+    ("password = read(); print('password: ok')", "password = read(); print('password: ok')"),
+])
+def test_redact_string_literals_given_to_secret_names_in_code(code: str, expected: str) -> None:
+    """python -c / node -e: the literal's value goes, its quotes and the code around it stay; idempotent."""
+    once = r.redact_command_line(["python", "-c", code])
+    assert once == ["python", "-c", expected]
+    assert r.redact_command_line(once) == once
+
+
 def test_redact_boolean_flag_does_not_eat_next_option() -> None:
     argv = ["--use_auth_token", "--model", "gpt2"]
     assert r.redact_command_line(argv) == argv
