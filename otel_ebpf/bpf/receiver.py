@@ -302,15 +302,16 @@ class BpfReceiver:
             return
         _, pid, ts, comm = _EXIT.unpack_from(raw)
         if etype == 3:
-            self._snapshot(pid, refresh=True)
+            self._snapshot(pid, refresh=True, exec_ns=ts)
         elif etype == 1:
             self.process_exited(pid)
             self._exits.append(ProcessExit(pid, self.clock.to_epoch_ns(ts),
                                            comm.split(b"\0", 1)[0].decode(errors="replace"), -1,
                                            source=self.name))
 
-    def _snapshot(self, pid: int, *, refresh: bool = False) -> None:
-        """Read the process's /proc identity now, while it is alive (bounded memory of pids)."""
+    def _snapshot(self, pid: int, *, refresh: bool = False, exec_ns: int | None = None) -> None:
+        """Read the process's /proc identity now, while it is alive (bounded memory of pids); at an exec
+        (``refresh``, ``exec_ns``: the record's ts) once for all receivers (ResourceCache.refresh)."""
         self.process_seen(pid, refresh)
         self._seen_pids[pid] = None
         if len(self._seen_pids) > 65536:
@@ -318,7 +319,7 @@ class BpfReceiver:
         cache = self.ctx.resources
         if cache is not None:
             if refresh:
-                cache.refresh(pid)  # exec keeps pid and start time, but not the program
+                cache.refresh(pid, exec_ns)  # exec keeps pid and start time, but not the program
             else:
                 cache.get(pid)
 

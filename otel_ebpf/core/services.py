@@ -51,9 +51,10 @@ class ProcessResources(Protocol):
         unreadable."""
         ...
 
-    def refresh(self, pid: int) -> None:
+    def refresh(self, pid: int, exec_ns: int | None = None) -> None:
         """Read ``pid`` again (exec: same pid and start time, another program); keep what was read
-        when it is gone."""
+        when it is gone. ``exec_ns``: when the exec happened (CLOCK_MONOTONIC): skip when the entry was
+        read after it (another receiver's refresh of the same exec)."""
         ...
 
     def evict(self, pid: int) -> None:

@@ -283,6 +283,7 @@ class ResourceCache:
         self._subscribers: list[Callable[[int, Attributes], None]] = []
         self.hits = self.misses = self.evictions = 0
         self.overflows = 0  # of the evictions: entries dropped for room (max_entries), not for an exit or reuse
+        self.refreshes_skipped = 0  # refreshes at exec another receiver's read had made already
 
     def full_evictions(self) -> dict[str, int]:
         """Entries dropped for room so far, cumulative: {"resources": this cache's, "exec_hints": its
@@ -388,12 +389,21 @@ class ResourceCache:
                                               container if isinstance(container, str) else None, env))
         return attrs, env
 
-    def refresh(self, pid: int) -> None:
+    def refresh(self, pid: int, exec_ns: int | None = None) -> None:
         """Read ``pid`` again now (call at exec: it keeps pid and start time, not the program or the
         environment) and replace its entry, but only with a complete read of the live process: when it
         has exited meanwhile, what was read before stays (every receiver sees the exec, each on its own
         thread; one that gets to it after the process exited must not throw away what another read
-        after the exec, while the process lived)."""
+        after the exec, while the process lived). ``exec_ns``: when the exec happened (CLOCK_MONOTONIC,
+        the kernel's record): an entry whose read began after it describes the new program already
+        (another receiver's refresh of the same exec), so nothing is read again: one /proc read per exec,
+        not one per receiver. Counted in ``refreshes_skipped``."""
+        if exec_ns is not None:
+            with self._lock:
+                entry = self._entries.get(pid)
+                if entry is not None and entry[3] > exec_ns:
+                    self.refreshes_skipped += 1
+                    return
         stat = _stat(self._proc_root, pid)
         if stat is None:
             return

@@ -459,6 +459,26 @@ def test_refresh_at_exec_rereads_a_live_process_and_keeps_what_was_read_when_it_
     assert cache.environment(93) == ({"CUDA_VISIBLE_DEVICES": "0,1"}, False)
 
 
+def test_refresh_at_exec_reads_once_for_all_receivers(tmp_path: Path) -> None:
+    """Every BPF receiver reports the same exec: the first refresh reads /proc, the others find an entry read
+    after the exec and read nothing; a later exec is read again."""
+    d = make_proc(tmp_path, 94, exe="/bin/sh")
+    cache = r.ResourceCache(proc_root=str(tmp_path))
+    cache.get(94)
+    exec1 = time.monotonic_ns()
+    (d / "exe").unlink()
+    make_proc(tmp_path, 94, exe="/opt/first")
+    cache.refresh(94, exec1)  # the first receiver's exec record
+    assert cache.get(94)["process.executable.name"] == "first"
+    (d / "exe").unlink()
+    make_proc(tmp_path, 94, exe="/opt/changed-but-not-an-exec")
+    for _ in range(4):  # the other receivers' copies of the same exec record
+        cache.refresh(94, exec1)
+    assert cache.get(94)["process.executable.name"] == "first" and cache.refreshes_skipped == 4
+    cache.refresh(94, time.monotonic_ns())  # a later exec
+    assert cache.get(94)["process.executable.name"] == "changed-but-not-an-exec"
+
+
 def test_cache_lru_bound_and_evict(tmp_path: Path) -> None:
     for pid in range(100, 105):
         make_proc(tmp_path, pid)
