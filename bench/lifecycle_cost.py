@@ -1,6 +1,7 @@
 """What the lifecycle receiver (on by default since issue 18) costs per exec: a traced program that starts
 N short-lived processes, under ``otel-ebpf run`` with the default pipeline with and without ``lifecycle``.
-One command: ``sudo .venv/bin/python bench/lifecycle_cost.py [--rounds 5] [--execs 2000]``.
+One command: ``sudo .venv/bin/python bench/lifecycle_cost.py [--rounds 5] [--execs 2000]``; with ``--tree NAME=DIR``
+(repeatable) it compares source trees instead (the default config each, interleaved with untraced).
 
 The program (Python, started by the agent) says it is ready, waits for SIGUSR1, times N x
 ``posix_spawn('/bin/true') + waitpid`` with ``perf_counter``, prints it and waits for a second SIGUSR1 before it
@@ -86,10 +87,13 @@ def _line(p: subprocess.Popen[str], pattern: re.Pattern[str], mode: str) -> re.M
     raise SystemExit(f"{mode}: exit {p.returncode} before '{pattern.pattern}'")
 
 
-def _one(mode: str, execs: int, cfg: Path, out: Path, settle: float) -> tuple[float, float]:
-    """(program wall us per exec, agent CPU us per exec; 0 untraced)."""
+def _one(mode: str, execs: int, cfg: Path, out: Path, settle: float, tree: Path | None = None) -> tuple[float, float]:
+    """(program wall us per exec, agent CPU us per exec; 0 untraced). ``tree``: the otel_ebpf package to run
+    (first on PYTHONPATH), default the installed one."""
     prog = [sys.executable, "-c", PROGRAM, str(execs)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EBPF_")}
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(tree), env.get("PYTHONPATH", "")) if x)
     if mode == "untraced":
         argv = prog
     else:
@@ -120,9 +124,15 @@ def main() -> None:
     ap.add_argument("--execs", type=int, default=2000)
     ap.add_argument("--settle", type=float, default=2.0, help="seconds the agent may catch up after the last exec")
     ap.add_argument("--json", type=Path, help="write every round's figures here")
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                    help="instead of the modes: the default config with the otel_ebpf package in DIR (a `git archive` "
+                         "of another commit plus its built .so files), interleaved with untraced (repeatable)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (the agent loads BPF programs)")
+    if args.tree:
+        _trees(args)
+        return
     rows: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,3 +161,22 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _trees(args: argparse.Namespace) -> None:
+    """--tree: untraced and each tree's default config, interleaved round by round."""
+    trees = {name: Path(path).resolve() for name, _, path in (t.partition("=") for t in args.tree)}
+    rows: dict[str, list[tuple[float, float]]] = {"untraced": [], **{name: [] for name in trees}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for i, name in enumerate(rows):
+                mode = "untraced" if name == "untraced" else "default"
+                rows[name].append(_one(mode, args.execs, Path(tmp) / "unused.yaml", Path(tmp) / f"out-{r}-{i}",
+                                       args.settle, trees.get(name)))
+                print(f"round {r + 1} {name}: {rows[name][-1][0]:.1f} us wall, {rows[name][-1][1]:.1f} us CPU "
+                      "per exec", file=sys.stderr, flush=True)
+    print("| tree (default config) | program wall per exec, us | agent CPU per exec, us |")
+    print("|---|---|---|")
+    for name, runs in rows.items():
+        print(f"| {name} | {statistics.median(w for w, _ in runs):.1f} ({', '.join(f'{w:.1f}' for w, _ in runs)}) | "
+              f"{statistics.median(c for _, c in runs):.1f} ({', '.join(f'{c:.1f}' for _, c in runs)}) |")
