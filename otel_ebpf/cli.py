@@ -270,6 +270,12 @@ def _gateway(args: argparse.Namespace) -> int:
               f"{n['dropped']} dropped, "
               f"{n['lost']} lost end to end (agents' drops included) in {time.monotonic() - started:.1f}s",
               file=sys.stderr)
+        from otel_ebpf.service.run_cmd import delivery_line
+
+        for eid, signals in sorted(gateway.deliveries().items()):
+            c = gateway.cfg.exporters[eid]
+            line, _ = delivery_line(eid, str(getattr(c, "directory", None) or getattr(c, "endpoint", "")), signals)
+            print(f"otel-ebpf gateway: {line}", file=sys.stderr)
     return 0
 
 

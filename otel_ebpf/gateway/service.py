@@ -74,6 +74,7 @@ class Gateway:
                           agent_attributes=gateway_resource_attributes(), max_processes=1,
                           metrics_interval=svc.metrics_interval)
         self.forwarder = Forwarder(emitter, specs, self.ctx.telemetry)
+        self.emitter = emitter
         factories = components.processors()
         self.gate = ExportGate(self.forwarder, lambda: [*emitter.span_queues, *emitter.log_queues],
                                max_wait=svc.max_export_wait)
@@ -153,6 +154,14 @@ class Gateway:
                 "lost": tel.get(LOST),
                 "spans": self.forwarder.spans_forwarded,
                 "logs": self.forwarder.logs_forwarded}
+
+
+    def deliveries(self) -> dict[str, dict[str, tuple[int, dict[str, int]]]]:
+        """{exporter: {signal: (items sent, {reason: items lost})}}, as the agent's (service.agent)."""
+        out: dict[str, dict[str, tuple[int, dict[str, int]]]] = {}
+        for name, sig, sent, lost in self.emitter.deliveries():
+            out.setdefault(name, {})[sig] = (sent, lost)
+        return out
 
 
 def _quietly(fn: Callable[[], None], what: str) -> None:

@@ -101,7 +101,7 @@ def _items(n: int, signal: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def _delivery_line(eid: str, where: str, signals: dict[str, tuple[int, dict[str, int]]]) -> tuple[str, bool]:
+def delivery_line(eid: str, where: str, signals: dict[str, tuple[int, dict[str, int]]]) -> tuple[str, bool]:
     """One exporter's summary line and whether it lost everything (nothing delivered, something lost)."""
     sent = ", ".join(_items(n, sig) for sig, (n, _) in sorted(signals.items()) if n) or "nothing"
     lost = [f"{_items(sum(r.values()), sig)} ({', '.join(f'{k} {v}' for k, v in sorted(r.items()))})"
@@ -138,7 +138,7 @@ def _report(agent: Any, started: float, command_code: int | None) -> bool:
     for eid, signals in sorted(agent.deliveries().items()):
         c = agent.cfg.exporters[eid]
         where = str(getattr(c, "directory", None) or getattr(c, "endpoint", ""))
-        line, everything = _delivery_line(eid, where, signals)
+        line, everything = delivery_line(eid, where, signals)
         print(f"otel-ebpf: {line}", file=sys.stderr)
         if everything:
             failed.append(eid)

@@ -76,6 +76,8 @@ def gateway(tmp_path: Path, sink: OtlpSink, name: str = "gw") -> Iterator[tuple[
         err.close()
     assert rc == 0, stderr
     assert "otel-ebpf gateway:" in stderr and "Traceback" not in stderr, stderr
+    # a line per exporter, as the agent's summary has: where it sent to, what, and any loss
+    assert re.search(rf"otel-ebpf gateway: exporter otlp -> {re.escape(sink.grpc_endpoint)}: sent ", stderr), stderr
 
 
 def agent_spans(t0: int) -> dict[str, list[ReadableSpan]]:
