@@ -159,9 +159,9 @@ class BoundedQueue:
 
     backpressure = True  # consume() accepts block_s
 
-    def __init__(self, next_: Consumer, telemetry: Telemetry, *, max_events: int = 65536,
+    def __init__(self, next_: Consumer | None, telemetry: Telemetry, *, max_events: int = 65536,
                  name: str = "pipeline") -> None:
-        self._next = next_
+        self._next: Consumer | None = next_  # None: connected later (connect), before start
         self._telemetry = telemetry
         self._max = max_events
         self._name = name
@@ -204,7 +204,16 @@ class BoundedQueue:
             self._cond.notify_all()
             return True
 
+    def connect(self, next_: Consumer) -> None:
+        """Where the worker hands batches, for a queue made before its consumer (otel_ebpf.service.stages):
+        before :meth:`start`. What was queued meanwhile goes there too."""
+        if self._thread is not None:
+            raise RuntimeError(f"{self._name}: connect() after start()")
+        self._next = next_
+
     def start(self) -> None:
+        if self._next is None:
+            raise RuntimeError(f"{self._name}: started before it was connected to a consumer")
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=f"otel-ebpf-{self._name}",
                                             daemon=True)
@@ -224,12 +233,14 @@ class BoundedQueue:
             return batch
 
     def _run(self) -> None:
+        nxt = self._next
+        assert nxt is not None  # start() checks it
         while True:
             batch = self._take()
             if batch is None:
                 return
             try:
-                self._next.consume(batch)
+                nxt.consume(batch)
             except Exception:  # a bad stage must not stop the pipeline
                 log.exception("pipeline stage failed on a batch of %d events", len(batch))
                 self._telemetry.dropped(self._name, "stage_error", len(batch))
@@ -262,5 +273,10 @@ class BoundedQueue:
                     log.warning("%s: %d events still queued at the shutdown deadline: dropped", self._name, left)
                     self._telemetry.dropped(self._name, "shutdown", left)
             self._thread = None
-        elif self._items:  # never started: drain synchronously so nothing is lost
+        elif self._items and self._next is not None:  # never started: drain synchronously so nothing is lost
             self._run()
+        elif self._items:  # never connected (its stages failed to build): nowhere to go
+            with self._cond:
+                left, self._size = self._size, 0
+                self._items.clear()
+            self._telemetry.dropped(self._name, "shutdown", left)

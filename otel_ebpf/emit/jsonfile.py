@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,6 +41,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_ebpf.core.otlpjson import to_otlp_json
+from otel_ebpf.emit.exporter_config import FILES, ensure_writable
 from otel_ebpf.emit.otlp_json import Unencodable, logs_to_otlp_json, spans_to_otlp_json
 
 T = TypeVar("T")
@@ -50,26 +50,6 @@ __all__ = ["FILES", "JsonLinesLogExporter", "JsonLinesMetricExporter", "JsonLine
            "to_otlp_json"]
 
 log = logging.getLogger(__name__)
-FILES = ("traces.jsonl", "metrics.jsonl", "logs.jsonl")
-
-
-def ensure_writable(directory: str | os.PathLike[str]) -> None:
-    """The file exporter's start: create ``directory`` (and its parents), prove that files can be
-    made in it (a probe file, created and removed) and that the existing :data:`FILES` in it can be
-    appended to, then make ``traces.jsonl`` and ``metrics.jsonl`` (empty; what they hold is kept).
-    Raises OSError (errno, strerror and the offending path set) when not; blocks on the disk."""
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    fd, probe = tempfile.mkstemp(prefix=".otel-ebpf-write-check-", dir=path)
-    os.close(fd)
-    os.unlink(probe)
-    for name in FILES:
-        file = path / name
-        if file.exists() and not os.access(file, os.W_OK):
-            raise PermissionError(13, "Permission denied", str(file))
-    for name in FILES[:2]:  # traces and metrics; logs.jsonl only once there is a log record
-        with open(path / name, "a", encoding="utf-8"):
-            pass
 
 
 class _LineWriter:

@@ -44,13 +44,13 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from otel_ebpf.emit.exporter_config import DEFAULT_RESOURCE_LABELS
+
 __all__ = ["DEFAULT_RESOURCE_LABELS", "NoSpanExporter", "PrometheusMetricExporter", "flatten"]
 
 log = logging.getLogger(__name__)
 
 # k8s pod/namespace: per-pod GPU use is sum by (k8s_namespace_name, k8s_pod_name) (docs/nvml.md)
-DEFAULT_RESOURCE_LABELS = ["process.pid", "service.name", "hw.id", "container.id", "k8s.pod.uid", "k8s.pod.name",
-                           "k8s.namespace.name", "ml.rank"]
 
 
 class NoSpanExporter(SpanExporter):

@@ -1,6 +1,8 @@
 """The agent: builds pipelines from an AgentConfig, starts them, and stops them in order.
 
-Start order: emitters, processors, queues, the ticker, receivers (which load BPF and attach).
+Start order: emitters, processors, queues, the ticker, receivers (which load BPF and attach). With
+``defer_stages`` (``run -- CMD``'s deferred start) the emitters and processors are built on a thread while the
+first receivers compile, and started after them (otel_ebpf.service.stages).
 The ticker puts a ``Tick`` into every pipeline each :data:`TICK_INTERVAL_S`, so stages with timeouts
 act while no data flows (nccl_watch: a hung job makes no NCCL call).
 Stop order is the reverse and drains every stage into the next, so nothing collected is lost:
@@ -15,6 +17,7 @@ in-kernel set of traced processes, which follows fork() in the kernel.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -27,13 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_ebpf.service import components
-from otel_ebpf.emit.emitter import Emitter, ExporterSpec
-from otel_ebpf.emit.exporters import (
-    build_exporters,
-    build_log_exporter,
-    check_output_directory,
-    unreachable_endpoints,
-)
+from otel_ebpf.emit.exporter_config import check_output_directory, unreachable_endpoints
 from otel_ebpf.core.errors import OtelEbpfError, TargetError
 from otel_ebpf.host.timeline import HostStats
 from otel_ebpf.bpf.clock import KernelClock
@@ -42,9 +39,9 @@ from otel_ebpf.core.telemetry import DROPPED, is_lost
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context, Fanout
 from otel_ebpf.host import gpus
 from otel_ebpf.host.k8s import K8sMetadata
-from otel_ebpf.host.identity import agent_resource_attributes
 from otel_ebpf.host.processes import ResourceCache
 from otel_ebpf.service.settings import AgentConfig
+from otel_ebpf.service.stages import Builder, Pipeline, build_pipelines
 
 __all__ = ["Agent", "PausedChild", "exit_status"]
 
@@ -154,20 +151,15 @@ _FAILED_START_S = 2.0  # shutdown budget after a failed start (then the last met
 
 
 @dataclass
-class _Pipeline:
-    name: str
-    emitter: Emitter
-    processors: list[Any]
-    queue: BoundedQueue
-
-
-@dataclass
 class Agent:
     """Builds and runs every pipeline of ``cfg``. ``start``/``shutdown`` as components."""
 
     cfg: AgentConfig
     target_pids: list[int] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
+    # the emitters and processors built in start(), on a thread, while the first receivers compile (run's deferred
+    # start: otel_ebpf.service.stages); False: built here
+    defer_stages: bool = False
 
     def __post_init__(self) -> None:
         svc = self.cfg.service
@@ -180,7 +172,9 @@ class Agent:
                                        k8s=K8sMetadata(svc.k8s, self.ctx.telemetry))
         self.ctx.resources = self.resources
         self.ctx.gpus = gpus.attach(self.ctx)  # hw.id for the cuda/nccl processors (NVML loaded lazily)
-        self.pipelines: list[_Pipeline] = []
+        self.pipelines: list[Pipeline] = []
+        self._queues: dict[str, BoundedQueue] = {}
+        self._failing: list[str] = []  # exporters whose endpoint did not answer at the preflight
         self.receivers: dict[str, Any] = {}
         self._started = False
         self._ticks_stop = threading.Event()
@@ -190,40 +184,24 @@ class Agent:
         self._deferred: Any = None  # otel_ebpf.service.deferred.DeferredStart once started
         self._build()
 
-    def _exporters(self, ids: Sequence[str]) -> list[ExporterSpec]:
-        specs = []
-        for eid in ids:
-            ecfg = self.cfg.exporters[eid]
-            spans, metrics = build_exporters(ecfg)
-            specs.append(ExporterSpec.of(eid, spans, metrics, ecfg, logs=build_log_exporter(ecfg)))
-        return specs
-
     def _build(self) -> None:
+        """The queues and receivers; the emitters and processors too unless ``defer_stages``."""
         svc = self.cfg.service
-        pfactories, rfactories = components.processors(), components.receivers()
+        rfactories = components.receivers()
         feeds: dict[str, list[Consumer]] = {}
         for name, p in svc.pipelines.items():
-            emitter = Emitter(self._exporters(p.exporters), self.ctx.telemetry,
-                              resource_of=lambda pid, comm: self.resources.get(pid, comm),
-                              agent_attributes=agent_resource_attributes(),
-                              extra_attributes=svc.resource_attributes,
-                              max_processes=svc.max_processes, metrics_interval=svc.metrics_interval,
-                              metrics_warmup=svc.metrics_warmup)
-            self.resources.subscribe(emitter.resource_changed)  # resources follow exec (issue 18)
-            nxt: Consumer = emitter
-            procs: list[Any] = []
-            for proc_id in reversed(p.processors):
-                proc = pfactories[proc_id.split("/")[0]].create(self.cfg.processors[proc_id], self.ctx, nxt)
-                procs.insert(0, proc)
-                nxt = proc
-            queue = BoundedQueue(nxt, self.ctx.telemetry, max_events=svc.max_queue, name=name)
-            self.pipelines.append(_Pipeline(name, emitter, procs, queue))
+            self._queues[name] = BoundedQueue(None, self.ctx.telemetry, max_events=svc.max_queue, name=name)
             for rid in p.receivers:
-                feeds.setdefault(rid, []).append(queue)
+                feeds.setdefault(rid, []).append(self._queues[name])
         for rid, consumers in feeds.items():
             target: Consumer = consumers[0] if len(consumers) == 1 else Fanout(consumers)
             self.receivers[rid] = rfactories[rid.split("/")[0]].create(self.cfg.receivers[rid], self.ctx,
                                                                        target)
+        if not self.defer_stages:
+            self.pipelines = self._build_stages()
+
+    def _build_stages(self) -> list[Pipeline]:
+        return build_pipelines(self.cfg, self.ctx, self.resources, self._queues)
 
     def dump_programs(self) -> str:
         return "\n".join(f"// ===== receiver {rid}\n{r.dump()}" for rid, r in self.receivers.items()
@@ -237,17 +215,14 @@ class Agent:
         the others load in the background (otel_ebpf.service.deferred)."""
         self._preflight()  # nothing runs yet: nothing to stop, nothing to flush
         self._started = True
+        # built meanwhile on a thread of its own (otel_ebpf.service.stages), when deferred
+        builder = Builder(self._build_stages) if self.defer_stages and not self.pipelines else None
         try:
             from otel_ebpf.service import health
             self.health = health.serve(self.cfg.service.health_endpoint, health.AGENT_DEFAULT,
                                        health.agent_checks(self), "service.health_endpoint")
-            for p in self.pipelines:
-                p.emitter.start()
-                for proc in p.processors:
-                    proc.start()
-                p.queue.start()
-            self._ticker = threading.Thread(target=self._tick, name="otel-ebpf-tick", daemon=True)
-            self._ticker.start()
+            if builder is None:
+                self._start_stages()
             from otel_ebpf.service.deferred import DeferredStart, plan
 
             early, late, gate = plan(self.ctx, self.receivers) if deferred else (self.receivers, {}, None)
@@ -255,11 +230,29 @@ class Agent:
                 t0 = time.monotonic()
                 r.start()
                 log.info("receiver %s started in %.2fs", rid, time.monotonic() - t0)
+            if builder is not None:
+                self.pipelines, builder = builder.result(), None
+                self._start_stages()  # what the receivers read meanwhile waited in the queues
             self._deferred = DeferredStart(self.ctx, late, gate, time.monotonic())
             self._deferred.start()  # with nothing late: only the end of the start (programs_loaded)
         except BaseException:
+            if builder is not None:
+                with contextlib.suppress(Exception):  # what was built is shut down with the rest
+                    self.pipelines = builder.result()
             self.shutdown(timeout=_FAILED_START_S)  # nothing collected yet is worth a long wait
             raise
+
+    def _start_stages(self) -> None:
+        """Emitters, processors, queues, then the ticker."""
+        for p in self.pipelines:
+            for eid in self._failing:
+                p.emitter.mark_failing(eid)
+            p.emitter.start()
+            for proc in p.processors:
+                proc.start()
+            p.queue.start()
+        self._ticker = threading.Thread(target=self._tick, name="otel-ebpf-tick", daemon=True)
+        self._ticker.start()
 
     def loading(self) -> list[str]:
         """The receivers still loading in the background (deferred start)."""
@@ -302,8 +295,7 @@ class Agent:
         for eid, why in sorted(unreachable_endpoints({e: self.cfg.exporters[e] for e in used}).items()):
             log.warning("exporters.%s.endpoint %s: %s; the job runs anyway, what cannot be sent there is counted "
                         "lost and summed up at exit", eid, self.cfg.exporters[eid].endpoint, why)
-            for p in self.pipelines:
-                p.emitter.mark_failing(eid)
+            self._failing.append(eid)  # the emitters treat it as down until an export succeeds
 
     def shutdown(self, *, exiting: bool = False, timeout: float | None = None) -> None:
         """Drain and stop, in order. Safe twice and without start. ``exiting``: this process
@@ -339,6 +331,9 @@ class Agent:
             for proc in p.processors:
                 _quietly(proc.shutdown, f"pipeline {p.name} processor")
             _quietly(functools.partial(p.emitter.shutdown, deadline), f"pipeline {p.name} emitter")
+        for name, q in self._queues.items():  # a failed start's queues without stages: what they hold is counted
+            if not any(p.queue is q for p in self.pipelines):
+                _quietly(functools.partial(q.shutdown, deadline), f"pipeline {name} queue")
 
     def drops(self, *, lost: bool = True) -> dict[str, int]:
         """{'<where>/<reason>': count} of the drops so far (otel_ebpf.events.dropped) that lost data; with

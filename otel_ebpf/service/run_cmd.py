@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     if deferred:  # a background compile redirects fd 2 (the loader's capture): our lines go to a copy of it
         sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)
     try:
-        agent = Agent(cfg, target_pids=targets, command=command)
+        agent = Agent(cfg, target_pids=targets, command=command, defer_stages=deferred)
         agent.start(deferred=deferred)
     except BaseException:
         if child:

@@ -16,7 +16,7 @@ from typing import Any
 
 from otel_ebpf.service import components
 from otel_ebpf.core.config import ENV_PREFIX, ServiceConfig, build, component_type, load_yaml_file, to_plain
-from otel_ebpf.emit.exporters import EXPORTER_TYPES
+from otel_ebpf.emit.exporter_config import EXPORTER_TYPES
 from otel_ebpf.core.errors import ConfigError
 
 __all__ = ["ENV_VARS", "AgentConfig", "default_data", "load"]

@@ -5,6 +5,8 @@ real receivers nor processors.
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 import pytest
@@ -69,7 +71,8 @@ def test_default_config_is_valid_and_complete():
     cfg = settings.load()
     assert set(cfg.receivers) == {"fake", "other", "pair"} and set(cfg.processors) == {"pair"}
     assert cfg.receivers["fake"] == FakeReceiverConfig()
-    assert cfg.exporters == {"file": FileExporterConfig()}
+    # validated: the directory made absolute (BCC changes the working directory while it compiles)
+    assert cfg.exporters == {"file": FileExporterConfig(directory=os.path.abspath(FileExporterConfig().directory))}
     p = cfg.service.pipelines["default"]
     assert (p.receivers, p.processors, p.exporters) == (["fake", "other"], ["pair"], ["file"])
 
@@ -82,8 +85,8 @@ def test_dump_defaults_loads_back_as_the_default_config(tmp_path):
     assert (cfg.receivers, cfg.processors, cfg.service) == (default.receivers, default.processors,
                                                             default.service)
     # the dump also documents the otlp and prometheus exporters, defined but in no pipeline
-    assert cfg.exporters == {"file": FileExporterConfig(), "otlp": OtlpExporterConfig(),
-                             "prometheus": PrometheusExporterConfig()}
+    assert cfg.exporters == {"file": FileExporterConfig(directory=os.path.abspath(FileExporterConfig().directory)),
+                             "otlp": OtlpExporterConfig(), "prometheus": PrometheusExporterConfig()}
 
 
 def test_file_mappings_merge_into_defaults(tmp_path):
