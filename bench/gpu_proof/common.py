@@ -96,25 +96,28 @@ def agent_run(t: Target, cfg: Path, out: Path, command: Sequence[str], timeout: 
     return run_bounded(cmd, timeout, env=env)
 
 
-def snapshots(out: Path, name: str, keep: Callable[[dict[str, Any]], bool]) -> list[tuple[int, float]]:
-    """(collection time, sum over the kept series) of a cumulative counter, one row per export."""
+def snapshots(out: Path, name: str, keep: Callable[[dict[str, Any]], bool],
+              field: str = "value") -> list[tuple[int, float]]:
+    """(collection time, sum over the kept series) of a cumulative counter (``field="count"``: of a cumulative
+    histogram's counts), one row per export."""
     from otel_ebpf.report.otlpfiles import read_otlp_json
 
     by_time: dict[int, float] = defaultdict(float)
     for p in read_otlp_json(out).metrics:
-        if p.name == name and keep(p.attributes):
-            by_time[p.time_ns // 10_000_000 * 10_000_000] += p.value or 0.0  # one export, 10 ms apart at most
+        if p.name == name and keep(p.attributes):  # one export: 10 ms apart at most
+            by_time[p.time_ns // 10_000_000 * 10_000_000] += getattr(p, field) or 0.0
     return sorted(by_time.items())
 
 
-def launch_window(out: Path, name: str, t0: int, t1: int, keep: Callable[[dict[str, Any]], bool]) -> int | None:
+def launch_window(out: Path, name: str, t0: int, t1: int, keep: Callable[[dict[str, Any]], bool],
+                  field: str = "value") -> int | None:
     """What a cumulative counter gained between epoch-ns ``t0`` and ``t1``: the last export at or before t0 and
     the first export at or after t1 (the workload pauses around its window, so both read the window's edges).
     None when the exports do not bracket the window."""
-    snaps = snapshots(out, name, lambda a: True)
+    snaps = snapshots(out, name, lambda a: True, field)
     if not snaps or snaps[-1][0] < t1:
         return None
-    kept = dict(snapshots(out, name, keep))
+    kept = dict(snapshots(out, name, keep, field))
     before = max((ts for ts, _ in snaps if ts <= t0), default=None)
     after = min(ts for ts, _ in snaps if ts >= t1)
     base = kept.get(before, 0.0) if before is not None else 0.0

@@ -17,6 +17,10 @@ __all__ = ["check", "ddp", "nvml", "overhead", "probe_cost", "training"]
 Row = list[str]
 RUNTIME = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel")
 DRIVER = ("cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel")
+# copies as the agent probes them (receivers/cuda/apis.py); names as the profiler's keys reduce them (up to "_")
+RUNTIME_COPIES = ("cudaMemcpy", "cudaMemcpyAsync")
+DRIVER_COPIES = ("cuMemcpy", "cuMemcpyAsync", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyDtoD", "cuMemcpyHtoDAsync",
+                 "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync")
 
 
 def _tail(text: str, n: int = 2500) -> str:
@@ -139,6 +143,7 @@ def training(t: Target, tmp: Path, budget: float) -> dict[str, Any]:
         label = {"runtime": "kernel launches, runtime API", "driver": "kernel launches, driver API (Triton)",
                  "graph": "CUDA graph launches"}[kind]
         rows.append([label, str(o), f"{r} ({source})", "ok" if ok else "DIFFERS"])
+    bad += _copy_rows(rows, agent_out, t0, t1, api if prof.get("kernels") else None, counted)
     if prof.get("kernels"):
         by_api = prof.get("kernels_by_api", {})
         eager = sum(v for k, v in by_api.items() if k.split("_")[0] in RUNTIME + DRIVER)
@@ -152,6 +157,41 @@ def training(t: Target, tmp: Path, budget: float) -> dict[str, Any]:
             "twin_stats": counted,
             "workload": w, "agent_stderr": _tail(d.err, 1500), "rows": rows,
             "step_ms_median": statistics.median(w["step_ms"]) if w["step_ms"] else None}
+
+
+def _copy_rows(rows: list[Row], agent_out: Path, t0: int, t1: int,
+               api: Any, counted: dict[str, int]) -> int:
+    """Copies, the runtime's and the driver's apart, against the profiler's API calls (``api``) or, on the twin,
+    the stand-in's own count of the whole run: a runtime copy that reaches the driver must be counted once, as
+    the runtime call (cuda.bpf.c driver_memcpy_enter); torch makes no driver copy itself. Returns the rows that
+    differ."""
+    def ours(apis: tuple[str, ...]) -> int | None:
+        keep = lambda a: str(a.get("cuda.api", "")).split("_")[0] in apis  # noqa: E731
+        if api is None:
+            snaps = snapshots_count(agent_out, keep)
+            return int(snaps[-1][1]) if snaps else None
+        return launch_window(agent_out, "gpu.cuda.memory.copy.duration", t0, t1, keep, field="count")
+
+    if api is None:
+        ref = {"runtime": counted.get("copies"), "driver": 0}
+        source = "twin stand-in's own count (no CUPTI here)"
+    else:
+        ref = {"runtime": api(RUNTIME_COPIES), "driver": api(DRIVER_COPIES)}
+        source = "torch.profiler (CUPTI)"
+    bad = 0
+    for kind, apis in (("runtime", RUNTIME_COPIES), ("driver", DRIVER_COPIES)):
+        o, r = ours(apis), ref[kind]
+        ok = (o or 0) == (r or 0)
+        bad += not ok
+        rows.append([f"memory copies, {kind} API ({'cudaMemcpy*' if kind == 'runtime' else 'cuMemcpy*'})",
+                     str(o), f"{r} ({source})", "ok" if ok else "DIFFERS"])
+    return bad
+
+
+def snapshots_count(out: Path, keep: Any) -> list[tuple[int, float]]:
+    from common import snapshots
+
+    return snapshots(out, "gpu.cuda.memory.copy.duration", keep, field="count")
 
 
 def _twin_stats(stats: Path) -> dict[str, int]:

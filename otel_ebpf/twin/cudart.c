@@ -452,11 +452,13 @@ static cudaError_t copy_op(void *d, size_t dp, const void *s, size_t sp, size_t 
 API cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 {
     (void)k;
+    TWIN_COUNT(TWIN_COPIES);
     return copy_op(d, n, s, n, n, 1, NULL, !(on_device(d) && on_device(s)));
 }
 API cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
 {
     (void)k;
+    TWIN_COUNT(TWIN_COPIES);
     return copy_op(d, n, s, n, n, 1, st, n > 0 && (pageable(d) || pageable(s)));
 }
 API cudaError_t cudaMemcpyPeerAsync(void *d, int dd, const void *s, int sd, size_t n, cudaStream_t st)

@@ -162,7 +162,8 @@ API cudaError_t cudaProfilerStop(void) { return cudaSuccess; }
 
 /* At exit: the launch count on stderr (OTEL_EBPF_TWIN_TRACE=1), and in $OTEL_EBPF_TWIN_STATS/cudart-<pid>.txt as
  * "kernel_launches N", "memsets N", "event_records N", "stream_waits N", "captured_launches N", "graph_launches N",
- * "graph_kernels N" lines when that directory is given (tests compare it with what a tracer counted, and with
+ * "graph_kernels N", "copies N" (cudaMemcpy and cudaMemcpyAsync calls) lines when that directory is given
+ * (tests compare it with what a tracer counted, and with
  * what a program captured and replayed). */
 __attribute__((destructor)) static void report_launches(void)
 {
@@ -176,9 +177,9 @@ __attribute__((destructor)) static void report_launches(void)
         if ((f = fopen(path, "w")) != NULL) {
             fprintf(f, "kernel_launches %ld\nmemsets %ld\nevent_records %ld\nstream_waits %ld\n", n_launch,
                     twin_counts[TWIN_MEMSETS], twin_counts[TWIN_EVENT_RECORDS], twin_counts[TWIN_STREAM_WAITS]);
-            fprintf(f, "captured_launches %ld\ngraph_launches %ld\ngraph_kernels %ld\n",
+            fprintf(f, "captured_launches %ld\ngraph_launches %ld\ngraph_kernels %ld\ncopies %ld\n",
                     twin_counts[TWIN_CAPTURED_LAUNCHES], twin_counts[TWIN_GRAPH_LAUNCHES],
-                    twin_counts[TWIN_GRAPH_KERNELS]);
+                    twin_counts[TWIN_GRAPH_KERNELS], twin_counts[TWIN_COPIES]);
             fclose(f);
         }
     }

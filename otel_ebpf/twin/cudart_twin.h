@@ -18,11 +18,12 @@
 /* cudart.c */
 /* Calls counted per exported entry, reported at exit with the launch count (OTEL_EBPF_TWIN_STATS): a test
  * compares them with what a tracer counted. Each exported entry counts itself once and calls no other one.
- * The last three count graphs: launch calls recorded into a graph (also in the launch count), successful
- * cudaGraphLaunch calls, and kernel nodes run by those launches. */
+ * Three count graphs: launch calls recorded into a graph (also in the launch count), successful
+ * cudaGraphLaunch calls, and kernel nodes run by those launches; TWIN_COPIES counts cudaMemcpy and
+ * cudaMemcpyAsync calls (the entry points the agent probes; the 2-D and peer copies are not counted). */
 enum twin_counter {
     TWIN_MEMSETS, TWIN_EVENT_RECORDS, TWIN_STREAM_WAITS, TWIN_CAPTURED_LAUNCHES, TWIN_GRAPH_LAUNCHES,
-    TWIN_GRAPH_KERNELS, TWIN_COUNTERS
+    TWIN_GRAPH_KERNELS, TWIN_COPIES, TWIN_COUNTERS
 };
 extern long twin_counts[TWIN_COUNTERS];
 #define TWIN_COUNT(k) __atomic_add_fetch(&twin_counts[(k)], 1, __ATOMIC_RELAXED)

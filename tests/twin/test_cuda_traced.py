@@ -51,6 +51,8 @@ def test_every_kernel_torch_launches_is_counted(bpf_ready: None, twin: TwinEnv, 
     assert calls("cudaEventRecord", "cudaEventRecordWithFlags") == counted["event_records"], counted
     assert calls("cudaStreamWaitEvent") == counted["stream_waits"], counted
     assert calls("cudaMemset", "cudaMemsetAsync") == counted["memsets"], counted
+    # copies (z.copy_(x), y.item()): each counted once, as the runtime call the stand-in received
+    assert counted["copies"] >= 2 and _copies(metrics) == counted["copies"], (_copies(metrics), counted)
     print(f"torch 2.11 on the twin: the stand-in received {counted}; the agent counted the same")
     # every probe a receiver needs attached to the stand-ins: the WARNING "attached N of M probes to X; K needed could
     # not attach" is absent (a LOCK-prefixed first instruction cannot be probed: it was, for cudaLaunchKernelExC)
@@ -71,3 +73,14 @@ def _kernel_names(metrics: list) -> dict[str, int]:
         name = str(dict(key).get("cuda.kernel.name", ""))
         names[name] = names.get(name, 0) + value
     return names
+
+
+def _copies(metrics: list) -> int:
+    """Calls counted in gpu.cuda.memory.copy.duration (a cumulative histogram: its last count per series)."""
+    last: dict[tuple, int] = {}
+    for resource, m in metrics:
+        if m.name == "gpu.cuda.memory.copy.duration":
+            for dp in m.histogram.data_points:
+                key = (tuple(sorted(map(str, resource.items()))), tuple(sorted(decode_attrs(dp.attributes).items())))
+                last[key] = max(last.get(key, 0), dp.count)
+    return sum(last.values())

@@ -35,5 +35,6 @@ def test_dry_run_passes_every_step_on_the_twin(bpf_ready: None, twin: TwinEnv, t
     assert results["steps"]["probe_cost"]["ratio"] > 0
     md = (tmp_path / "results.md").read_text()
     assert "| training | kernel launches, runtime API |" in md and "overall: **pass**" in md
+    assert "| training | memory copies, runtime API (cudaMemcpy*) |" in md
     assert (tmp_path / "log.txt").exists()
     print(md)
