@@ -68,9 +68,10 @@ class Config:
               "libcudart loaded (run --pid, --all-processes, an agent restart), to learn the device of each "
               "thread that chose it before the agent was there (its cudaSetDevice was missed; without this it "
               "reads as device 0, CUDA's default, and NCCL spans get the wrong hw.id). PyTorch asks on nearly "
-              "every operator, so busy threads are learned at once. Costs ~1-2 us per cudaGetDevice call of "
-              "every process using those libraries, for this long only; threads learned stop paying the BPF "
-              "part. 0: never (run -- COMMAND never needs it: every cudaSetDevice is seen).",
+              "every operator, so busy threads are learned at once. Costs two probe hits per cudaGetDevice "
+              "call (entry and return; ~0.6-1 us each on this project's VMs) of every process using those "
+              "libraries, for this long only; threads learned stop paying the BPF part. 0: never (run -- "
+              "COMMAND never needs it: every cudaSetDevice is seen).",
         duration=True, min=0)
     kernel_names: bool = doc(
         True, "Count launches per kernel and name them (gpu.cuda.kernel.launch.calls gets cuda.kernel.name, "

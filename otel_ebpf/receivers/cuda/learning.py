@@ -8,7 +8,8 @@ threads would read as device 0, CUDA's default: wrong ``cuda.device.index`` and 
 map: its successful return writes the thread's device (cuda.bpf.c get_device_return), and a thread whose device
 is known skips at entry. PyTorch asks on nearly every operator (c10::cuda::current_device -> GetDevice ->
 cudaGetDevice), so a busy thread is learned within its first step. Then the probe is detached: a uretprobe costs
-every caller ~1-2 us, which is not worth paying for the life of the job.
+every caller a second probe hit (~0.6-1 us each on this project's VMs), which is not worth paying for the
+life of the job.
 """
 from __future__ import annotations
 
