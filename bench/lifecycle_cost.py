@@ -13,6 +13,9 @@ round so drift and the other load on the machine hit all alike:
   (cuda, nccl, nvml, blockio, memory: the default before issue 18);
 * default: ``otel-ebpf run`` with the built-in default config (those plus ``lifecycle``).
 
+Both traced modes set ``service.deferred_start: false``: every receiver is loaded before the program runs, so no
+compile falls inside the measured loop.
+
 Per mode and round: the program's wall time per exec (us), and the agent's own CPU time (user + system of all
 its threads, ``/proc/PID/stat``; not the traced program's) from the first SIGUSR1 to ``--settle`` seconds after
 the program's last exec (the agent's work is asynchronous: its poll threads and pipeline catch up after the
@@ -57,6 +60,15 @@ READY = re.compile(r"lifecycle-bench ready pid=(\d+)")
 WALL = re.compile(r"lifecycle-bench wall_ns=(\d+)")
 TICK = os.sysconf("SC_CLK_TCK")
 MODES = ("untraced", "default without lifecycle", "default")
+# every receiver loaded before the program runs: with a deferred start the others would compile during its loop,
+# and their compiles would count as the agent's CPU per exec
+STEADY = {"deferred_start": False}
+
+
+def _steady_config(path: Path) -> Path:
+    path.write_text(yaml.safe_dump({"service": STEADY}))
+    path.chmod(0o600)
+    return path
 
 
 def _config_without_lifecycle(path: Path) -> Path:
@@ -66,7 +78,7 @@ def _config_without_lifecycle(path: Path) -> Path:
     pipe = default_data()["service"]["pipelines"]["default"]
     pipe = {k: [t for t in v if t != "lifecycle"] for k, v in pipe.items() if k in ("receivers", "processors")}
     assert len(pipe["receivers"]) == len(default_data()["service"]["pipelines"]["default"]["receivers"]) - 1
-    path.write_text(yaml.safe_dump({"service": {"pipelines": {"default": pipe}}}))
+    path.write_text(yaml.safe_dump({"service": {"pipelines": {"default": pipe}, **STEADY}}))
     path.chmod(0o600)  # the agent refuses a world-writable config
     return path
 
@@ -97,7 +109,8 @@ def _one(mode: str, execs: int, cfg: Path, out: Path, settle: float, tree: Path 
     if mode == "untraced":
         argv = prog
     else:
-        extra = ["--config", str(cfg)] if mode == "default without lifecycle" else []
+        steady = _steady_config(out.parent / f"{out.name}-steady.yaml")
+        extra = ["--config", str(cfg if mode == "default without lifecycle" else steady)]
         argv = [sys.executable, "-m", "otel_ebpf", "run", *extra, "--output", str(out), "--", *prog]
     p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
@@ -116,6 +129,26 @@ def _one(mode: str, execs: int, cfg: Path, out: Path, settle: float, tree: Path 
             p.kill()
             p.wait()
     return wall_ns / 1e3 / execs, (cpu1 - cpu0) * 1e6 / execs
+
+
+
+def _trees(args: argparse.Namespace) -> None:
+    """--tree: untraced and each tree's default config, interleaved round by round."""
+    trees = {name: Path(path).resolve() for name, _, path in (t.partition("=") for t in args.tree)}
+    rows: dict[str, list[tuple[float, float]]] = {"untraced": [], **{name: [] for name in trees}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for i, name in enumerate(rows):
+                mode = "untraced" if name == "untraced" else "default"
+                rows[name].append(_one(mode, args.execs, Path(tmp) / "unused.yaml", Path(tmp) / f"out-{r}-{i}",
+                                       args.settle, trees.get(name)))
+                print(f"round {r + 1} {name}: {rows[name][-1][0]:.1f} us wall, {rows[name][-1][1]:.1f} us CPU "
+                      "per exec", file=sys.stderr, flush=True)
+    print("| tree (default config) | program wall per exec, us | agent CPU per exec, us |")
+    print("|---|---|---|")
+    for name, runs in rows.items():
+        print(f"| {name} | {statistics.median(w for w, _ in runs):.1f} ({', '.join(f'{w:.1f}' for w, _ in runs)}) | "
+              f"{statistics.median(c for _, c in runs):.1f} ({', '.join(f'{c:.1f}' for _, c in runs)}) |")
 
 
 def main() -> None:
@@ -162,21 +195,3 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 
-
-def _trees(args: argparse.Namespace) -> None:
-    """--tree: untraced and each tree's default config, interleaved round by round."""
-    trees = {name: Path(path).resolve() for name, _, path in (t.partition("=") for t in args.tree)}
-    rows: dict[str, list[tuple[float, float]]] = {"untraced": [], **{name: [] for name in trees}}
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            for i, name in enumerate(rows):
-                mode = "untraced" if name == "untraced" else "default"
-                rows[name].append(_one(mode, args.execs, Path(tmp) / "unused.yaml", Path(tmp) / f"out-{r}-{i}",
-                                       args.settle, trees.get(name)))
-                print(f"round {r + 1} {name}: {rows[name][-1][0]:.1f} us wall, {rows[name][-1][1]:.1f} us CPU "
-                      "per exec", file=sys.stderr, flush=True)
-    print("| tree (default config) | program wall per exec, us | agent CPU per exec, us |")
-    print("|---|---|---|")
-    for name, runs in rows.items():
-        print(f"| {name} | {statistics.median(w for w, _ in runs):.1f} ({', '.join(f'{w:.1f}' for w, _ in runs)}) | "
-              f"{statistics.median(c for _, c in runs):.1f} ({', '.join(f'{c:.1f}' for _, c in runs)}) |")
