@@ -59,6 +59,8 @@ def test_a_stage_that_fails_to_build_fails_the_start_and_stops_everything(tmp_pa
     with pytest.raises(OtelEbpfError, match="Address already in use"):
         agent.start()
     assert agent.health is None and agent.pipelines == []
-    assert agent.ctx.telemetry.get("otel_ebpf.events.dropped", receiver="default", reason="shutdown") == 1
+    # what the queue held (the record above, and whatever the nvml receiver read before the failure: an NVML is
+    # found on some hosts) is counted, not lost silently
+    assert agent.ctx.telemetry.get("otel_ebpf.events.dropped", receiver="default", reason="shutdown") >= 1
     assert not any(t.name in ("otel-ebpf-tick", "otel-ebpf-build-stages") for t in threading.enumerate())
     agent.shutdown(timeout=1)  # safe again
