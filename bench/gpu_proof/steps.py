@@ -166,11 +166,10 @@ def _copy_rows(rows: list[Row], agent_out: Path, t0: int, t1: int,
     the runtime call (cuda.bpf.c driver_memcpy_enter); torch makes no driver copy itself. Returns the rows that
     differ."""
     def ours(apis: tuple[str, ...]) -> int | None:
-        keep = lambda a: str(a.get("cuda.api", "")).split("_")[0] in apis  # noqa: E731
         if api is None:
-            snaps = snapshots_count(agent_out, keep)
-            return int(snaps[-1][1]) if snaps else None
-        return launch_window(agent_out, "gpu.cuda.memory.copy.duration", t0, t1, keep, field="count")
+            return _whole_run(agent_out, "gpu.cuda.memory.copy.duration", apis, field="count", captured_too=True)
+        return launch_window(agent_out, "gpu.cuda.memory.copy.duration", t0, t1,
+                             lambda a: str(a.get("cuda.api", "")).split("_")[0] in apis, field="count")
 
     if api is None:
         ref = {"runtime": counted.get("copies"), "driver": 0}
@@ -188,12 +187,6 @@ def _copy_rows(rows: list[Row], agent_out: Path, t0: int, t1: int,
     return bad
 
 
-def snapshots_count(out: Path, keep: Any) -> list[tuple[int, float]]:
-    from common import snapshots
-
-    return snapshots(out, "gpu.cuda.memory.copy.duration", keep, field="count")
-
-
 def _twin_stats(stats: Path) -> dict[str, int]:
     counted: dict[str, int] = {}
     for f in stats.glob("cudart-*.txt"):
@@ -203,12 +196,14 @@ def _twin_stats(stats: Path) -> dict[str, int]:
     return counted
 
 
-def _whole_run(out: Path, name: str, apis: tuple[str, ...] | None) -> int | None:
-    """The counter's last cumulative value (the twin's reference counts the whole process)."""
+def _whole_run(out: Path, name: str, apis: tuple[str, ...] | None, field: str = "value",
+               captured_too: bool = False) -> int | None:
+    """The counter's last cumulative value (the twin's reference counts the whole process); ``field="count"``: a
+    histogram's count; ``captured_too``: calls made during a stream capture included (the twin counts them)."""
     from common import snapshots
 
-    snaps = snapshots(out, name, lambda a: a.get("cuda.graph.captured") is not True and (
-        apis is None or str(a.get("cuda.api", "")).split("_")[0] in apis))
+    snaps = snapshots(out, name, lambda a: (captured_too or a.get("cuda.graph.captured") is not True) and (
+        apis is None or str(a.get("cuda.api", "")).split("_")[0] in apis), field)
     return int(snaps[-1][1]) if snaps else None
 
 

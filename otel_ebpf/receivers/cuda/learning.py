@@ -46,8 +46,8 @@ class DeviceLearning:
         """Attach to every libcudart that one of ``pids`` (alive now) maps; returns the paths attached to."""
         if self.seconds <= 0:
             return []
-        running = [pid for pid in pids if mapped_libraries(pid, "libcudart")]
-        paths = sorted({path for pid in running for path in mapped_libraries(pid, "libcudart")})
+        mapped = {pid: libs for pid in pids if (libs := mapped_libraries(pid, "libcudart"))}  # one maps read each
+        running, paths = list(mapped), sorted({path for libs in mapped.values() for path in libs})
         attached = []
         with self._attach_lock:
             for path in paths:
