@@ -12,7 +12,11 @@ processes pinned to one CPU and measured in interleaved rounds:
 * ``plugin+agent``: the same with tests/nccl_profiler/collect.bpf.c attached to all its USDT probes through BCC
   (built with BENCH_NO_OUTPUT: each hit reads its arguments and copies its record, but submits nothing, so the
   receiver's ring buffer and user-space read are not in the figure): 12 probe hits per collective (api_start,
-  group_start, coll_start, 2 kernel_ch_start, 2 kernel_ch_stop, 5 event_stop).
+  group_start, coll_start, 2 kernel_ch_start, 2 kernel_ch_stop, 5 event_stop);
+* ``plugin+receiver's probes``: the same collector attached only to the probes the agent's NCCL receiver attaches
+  (``receivers/nccl/profiler.py`` HANDLERS: no group_start, no event_stop, whose semaphores then stay 0, so the
+  plugin does not fire them): 6 hits per collective (api_start, coll_start, 2 kernel_ch_start, 2 kernel_ch_stop),
+  what a traced job pays.
 
 Prints a Markdown table with the machine, its load average, and every round's figure.
 """
@@ -86,14 +90,12 @@ class Inline(Driver):
         return float(msg["bench"][0])
 
 
-def attach(pid: int) -> tuple[object, object]:
-    """BCC on every probe of ``pid``. Keep both: dropping the USDT object lowers the semaphores it raised."""
+def attach(pid: int, probes: tuple[str, ...]) -> tuple[object, object]:
+    """BCC on ``probes`` of ``pid``. Keep both: dropping the USDT object lowers the semaphores it raised."""
     from bcc import BPF, USDT
 
-    from otel_ebpf.nccl_profiler import PROBES
-
     u = USDT(pid=pid)
-    for probe in PROBES:
+    for probe in probes:
         u.enable_probe(probe=probe, fn_name=f"on_{probe}")
     return BPF(src_file=str(HERE / "collect.bpf.c"), cflags=[f"-I{ABI_DIR}", "-DBENCH_NO_OUTPUT"],
                usdt_contexts=[u]), u
@@ -105,22 +107,25 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=2_000_000, help="collectives per round without an agent")
     p.add_argument("--agent-calls", type=int, default=20_000, help="collectives per round with the agent")
     a = p.parse_args()
-    from otel_ebpf.nccl_profiler import require_plugin
+    from otel_ebpf.nccl_profiler import PROBES, require_plugin
+    from otel_ebpf.receivers.nccl.profiler import HANDLERS
 
     plugin = require_plugin()
+    agents = {"plugin+agent": PROBES, "plugin+receiver's probes": tuple(HANDLERS)}
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         exe = build_driver(Path(tmp))
         drivers = {"none": Inline(exe, None), "empty plugin": Inline(exe, build_empty_plugin(Path(tmp))),
-                   "plugin": Inline(exe, plugin), "plugin+agent": Inline(exe, plugin)}
-        bpf = attach(drivers["plugin+agent"].pid)
-        mask, _ = drivers["plugin+agent"].run("single 0")  # the first group after the attach widens NCCL's mask
-        assert mask == 0x747, f"the agent's attach did not widen NCCL's mask ({mask:#x})"
+                   "plugin": Inline(exe, plugin), **{m: Inline(exe, plugin) for m in agents}}
+        bpfs = [attach(drivers[m].pid, probes) for m, probes in agents.items()]
+        for m in agents:
+            mask, _ = drivers[m].run("single 0")  # the first group after the attach widens NCCL's mask
+            assert mask == 0x747, f"the agent's attach did not widen NCCL's mask ({mask:#x})"
         rounds: dict[str, list[float]] = {m: [] for m in drivers}
         for _ in range(a.rounds):
             for mode, d in drivers.items():
-                rounds[mode].append(d.bench(a.agent_calls if mode == "plugin+agent" else a.calls))
-        del bpf
+                rounds[mode].append(d.bench(a.agent_calls if mode in agents else a.calls))
+        del bpfs
         for d in drivers.values():
             d.close()
     med = {m: statistics.median(v) for m, v in rounds.items()}
