@@ -1,6 +1,6 @@
 """``otel-ebpf run -- CMD``: how long until the command's first instruction, and from its exit to the prompt.
 
-    sudo .venv/bin/python bench/startup.py [--rounds 5] [--tree NAME=DIR ...] [--json FILE]
+    sudo .venv/bin/python bench/startup.py [--rounds 5] [--tree NAME=DIR ...] [--config FILE] [--json FILE]
     sudo .venv/bin/python bench/startup.py --compile cuda,nccl,torch,apptrace,blockio [--tree ...]
 
 Each round runs ``python -m otel_ebpf run --output TMP -- sh -c 'date +%s%N >START; date +%s%N >END'`` with
@@ -44,13 +44,15 @@ __all__ = ["compile_once", "main", "measure_once"]
 COMMAND = ["sh", "-c", 'date +%s%N > "$OE_BENCH_DIR/start"; date +%s%N > "$OE_BENCH_DIR/end"']
 
 
-def measure_once(tree: Path | None, timeout: float = 120.0) -> dict[str, float]:
-    """One run: seconds for 'start', 'to_eof', 'to_exit'; 'code' the agent's exit code."""
+def measure_once(tree: Path | None, timeout: float = 120.0, config: Path | None = None) -> dict[str, float]:
+    """One run (with ``config``, else the default config): seconds for 'start', 'to_eof', 'to_exit'; 'code' the
+    agent's exit code."""
     with tempfile.TemporaryDirectory(prefix="oe-startup-") as tmp:
         env = {**os.environ, "OE_BENCH_DIR": tmp}
         if tree is not None:
             env["PYTHONPATH"] = os.pathsep.join(x for x in (str(tree), env.get("PYTHONPATH", "")) if x)
-        argv = [sys.executable, "-m", "otel_ebpf", "run", "--output", f"{tmp}/out", "--", *COMMAND]
+        conf = ["--config", str(config)] if config is not None else []
+        argv = [sys.executable, "-m", "otel_ebpf", "run", *conf, "--output", f"{tmp}/out", "--", *COMMAND]
         eof: list[int] = []
         t0 = time.time_ns()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp, env=env)
@@ -148,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
                     help="an otel_ebpf source tree to measure (repeatable); default: the installed package")
     ap.add_argument("--json", metavar="FILE", help="also write every run's figures here")
+    ap.add_argument("--config", type=Path, help="run with this config (e.g. python, torch and sched in the "
+                                                "pipeline) instead of the default one")
     ap.add_argument("--compile", metavar="R1,R2", help="per receiver: its program's compile and load time")
     ap.add_argument("--compile-one", metavar="RECEIVER", help=argparse.SUPPRESS)  # one measurement, JSON
     args = ap.parse_args(argv)
@@ -163,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
     for i in range(args.rounds):
         for name, path in trees:
-            r = measure_once(path)
+            r = measure_once(path, config=args.config.resolve() if args.config else None)
             runs[name].append(r)
             print(f"round {i + 1} {name}: start {r['start']:.2f} s, command exit -> EOF {r['to_eof']:.2f} s, "
                   f"-> agent exit {r['to_exit']:.2f} s (exit {int(r['code'])})", flush=True)

@@ -1,5 +1,3 @@
-import sys
+from otel_ebpf.cli import entry
 
-from otel_ebpf.cli import main
-
-sys.exit(main())
+entry()
