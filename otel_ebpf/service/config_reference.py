@@ -85,8 +85,8 @@ def commented_yaml() -> str:
     lines.append("  # Which components run, and how they connect.")
     lines.append("  pipelines:")
     lines.append("    default:")
-    lines.append("      # Off by default (name them here to enable): "
-                 + (", ".join(t for t, f in [*recv.items(), *proc.items()] if not f.default_on) or "none"))
+    off = dict.fromkeys(t for t, f in [*recv.items(), *proc.items()] if not f.default_on)  # once per type
+    lines.append("      # Off by default (name them here to enable): " + (", ".join(off) or "none"))
     lines.append(f"      receivers: {_scalar([t for t, f in recv.items() if f.default_on])}")
     lines.append(f"      processors: {_scalar([t for t, f in proc.items() if f.default_on])}")
     lines.append('      exporters: ["file"]')
