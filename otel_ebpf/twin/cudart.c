@@ -30,7 +30,9 @@
  * What differs from a GPU (said in docs/twin.md):
  * - Device memory is host memory (the model's one big simplification): kernels are never run, they are
  *   counted and do nothing, so values a kernel would compute are left as they were.  A kernel launch takes
- *   no stream time: only copies, memsets, host functions and NCCL's work occupy a stream.
+ *   no stream time (only copies, memsets, host functions and NCCL's work occupy a stream), unless the
+ *   process sets OTEL_EBPF_TWIN_KERNEL_US before its first launch: then every launch occupies its stream that
+ *   many microseconds (a rank with a slow GPU; read once, cudart_kernels.c).
  * - Work on an idle stream whose dependencies are met runs inside the call, on the calling thread (the same
  *   observable order; no thread hand-off for the common case).
  * - Stream capture and graphs are modelled (cudart_capture.c, cudart_graphs.c): captured work becomes graph

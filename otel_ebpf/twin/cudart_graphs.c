@@ -362,7 +362,7 @@ API cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
  * dependency (CUDAGraph::debug_dump calls it with cudaGraphDebugDotFlagsVerbose; the flags are not acted on). */
 API cudaError_t cudaGraphDebugDotPrint(cudaGraph_t g, const char *path, unsigned int flags)
 {
-    static const char *const kinds[] = { "memcpy", "memset", "record", "wait", "host", "callback", "free" };
+    static const char *const kinds[] = { "memcpy", "memset", "record", "wait", "host", "callback", "free", "kernel" };
     struct twin_graph *x = graph_of(g);
     FILE *f;
     (void)flags;

@@ -41,10 +41,34 @@ API cudaError_t __cudaPopCallConfiguration(dim3 *g, dim3 *b, size_t *shm, void *
 /* noinline: inlined, its `lock add` became the first instruction of cudaLaunchKernelExC, which a uprobe cannot
  * take (x86 uprobes refuse LOCK-prefixed instructions: "Failed to attach BPF to uprobe"); the real entries start
  * with `push %rbp` */
+/* OTEL_EBPF_TWIN_KERNEL_US (read at the first launch; 0 when unset or not a number): each launch outside a capture
+ * then occupies its stream that long (an OP_KERNEL op its worker sleeps through), so the stream's later work, NCCL's
+ * included, runs that much later, as on a GPU that is slower than its peers. Not a CUDA variable: the twin's own. */
+static unsigned kernel_us(void)
+{
+    static int us = -1;
+    int v = __atomic_load_n(&us, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("OTEL_EBPF_TWIN_KERNEL_US");
+        long n = e != NULL ? strtol(e, NULL, 10) : 0;
+        v = n > 0 && n < 10000000 ? (int)n : 0;
+        __atomic_store_n(&us, v, __ATOMIC_RELAXED);
+    }
+    return (unsigned)v;
+}
 __attribute__((noinline)) static cudaError_t count_launch(cudaStream_t st)
 {
     __atomic_add_fetch(&n_launch, 1, __ATOMIC_RELAXED);
-    return capture_launch(st); /* every launch counts; one on a capturing stream is also a node of its graph */
+    cudaError_t rc = capture_launch(st); /* every launch counts; one on a capturing stream is also a node of its graph */
+    unsigned us = kernel_us();
+    if (rc == cudaSuccess && us > 0 && __atomic_load_n(&twin_active_captures, __ATOMIC_ACQUIRE) == 0) {
+        struct op *o = new_op(OP_KERNEL);
+        if (o == NULL)
+            return fail(cudaErrorMemoryAllocation);
+        o->u.kernel.us = us;
+        rc = submit(st, o, 0, 0);
+    }
+    return rc;
 }
 /* __cudaGetKernel(&handle, hostFun) (CUDA 13.0; CUPTI names it __cudaGetKernel_v13000): the cudaKernel_t of a host
  * function, an opaque runtime object (cuda_runtime_api.h: `struct CUkern_st *`), not the host function itself, so a

@@ -6,10 +6,12 @@
  * __cudaTwinLaunch is the stand-in libnccl.so.2's way in.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cudart_twin.h"
 
@@ -87,6 +89,12 @@ void run_op(struct op *o)
         break;
     case OP_WAIT:
         break;
+    case OP_KERNEL: { /* the launch's modelled device time: the stream is busy, its worker sleeps */
+        struct timespec ts = { o->u.kernel.us / 1000000u, (long)(o->u.kernel.us % 1000000u) * 1000L };
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+        break;
+    }
     }
 }
 

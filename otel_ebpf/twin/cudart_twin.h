@@ -70,7 +70,7 @@ struct twin_event {
     struct twin_deps deps;        /* that record's dependencies in the capture's graph */
 };
 
-enum op_kind { OP_COPY, OP_SET, OP_RECORD, OP_WAIT, OP_HOST, OP_CALLBACK, OP_FREE };
+enum op_kind { OP_COPY, OP_SET, OP_RECORD, OP_WAIT, OP_HOST, OP_CALLBACK, OP_FREE, OP_KERNEL };
 struct op {
     enum op_kind kind;
     uint64_t pos; /* its place on its stream: it runs once the stream's `done` is pos - 1 */
@@ -83,6 +83,7 @@ struct op {
         struct { void (*fn)(void *); void *arg; } host;
         struct { cudaStreamCallback_t cb; cudaStream_t handle; void *arg; } callback;
         struct { void *p; } free;
+        struct { unsigned us; } kernel; /* OTEL_EBPF_TWIN_KERNEL_US: a launch's modelled device time */
     } u;
 };
 struct op *new_op(enum op_kind k);

@@ -128,3 +128,32 @@ def test_a_rank_slowed_on_every_step_is_named_once_and_cleared_once_it_recovers(
     assert 0 < recovered < (trial["end_ns"] - trial["slow_end_ns"]) / 1e9 + 2.0, recovered
     gauge = _gauge(tmp_path / "gateway" / "metrics.jsonl", SLOWED)
     assert 1 in gauge and gauge[-1] == 0, gauge
+
+
+GPU_SLOW = 1
+
+
+def test_a_rank_slow_on_the_gpu_with_its_host_on_time_is_named_as_a_gpu_straggler(
+        bpf_ready: None, twin: TwinEnv, tmp_path: Path) -> None:
+    """Rank 1's stream runs 10 ms behind on every step (4 launches of 2.5 ms of modelled device time before
+    each all-reduce), its host calls on time: the gateway raises it once with ``nccl.straggler.kind = gpu``,
+    from the GPU sides of the collectives (the NCCL profiler plugin, which ``otel-ebpf run`` loads), and names
+    nobody as late to arrive."""
+    args = ["--slow-rank", str(GPU_SLOW), "--kernel-us", "2500", "--launches", "4", "--host-ms", "20",
+            "--steps-gpu", "250"]
+    logs, output = _run("wl_gpu_slow.py", tmp_path, args)
+    records = rank_records(tmp_path, 4)
+    events = [r for r in logs if r.event_name == STRAGGLER]
+    said = [(r.attributes["nccl.straggler.state"], r.attributes["nccl.straggler.kind"], r.attributes["nccl.rank"],
+             r.body) for r in events]
+    raised = [e for e in events if e.attributes["nccl.straggler.state"] == "raised"]
+    assert [(kind, rank) for state, kind, rank, _ in said if state == "raised"] == [("gpu", GPU_SLOW)], (said, output)
+    a = raised[0].attributes
+    me = records[GPU_SLOW]
+    assert (a["host.name"], a["process.pid"]) == (me["host"], me["pid"]), a
+    assert a["nccl.straggler.gpu.share"] >= 0.8 and a["nccl.straggler.gpu.timed"] >= 50, a
+    assert a["nccl.straggler.gpu.queued_count"] * 2 > a["nccl.straggler.gpu.last_count"], a
+    assert 5_000_000 <= a["nccl.straggler.gpu.lead_ns"] <= 40_000_000, a  # ~10 ms of queued device time
+    (note,) = [json.loads((tmp_path / f"gpu_slow{GPU_SLOW}.json").read_text())]
+    print(f"\nrank {GPU_SLOW} 10 ms behind on its stream: raised as a GPU straggler "
+          f"{(raised[0].time_ns - note['start_ns']) / 1e9:.2f} s after the first step: {raised[0].body}")

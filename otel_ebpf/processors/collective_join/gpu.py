@@ -29,6 +29,9 @@ from otel_ebpf.core.readable import ReadableSpan, SpanMaker
 __all__ = ["GpuJoin", "is_gpu"]
 
 Out = list[object]
+# (comm id, seq, the joined span's attributes, the late rank's GPU span or None, out): each collective's GPU
+# side once joined (the persistent-straggler window's GPU view, stragglers.PersistentStragglers.observe_gpu)
+Joined = Callable[[str, int, dict[str, Any], ReadableSpan | None, Out], None]
 
 
 def is_gpu(attrs: Mapping[str, Any]) -> bool:
@@ -49,9 +52,9 @@ class GpuJoin:
     """Pending GPU spans per (comm id, seq); see the module doc."""
 
     def __init__(self, maker: SpanMaker, timeout: float, max_pending: int, max_ranks: int,
-                 released: Callable[[str], None]) -> None:
+                 released: Callable[[str], None], joined: Joined | None = None) -> None:
         self._maker, self._timeout, self._max, self._max_ranks = maker, timeout, max_pending, max_ranks
-        self._released = released
+        self._released, self._joined = released, joined
         self._pending: OrderedDict[tuple[str, int], _Entry] = OrderedDict()
 
     def add(self, span: ReadableSpan, attrs: Mapping[str, Any], now: float, out: Out) -> None:
@@ -119,3 +122,6 @@ class GpuJoin:
                                     span_id=derive_id(comm, seq, "gpu", bits=64),
                                     parent_span_id=collective_root_span_id(comm, seq), start_ns=start, end_ns=end,
                                     attributes=attrs))
+        if self._joined is not None:
+            last = attrs.get("nccl.gpu.late.rank")
+            self._joined(comm, seq, attrs, spans.get(last) if isinstance(last, int) else None, out)

@@ -114,7 +114,9 @@ class CollectiveJoin(EventProcessor[Config]):
                            lambda outcome: self._count("nccl.join.p2p.released", outcome=outcome),
                            lambda: self._count("nccl.join.late", **{"nccl.span": "p2p"}))
         self.gpu = GpuJoin(self._maker, config.timeout, config.max_pending, config.max_ranks,
-                           lambda outcome: self._count("nccl.join.gpu.released", outcome=outcome))
+                           lambda outcome: self._count("nccl.join.gpu.released", outcome=outcome),
+                           lambda comm, seq, attrs, late, out: self.persistent.observe_gpu(comm, seq, attrs, late,
+                                                                                          self._now, out))
         self.hangs = HangStacks(config.max_stacks, config.max_comms, config.stack_max_age, SCOPE, wall_ns,
                                 self._front_seq, lambda: self._unjoined("stack_evicted"))
         self.desync = DesyncReports(self.store, self._desync, config.max_comms, wall_ns, lambda comm, op: self._count(

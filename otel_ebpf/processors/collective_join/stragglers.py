@@ -62,6 +62,11 @@ class _Entry:
     skew_ns: int
     op: str
     figures: Mapping[str, Any]
+    seq: int = -1
+    gpu_rank: int | None = None  # the rank whose kernel started last by min_lead (GpuJoin), once timed
+    gpu_cause: str = ""  # its nccl.gpu.late.cause: host (arrived late) or gpu_queue (its stream was busy)
+    gpu_lead_ns: int = 0  # nccl.gpu.skew_ns
+    gpu_timed: bool = False
 
 
 @dataclass(slots=True)
@@ -70,6 +75,10 @@ class _Comm:
     counts: dict[int, int] = field(default_factory=dict)
     raised: dict[int, dict[str, AttrValue]] = field(default_factory=dict)  # rank -> its identity at the raise
     seen: float = 0.0  # monotonic time of the last complete collective
+    by_seq: dict[int, _Entry] = field(default_factory=dict)  # the window's entries by seq (GPU sides join them)
+    gpu_counts: dict[int, int] = field(default_factory=dict)  # rank -> window entries its kernel started last in
+    gpu_timed: int = 0  # window entries with their GPU side
+    gpu_raised: dict[int, dict[str, AttrValue]] = field(default_factory=dict)  # raised as slow on the GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +121,7 @@ class PersistentStragglers:
         comm = self._comm(key[0], now, out)
         comm.seen = now
         entry = _entry(ranks, figures, int(cfg.min_lead * 1e9))
+        entry.seq = key[1]
         _push(comm, entry)
         span_ns = int(cfg.min_span * 1e9)
         while len(comm.entries) > cfg.max_window or (
@@ -129,7 +139,45 @@ class PersistentStragglers:
         for rank in [r for r in comm.raised if comm.counts.get(r, 0) < cfg.clear_ratio * len(comm.entries)]:
             comm.raised[rank] = {**comm.raised[rank], **_identity(ranks[rank])}
             self._clear(comm, rank, "recovered", decided, now, out)
+        self._gpu_clears(comm, decided, now, out)
         return event
+
+    def observe_gpu(self, comm_id: str, seq: int, attrs: Mapping[str, Any], late_span: ReadableSpan | None,
+                    now: float, out: Out) -> None:
+        """The GPU side of collective (``comm_id``, ``seq``) (GpuJoin's joined attributes: nccl.gpu.late.rank,
+        .cause, nccl.gpu.skew_ns; ``late_span``: that rank's GPU span) for the window entry of its host side.
+        A rank whose kernel started last by ``min_lead``, its stream still busy (cause gpu_queue), in ``ratio``
+        of the window's GPU-timed collectives is raised as slow on the GPU (``nccl.straggler.kind = gpu``): its
+        host calls came on time, so the arrival count above does not name it."""
+        comm = self._comms.get(comm_id)
+        entry = comm.by_seq.get(seq) if comm is not None and self.config.enabled else None
+        if comm is None or entry is None or entry.gpu_timed or attrs.get("nccl.partial"):
+            return  # not in a window (a partial one, one evicted, or its host side not complete yet)
+        late, lead = attrs.get("nccl.gpu.late.rank"), attrs.get("nccl.gpu.skew_ns")
+        if type(late) is not int or type(lead) is not int:
+            return
+        entry.gpu_timed, entry.gpu_lead_ns = True, lead
+        comm.gpu_timed += 1
+        if lead >= int(self.config.min_lead * 1e9):
+            entry.gpu_rank, entry.gpu_cause = late, str(attrs.get("nccl.gpu.late.cause", ""))
+            comm.gpu_counts[late] = comm.gpu_counts.get(late, 0) + 1
+        decided = _Decided(comm_id, seq, late_span.context.trace_id if late_span is not None else 0,
+                           self._wall_ns())
+        rank = entry.gpu_rank
+        if rank is not None and rank not in comm.gpu_raised and late_span is not None \
+                and comm.gpu_timed >= self.config.window and _spans(comm) >= self.config.min_span * 1e9 \
+                and self._gpu_share(comm, rank) >= self.config.ratio \
+                and _queued(comm, rank) * 2 > comm.gpu_counts[rank]:
+            comm.gpu_raised[rank] = _identity(late_span)
+            self._record(comm, rank, "raised", decided, now, out, kind="gpu")
+        self._gpu_clears(comm, decided, now, out)
+
+    def _gpu_share(self, comm: _Comm, rank: int) -> float:
+        return comm.gpu_counts.get(rank, 0) / comm.gpu_timed if comm.gpu_timed else 0.0
+
+    def _gpu_clears(self, comm: _Comm, decided: _Decided, now: float, out: Out) -> None:
+        for rank in [r for r in comm.gpu_raised if self._gpu_share(comm, r) < self.config.clear_ratio]:
+            self._clear(comm, rank, "recovered", decided, now, out, kind="gpu")
 
     def expire(self, now: float, out: Out) -> None:
         """Forget communicators idle for ``idle_timeout`` (least recently active first), clearing their ranks."""
@@ -159,18 +207,24 @@ class PersistentStragglers:
         decided = _Decided(name, -1, 0, self._wall_ns())
         for rank in list(comm.raised):
             self._clear(comm, rank, reason, decided, now, out)
+        for rank in list(comm.gpu_raised):
+            self._clear(comm, rank, reason, decided, now, out, kind="gpu")
 
-    def _clear(self, comm: _Comm, rank: int, reason: str, decided: _Decided, now: float, out: Out) -> None:
-        self._record(comm, rank, "cleared", decided, now, out, reason)
-        del comm.raised[rank]
+    def _clear(self, comm: _Comm, rank: int, reason: str, decided: _Decided, now: float, out: Out,
+               kind: str = "host") -> None:
+        self._record(comm, rank, "cleared", decided, now, out, reason, kind)
+        del (comm.gpu_raised if kind == "gpu" else comm.raised)[rank]
 
     # ---- records ---------------------------------------------------------------------
     def _record(self, comm: _Comm, rank: int, state: str, decided: _Decided, now: float, out: Out,
-                reason: str = "") -> LogRecord:
-        """The log record, the gauge and the log line of a raise or clear of ``rank``."""
-        attrs = _summary(comm, rank)
-        attrs.update({"nccl.comm.id": decided.comm, "nccl.rank": rank, **comm.raised[rank],
-                      "nccl.straggler.state": state})
+                reason: str = "", kind: str = "host") -> LogRecord:
+        """The log record, the gauge and the log line of a raise or clear of ``rank`` (``kind``: host, late
+        to arrive; gpu, slow on the GPU)."""
+        attrs = _summary(comm, rank) if kind == "host" else {}
+        attrs.update(_gpu_summary(comm, rank))
+        identity = (comm.gpu_raised if kind == "gpu" else comm.raised)[rank]
+        attrs.update({"nccl.comm.id": decided.comm, "nccl.rank": rank, **identity, "nccl.straggler.state": state,
+                      "nccl.straggler.kind": kind})
         if decided.seq >= 0:
             attrs["nccl.seq"] = decided.seq
         if reason:
@@ -181,7 +235,7 @@ class PersistentStragglers:
                            span_id=collective_root_span_id(decided.comm, decided.seq) if decided.trace_id else 0)
         out.append(record)
         dims: dict[str, AttrValue] = {"nccl.comm.id": decided.comm, "nccl.rank": rank,
-                                      "host.name": str(attrs.get("host.name", ""))}
+                                      "host.name": str(attrs.get("host.name", "")), "nccl.straggler.kind": kind}
         out.append(metric_record(self._metrics, self._scope, None, "nccl.straggler.persistent",
                                  1 if state == "raised" else 0, dims))
         self._log(state, body, now)
@@ -198,12 +252,23 @@ class PersistentStragglers:
 
 def _push(comm: _Comm, entry: _Entry) -> None:
     comm.entries.append(entry)
+    comm.by_seq[entry.seq] = entry
     if entry.rank is not None:
         comm.counts[entry.rank] = comm.counts.get(entry.rank, 0) + 1
 
 
 def _pop(comm: _Comm) -> None:
     old = comm.entries.popleft()
+    if comm.by_seq.get(old.seq) is old:
+        del comm.by_seq[old.seq]
+    if old.gpu_timed:
+        comm.gpu_timed -= 1
+        if old.gpu_rank is not None:
+            left = comm.gpu_counts[old.gpu_rank] - 1
+            if left:
+                comm.gpu_counts[old.gpu_rank] = left
+            else:
+                del comm.gpu_counts[old.gpu_rank]
     if old.rank is not None:
         left = comm.counts[old.rank] - 1
         if left:
@@ -222,6 +287,32 @@ def _entry(ranks: Mapping[int, ReadableSpan], figures: Mapping[str, Any], min_le
     meaningful = lead >= min_lead_ns
     op = (ranks[last_rank].attributes or {}).get("nccl.op")
     return _Entry(last, last_rank if meaningful else None, lead, last - first, str(op), figures if meaningful else {})
+
+
+def _spans(comm: _Comm) -> int:
+    """How far back the window reaches (collective start times, ns)."""
+    return comm.entries[-1].start_ns - comm.entries[0].start_ns if comm.entries else 0
+
+
+def _queued(comm: _Comm, rank: int) -> int:
+    """Window entries whose kernel ``rank`` started last with its stream still busy (cause gpu_queue)."""
+    return sum(1 for e in comm.entries if e.gpu_rank == rank and e.gpu_cause == "gpu_queue")
+
+
+def _gpu_summary(comm: _Comm, rank: int) -> dict[str, AttrValue]:
+    """On the GPU, over the window's GPU-timed collectives: how often ``rank``'s kernel started last, how often
+    with its stream still busy (gpu_queue) rather than its host late, and by how much (median). Empty when
+    none of the window's collectives has its GPU side (no profiler plugin)."""
+    if not comm.gpu_timed:
+        return {}
+    mine = [e for e in comm.entries if e.gpu_rank == rank]
+    attrs: dict[str, AttrValue] = {"nccl.straggler.gpu.timed": comm.gpu_timed,
+                                   "nccl.straggler.gpu.last_count": len(mine),
+                                   "nccl.straggler.gpu.queued_count": _queued(comm, rank),
+                                   "nccl.straggler.gpu.share": round(len(mine) / comm.gpu_timed, 4)}
+    if mine:
+        attrs["nccl.straggler.gpu.lead_ns"] = int(statistics.median(e.gpu_lead_ns for e in mine))
+    return attrs
 
 
 def _identity(span: ReadableSpan) -> dict[str, AttrValue]:
@@ -259,7 +350,9 @@ def _summary(comm: _Comm, rank: int) -> dict[str, AttrValue]:
 
 def _body(attrs: Mapping[str, Any]) -> str:
     """'rank 2 (host b, pod p, GPU 1 GPU-5d1e...) was last in 46 of the last 50 collectives (AllReduce) of comm X,
-    ahead of the next-to-last by median 4.8 ms; why (mean per collective): off_cpu 3.9 ms (peers 0.1)'"""
+    ahead of the next-to-last by median 4.8 ms; why (mean per collective): off_cpu 3.9 ms (peers 0.1)'; for a
+    rank slow on the GPU (kind gpu): 'rank 2 (...) started its kernel last in 46 of the last 50 GPU-timed
+    collectives of comm X, its stream still busy (its host call on time) in 44, by median 4.1 ms'."""
     where = [f"host {attrs['host.name']}"] if "host.name" in attrs else []
     if "k8s.pod.name" in attrs:
         where.append(f"pod {attrs['k8s.pod.name']}")
@@ -267,15 +360,26 @@ def _body(attrs: Mapping[str, Any]) -> str:
     if gpu:
         where.append(f"GPU {gpu}")
     head = f"rank {attrs['nccl.rank']}" + (f" ({', '.join(where)})" if where else "")
-    seen = (f"last in {attrs['nccl.straggler.last_count']} of the last {attrs['nccl.straggler.window']} "
+    on_gpu = (f"started its kernel last in {attrs.get('nccl.straggler.gpu.last_count', 0)} of the last "
+              f"{attrs.get('nccl.straggler.gpu.timed', 0)} GPU-timed collectives")
+    queued = attrs.get("nccl.straggler.gpu.queued_count", 0)
+    gpu_kind = attrs.get("nccl.straggler.kind") == "gpu"
+    seen = (f"{on_gpu} of comm {attrs['nccl.comm.id']}, its stream still busy (its host call on time) in "
+            f"{queued}" if gpu_kind else
+            f"last in {attrs['nccl.straggler.last_count']} of the last {attrs['nccl.straggler.window']} "
             f"collectives ({', '.join(attrs.get('nccl.ops', ())) or 'none'}) of comm {attrs['nccl.comm.id']}")
+    label = "persistent GPU straggler" if gpu_kind else "persistent straggler"
     if attrs["nccl.straggler.state"] == "cleared":
-        return f"persistent straggler cleared ({attrs.get('nccl.straggler.cleared.reason')}): {head} was {seen}"
+        return f"{label} cleared ({attrs.get('nccl.straggler.cleared.reason')}): {head} was {seen}"
+    if gpu_kind:
+        return f"{label}: {head} {seen}, by median {attrs.get('nccl.straggler.gpu.lead_ns', 0) / 1e6:.1f} ms"
     why = sorted(((k[len("nccl.straggler."):-len(".duration")], v) for k, v in attrs.items()
                   if k.startswith("nccl.straggler.") and k.endswith(".duration")
                   and k != "nccl.straggler.interval.duration"), key=lambda w: -w[1])
     why_text = ", ".join(f"{name} {value * 1e3:.1f} ms (peers "
                          f"{attrs.get(f'nccl.peers_median.{name}.duration', 0) * 1e3:.1f})" for name, value in why[:4])
-    return (f"persistent straggler: {head} was {seen}, ahead of the next-to-last by median "
+    gpu_text = (f"; on the GPU it {on_gpu}, {queued} of them with its stream busy rather than its host late"
+                if "nccl.straggler.gpu.timed" in attrs else "")
+    return (f"{label}: {head} was {seen}, ahead of the next-to-last by median "
             f"{attrs.get('nccl.straggler.lead_ns', 0) / 1e6:.1f} ms" + (f"; why (mean per collective): {why_text}"
-                                                                       if why_text else ""))
+                                                                       if why_text else "") + gpu_text)

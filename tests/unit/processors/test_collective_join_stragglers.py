@@ -99,7 +99,8 @@ def test_a_rank_late_to_every_collective_is_named_once_when_the_window_is_full_w
     assert "by median 3.0 ms" in rec.body and "off_cpu 4.0 ms (peers 0.1)" in rec.body
     (gauge,) = gauges(out)
     assert gauge.kind == "gauge" and gauge.value == 1
-    assert dict(gauge.attributes) == {"nccl.comm.id": COMM, "nccl.rank": 2, "host.name": "node-1"}
+    assert dict(gauge.attributes) == {"nccl.comm.id": COMM, "nccl.rank": 2, "host.name": "node-1",
+                                      "nccl.straggler.kind": "host"}
     (root_span,) = [s for s in out if isinstance(s, ReadableSpan) and s.parent is None
                     and s.attributes["nccl.seq"] == 150]
     (event,) = root_span.events
@@ -221,3 +222,77 @@ def test_the_same_noise_correlated_over_a_step_fools_a_window_of_50_collectives_
     fooled = sum(bool(simulate(seed, nranks=2, noise=0.05, steps=200, min_span=0.0).raised) for seed in range(6))
     kept = sum(bool(simulate(seed, nranks=2, noise=0.05, steps=200).raised) for seed in range(6))
     assert fooled >= 3 and kept == 0
+
+
+def gpu_spans(job: Job, seq: int, host_ms: dict[int, float], queue_ms: dict[int, float]) -> list[ReadableSpan]:
+    """Each rank's GPU span of collective ``seq`` (processors/nccl/gpu.py): its kernel starts ``queue_ms`` after
+    its host call (at ``host_ms``) returned, and runs 2 ms."""
+    out = []
+    for r in range(job.nranks):
+        host = nccl_spans.rank_span(seq, r, T0 + int(host_ms[r] * MS), nranks=job.nranks, comm=job.comm,
+                                    resource=POD[r % 4], extra={"hw.id": f"GPU-{r}", "nccl.device": r % 2})
+        start = (host.end_time or 0) + int(queue_ms[r] * MS)
+        out.append(ReadableSpan("ncclAllReduce gpu", context=nccl_spans.SpanContext(
+            host.context.trace_id, 0x900 + r, False, nccl_spans._SAMPLED), parent=host.context,
+            resource=host.resource, attributes={**(host.attributes or {}), "nccl.timing": "gpu",
+                                                "nccl.gpu.queue_ns": int(queue_ms[r] * MS)},
+            start_time=start, end_time=start + 2 * MS, instrumentation_scope=host.instrumentation_scope))
+    return out
+
+
+def run_gpu(job: Job, n: int, host_late: dict[int, float], gpu_late: dict[int, float]) -> list[object]:
+    """``n`` collectives, each host side then its GPU side: ``host_late`` ms added to ranks' host calls,
+    ``gpu_late`` ms more that ranks' kernels waited on their busy stream."""
+    out: list[object] = []
+    for _ in range(n):
+        seq, at = job.seq, job.seq * job.every
+        host = {r: at + host_late.get(r, 0.0) for r in range(job.nranks)}
+        out += job.run(1, late=host_late)
+        job.join.consume(gpu_spans(job, seq, host, {r: 0.5 + gpu_late.get(r, 0.0) for r in range(job.nranks)}))
+        out += job.sink.take()
+    return out
+
+
+def test_a_rank_slow_on_the_gpu_with_its_host_on_time_is_named_kind_gpu_and_cleared_when_it_recovers():
+    job = Job()
+    out = run_gpu(job, 150, {}, {1: 4.0})  # rank 1's stream is 4 ms behind; every host call on time
+    assert not records(out)  # the window is not full yet (>= 1.5 s)
+    out = run_gpu(job, 60, {}, {1: 4.0})
+    (rec,) = records(out)
+    a = rec.attributes
+    assert (a["nccl.straggler.state"], a["nccl.straggler.kind"], a["nccl.rank"]) == ("raised", "gpu", 1)
+    assert (a["host.name"], a["k8s.pod.name"], a["hw.id"]) == ("node-0", "train-1", "GPU-1")
+    assert a["nccl.straggler.gpu.share"] == 1.0 and a["nccl.straggler.gpu.lead_ns"] == 4 * MS
+    assert a["nccl.straggler.gpu.last_count"] == a["nccl.straggler.gpu.queued_count"] == a["nccl.straggler.gpu.timed"]
+    assert "nccl.straggler.share" not in a  # no host arrival figures: it was not late to arrive
+    assert rec.body.startswith("persistent GPU straggler: rank 1 (host node-0, pod train-1, GPU 1 GPU-1) started "
+                               "its kernel last in ")
+    assert "of comm 00c0ffee00c0ffee, its stream still busy (its host call on time) in " in rec.body
+    assert rec.body.endswith("by median 4.0 ms")
+    (gauge,) = gauges(out)
+    assert gauge.value == 1 and gauge.attributes["nccl.straggler.kind"] == "gpu"
+    assert job.join.persistent.raised() == {}  # not a late arrival
+    out = run_gpu(job, 400, {}, {})  # it recovers
+    (rec,) = records(out)
+    assert (rec.attributes["nccl.straggler.state"], rec.attributes["nccl.straggler.kind"]) == ("cleared", "gpu")
+    assert rec.attributes["nccl.straggler.cleared.reason"] == "recovered"
+    assert rec.body.startswith("persistent GPU straggler cleared (recovered): rank 1")
+
+
+def test_a_late_arriving_rank_is_named_kind_host_with_its_gpu_figures_and_not_again_as_slow_on_the_gpu():
+    job = Job()
+    # rank 3 arrives 3 ms late: its kernel starts last too, but because its host was late (cause host)
+    out = run_gpu(job, 250, {3: 3.0}, {})
+    (rec,) = records(out)
+    a = rec.attributes
+    assert (a["nccl.straggler.kind"], a["nccl.rank"], a["nccl.straggler.share"]) == ("host", 3, 1.0)
+    assert a["nccl.straggler.gpu.last_count"] == a["nccl.straggler.gpu.timed"] > 0
+    assert a["nccl.straggler.gpu.queued_count"] == 0
+    assert "; on the GPU it started its kernel last in " in rec.body
+
+
+def test_without_gpu_sides_the_record_has_no_gpu_figures():
+    job = Job()
+    (rec,) = records(job.run(250, late={2: 3.0}))
+    assert not [k for k in rec.attributes if k.startswith("nccl.straggler.gpu.")]
+    assert "on the GPU" not in rec.body
