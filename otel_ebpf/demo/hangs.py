@@ -34,7 +34,9 @@ def read_hangs(logs: str | Path, limit: int = 8) -> list[str]:
                 lines.append(f"hang: {a.get('nccl.op')} seq {a.get('nccl.seq')} of comm {a.get('nccl.comm.id')}: "
                              f"{where}")
             elif r.get("eventName") == "otel_ebpf.nccl.straggler":
-                lines.append(f"persistent straggler {a.get('nccl.straggler.state')}: rank {a.get('nccl.rank')} on "
-                             f"{a.get('host.name', '?')} (comm {a.get('nccl.comm.id')}, share "
-                             f"{float(a.get('nccl.straggler.share', 0)):.0%})")
+                gpu = a.get("nccl.straggler.kind") == "gpu"  # slow on the GPU, its host on time
+                share = a.get("nccl.straggler.gpu.share" if gpu else "nccl.straggler.share", 0)
+                lines.append(f"persistent {'GPU ' if gpu else ''}straggler {a.get('nccl.straggler.state')}: rank "
+                             f"{a.get('nccl.rank')} on {a.get('host.name', '?')} (comm {a.get('nccl.comm.id')}, "
+                             f"{'kernel last in' if gpu else 'share'} {float(share):.0%})")
     return lines[:limit]

@@ -143,13 +143,17 @@ def test_hang_lines_come_from_the_gateways_desync_and_straggler_log_records(tmp_
         LogRecord(None, 3, "otel_ebpf.nccl.straggler", "...", {
             "nccl.straggler.state": "raised", "nccl.rank": 1, "host.name": "node-0", "nccl.comm.id": "bb",
             "nccl.straggler.share": 0.92}, severity="WARN"),
+        LogRecord(None, 4, "otel_ebpf.nccl.straggler", "...", {
+            "nccl.straggler.state": "raised", "nccl.straggler.kind": "gpu", "nccl.rank": 3, "host.name": "node-1",
+            "nccl.comm.id": "bb", "nccl.straggler.gpu.share": 0.96}, severity="WARN"),
     ]
     builder, resource = LogBuilder(), Resource.create({"service.name": "gateway"})
     JsonLinesLogExporter(tmp_path).export([builder.build(r, resource) for r in records])
     lines = read_hangs(tmp_path / "logs.jsonl")
     assert lines == ["hang: AllReduce seq 3 of comm 00000000000000aa: rank 2 is in stuck_in_dataloader_fetch "
                      "(train.py:14), silent 18s",
-                     "persistent straggler raised: rank 1 on node-0 (comm bb, share 92%)"]
+                     "persistent straggler raised: rank 1 on node-0 (comm bb, share 92%)",
+                     "persistent GPU straggler raised: rank 3 on node-1 (comm bb, kernel last in 96%)"]
     assert read_hangs(tmp_path / "missing.jsonl") == []
     text = summary.render(summary.Summary(), straggler=None, killed=None, out_dir=tmp_path, hangs=lines)
     assert lines[0] in text
