@@ -18,18 +18,33 @@ class StragglerConfig:
                               "gauge and a warning, and the same (state cleared) when it recovers.")
     window: int = doc(
         50, "The window holds at least this many of the communicator's latest complete collectives (grouped "
-            "send/recv, partial and evicted ones are not counted) before a rank can be named.", min=2)
+            "send/recv, partial and evicted ones are not counted; at most 8 of a step once the steps are known). "
+            "While the ranks' lateness never moved (no steps to find), a rank is named when it is last in ratio of "
+            "at least this many over min_span.", min=2)
     min_span: float = doc(
-        1.5, "The window also reaches back at least this far (collective start times): a host's lateness lasts a whole "
-             "training step (its later calls are shifted too), so 50 collectives of one 20-collective step are "
-             "about 3 draws of noise; 1.5s is 15-25 steps of 60-90 ms. 0: the window is `window` collectives.",
-        duration=True)
+        10.0, "The window reaches back at least this far (collective start times), and 64 of the job's steps once "
+              "it knows them. While the ranks' lateness never moved (ranks in lock-step, one of them late by the "
+              "same amount every time), the window rule names a rank last in ratio of at least `window` "
+              "collectives over this long: in a job with any noise the lateness moves within seconds, and until "
+              "the steps are known nobody is named (the window rule named ranks on noise alone in jobs of long "
+              "steps).", duration=True)
+    strong_lead_factor: float = doc(
+        2.0, "A last rank's lead (time ahead of the next-to-last) is strong when it is at least this many times the "
+             "communicator's usual lead (the median of its last 256 collectives). A rank that is the strong last in "
+             "most of a few steps is late by more than the job's own noise explains, and is named in a few steps "
+             "rather than a dozen (docs/collectives.md). 0: only the share of last arrivals counts.", min=0.0)
+    false_alarm_p: float = doc(
+        1e-5, "A rank is named when, with nobody slowed, being last (or the strong last) in its share of the latest "
+              "steps would be less likely than this (a binomial tail over the steps, which the window finds as the "
+              "times the ranks' lateness is drawn anew). Smaller: fewer false alarms, later detection.", min=0.0,
+        max=0.01)
     max_window: int = doc(
         512, "Most collectives a window holds (per communicator, however many min_span would take); with "
              "max_comms it bounds memory: each entry keeps its collective's straggler figures (~1 KiB).", min=2)
     ratio: float = doc(
-        0.8, "A rank is named when it is the last to arrive in at least this share of the window's collectives "
-             "(above 0; a share above 0.5 names at most one rank).", max=1.0)
+        0.8, "A rank is named only when it is the last to arrive in at least this share of the collectives of the "
+             "steps tested (above 0; a share above 0.5 names at most one rank), and false_alarm_p says it is no "
+             "chance.", max=1.0)
     clear_ratio: float = doc(
         0.5, "It is cleared when its share falls below this (hysteresis: no event per collective around ratio).",
         min=0.0, max=1.0)

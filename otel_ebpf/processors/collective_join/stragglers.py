@@ -1,25 +1,24 @@
 """Persistent stragglers: the rank that is last to arrive in most recent collectives of a communicator.
 
 The join calls :meth:`PersistentStragglers.observe` for each COMPLETE collective it releases with at least 2
-ranks (partial and evicted collectives and grouped send/recv never come here). Per communicator a window keeps
-the latest collectives: at least ``window`` of them reaching back at least ``min_span`` (by collective start
-time), at most ``max_window``. Each counts for its last rank when that rank started at least ``min_lead`` after
-the next-to-last one (its *lead*: how long the job waited for it alone), else for nobody: with 2 ranks someone is
-always last by nanoseconds, and clock offsets between nodes are of that order too.
+ranks (partial and evicted collectives and grouped send/recv never come here). Each counts for its last rank
+when that rank started at least ``min_lead`` after the next-to-last one (its *lead*: how long the job waited for
+it alone), else for nobody: with 2 ranks someone is always last by nanoseconds, and clock offsets between nodes
+are of that order too. Per communicator a :class:`~.straggler_window.Window` keeps the latest collectives, finds
+the job's steps in them (a late host shifts all its calls until its next synchronisation, so the collectives of
+one step are one draw of noise, not many) and decides, as a test over steps with a bounded false-alarm
+probability, when a rank is last in too many of them to be chance (that module's doc).
 
-A rank whose share of the full window reaches ``ratio`` is *raised* once; it is *cleared* once its share falls
-below ``clear_ratio`` (hysteresis), when the communicator has had no complete collective for ``idle_timeout``
-(reason ``idle``) or when it is pushed out by ``max_comms`` (reason ``evicted``, counted in
+A rank so decided is *raised* once (with ``nccl.straggler.decided_by``: draws, strong or window, ``.steps`` and
+``.p``); it is *cleared* once its share over as many of the latest steps (the whole window, if decided by the
+window rule) falls below ``clear_ratio`` (hysteresis), when the communicator has had no complete collective for
+``idle_timeout`` (reason ``idle``) or when it is pushed out by ``max_comms`` (reason ``evicted``, counted in
 ``nccl.straggler.comms.evicted``). Both go out as one :class:`~otel_ebpf.core.events.LogRecord` (gateway
 resource, event name ``otel_ebpf.nccl.straggler``, ``nccl.straggler.state`` raised (WARN) / cleared (INFO)) tied
 to the root span of the collective that decided it, the gauge ``nccl.straggler.persistent`` (1 / 0) and a warning
 or info log line (at most one per ``_LOG_EVERY`` seconds; the rest are counted in the next). A raise also puts a
-``nccl.straggler.persistent`` event on that collective's root span.
-
-Why the window spans time as well as a count: a rank's host lateness (a slow data loader, a noisy neighbour)
-shifts all its calls until the next host synchronisation, usually the whole training step, so the 20+
-collectives of one FSDP step are one draw of noise, not 20; ``min_span`` (1.5 s: 15-25 steps of 60-90 ms) keeps
-a 2-rank communicator from naming a rank after 2-3 unlucky steps. Simulated figures: docs/collectives.md.
+``nccl.straggler.persistent`` event on that collective's root span. A rank slow on the GPU with its host on time
+is raised the same way with ``nccl.straggler.kind = gpu`` (:meth:`PersistentStragglers.observe_gpu`).
 
 Single-threaded (the join's). Memory: at most ``max_comms`` x ``max_window`` entries, each with the straggler's
 "why late" figures of that collective (the dict the join put on its root span, shared, not copied).
@@ -29,7 +28,7 @@ from __future__ import annotations
 import heapq
 import logging
 import statistics
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +39,7 @@ from otel_ebpf.core.processing import MetricSpec, metric_record
 from otel_ebpf.core.readable import ReadableSpan
 
 from .config import StragglerConfig
+from .straggler_window import Decision, Entry, Window
 
 __all__ = ["EVENT_NAME", "PersistentStragglers"]
 
@@ -53,32 +53,12 @@ Out = list[object]
 
 
 @dataclass(slots=True)
-class _Entry:
-    """One complete collective: its last rank (None: nobody led by min_lead) and what that rank did."""
-
-    start_ns: int
-    rank: int | None
-    lead_ns: int
-    skew_ns: int
-    op: str
-    figures: Mapping[str, Any]
-    seq: int = -1
-    gpu_rank: int | None = None  # the rank whose kernel started last by min_lead (GpuJoin), once timed
-    gpu_cause: str = ""  # its nccl.gpu.late.cause: host (arrived late) or gpu_queue (its stream was busy)
-    gpu_lead_ns: int = 0  # nccl.gpu.skew_ns
-    gpu_timed: bool = False
-
-
-@dataclass(slots=True)
 class _Comm:
-    entries: deque[_Entry] = field(default_factory=deque)
-    counts: dict[int, int] = field(default_factory=dict)
+    window: Window = field(default_factory=Window)
     raised: dict[int, dict[str, AttrValue]] = field(default_factory=dict)  # rank -> its identity at the raise
-    seen: float = 0.0  # monotonic time of the last complete collective
-    by_seq: dict[int, _Entry] = field(default_factory=dict)  # the window's entries by seq (GPU sides join them)
-    gpu_counts: dict[int, int] = field(default_factory=dict)  # rank -> window entries its kernel started last in
-    gpu_timed: int = 0  # window entries with their GPU side
+    steps: dict[int, int] = field(default_factory=dict)  # raised rank -> the steps its raise was decided over
     gpu_raised: dict[int, dict[str, AttrValue]] = field(default_factory=dict)  # raised as slow on the GPU
+    seen: float = 0.0  # monotonic time of the last complete collective
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,25 +100,23 @@ class PersistentStragglers:
             return None
         comm = self._comm(key[0], now, out)
         comm.seen = now
+        win = comm.window
         entry = _entry(ranks, figures, int(cfg.min_lead * 1e9))
         entry.seq = key[1]
-        _push(comm, entry)
-        span_ns = int(cfg.min_span * 1e9)
-        while len(comm.entries) > cfg.max_window or (
-                len(comm.entries) > cfg.window and entry.start_ns - comm.entries[1].start_ns >= span_ns):
-            _pop(comm)
+        if win.push(entry, len(ranks), cfg):
+            win.trim(cfg)
         decided = _Decided(key[0], key[1], trace_id, self._wall_ns())
         event = None
-        full = len(comm.entries) >= cfg.window and entry.start_ns - comm.entries[0].start_ns >= span_ns
-        if full and entry.rank is not None and entry.rank not in comm.raised \
-                and comm.counts.get(entry.rank, 0) >= cfg.ratio * len(comm.entries):
-            comm.raised[entry.rank] = _identity(ranks[entry.rank])
-            record = self._record(comm, entry.rank, "raised", decided, now, out)
+        rank = entry.rank
+        if rank is not None and rank not in comm.raised and (decision := win.decide(rank, cfg)) is not None:
+            comm.raised[rank] = _identity(ranks[rank])
+            comm.steps[rank] = decision.steps
+            record = self._record(comm, rank, "raised", decided, now, out, decision=decision)
             event = SpanEventRecord("nccl.straggler.persistent", decided.time_ns, {
                 k: record.attributes[k] for k in ("nccl.rank", "nccl.straggler.share", "nccl.straggler.window")})
-        for rank in [r for r in comm.raised if comm.counts.get(r, 0) < cfg.clear_ratio * len(comm.entries)]:
-            comm.raised[rank] = {**comm.raised[rank], **_identity(ranks[rank])}
-            self._clear(comm, rank, "recovered", decided, now, out)
+        for r in [r for r in comm.raised if win.share(r, comm.steps.get(r, 0)) < cfg.clear_ratio]:
+            comm.raised[r] = {**comm.raised[r], **_identity(ranks[r])}
+            self._clear(comm, r, "recovered", decided, now, out)
         self._gpu_clears(comm, decided, now, out)
         return event
 
@@ -150,33 +128,26 @@ class PersistentStragglers:
         of the window's GPU-timed collectives is raised as slow on the GPU (``nccl.straggler.kind = gpu``): its
         host calls came on time, so the arrival count above does not name it."""
         comm = self._comms.get(comm_id)
-        entry = comm.by_seq.get(seq) if comm is not None and self.config.enabled else None
+        entry = comm.window.by_seq.get(seq) if comm is not None and self.config.enabled else None
         if comm is None or entry is None or entry.gpu_timed or attrs.get("nccl.partial"):
             return  # not in a window (a partial one, one evicted, or its host side not complete yet)
         late, lead = attrs.get("nccl.gpu.late.rank"), attrs.get("nccl.gpu.skew_ns")
         if type(late) is not int or type(lead) is not int:
             return
-        entry.gpu_timed, entry.gpu_lead_ns = True, lead
-        comm.gpu_timed += 1
-        if lead >= int(self.config.min_lead * 1e9):
-            entry.gpu_rank, entry.gpu_cause = late, str(attrs.get("nccl.gpu.late.cause", ""))
-            comm.gpu_counts[late] = comm.gpu_counts.get(late, 0) + 1
+        win, cfg = comm.window, self.config
+        win.gpu_time(entry, late if lead >= int(cfg.min_lead * 1e9) else None,
+                     str(attrs.get("nccl.gpu.late.cause", "")), lead)
         decided = _Decided(comm_id, seq, late_span.context.trace_id if late_span is not None else 0,
                            self._wall_ns())
         rank = entry.gpu_rank
         if rank is not None and rank not in comm.gpu_raised and late_span is not None \
-                and comm.gpu_timed >= self.config.window and _spans(comm) >= self.config.min_span * 1e9 \
-                and self._gpu_share(comm, rank) >= self.config.ratio \
-                and _queued(comm, rank) * 2 > comm.gpu_counts[rank]:
+                and (decision := win.decide_gpu(rank, cfg)) is not None:
             comm.gpu_raised[rank] = _identity(late_span)
-            self._record(comm, rank, "raised", decided, now, out, kind="gpu")
+            self._record(comm, rank, "raised", decided, now, out, kind="gpu", decision=decision)
         self._gpu_clears(comm, decided, now, out)
 
-    def _gpu_share(self, comm: _Comm, rank: int) -> float:
-        return comm.gpu_counts.get(rank, 0) / comm.gpu_timed if comm.gpu_timed else 0.0
-
     def _gpu_clears(self, comm: _Comm, decided: _Decided, now: float, out: Out) -> None:
-        for rank in [r for r in comm.gpu_raised if self._gpu_share(comm, r) < self.config.clear_ratio]:
+        for rank in [r for r in comm.gpu_raised if comm.window.gpu_share(r) < self.config.clear_ratio]:
             self._clear(comm, rank, "recovered", decided, now, out, kind="gpu")
 
     def expire(self, now: float, out: Out) -> None:
@@ -214,14 +185,24 @@ class PersistentStragglers:
                kind: str = "host") -> None:
         self._record(comm, rank, "cleared", decided, now, out, reason, kind)
         del (comm.gpu_raised if kind == "gpu" else comm.raised)[rank]
+        if kind == "host":
+            comm.steps.pop(rank, None)
 
     # ---- records ---------------------------------------------------------------------
     def _record(self, comm: _Comm, rank: int, state: str, decided: _Decided, now: float, out: Out,
-                reason: str = "", kind: str = "host") -> LogRecord:
+                reason: str = "", kind: str = "host", decision: Decision | None = None) -> LogRecord:
         """The log record, the gauge and the log line of a raise or clear of ``rank`` (``kind``: host, late
         to arrive; gpu, slow on the GPU)."""
-        attrs = _summary(comm, rank) if kind == "host" else {}
-        attrs.update(_gpu_summary(comm, rank))
+        win = comm.window
+        latest = decision.collectives if decision is not None else win.latest(comm.steps.get(rank, 0))
+        attrs = _summary(win, rank, latest) if kind == "host" else {}
+        attrs.update(_gpu_summary(win, rank))
+        if decision is not None:
+            attrs.update({"nccl.straggler.decided_by": decision.by, "nccl.straggler.p": decision.p})
+            if decision.steps:
+                attrs["nccl.straggler.steps"] = decision.steps
+        if win.step_ns():
+            attrs["nccl.straggler.step_ns"] = win.step_ns()
         identity = (comm.gpu_raised if kind == "gpu" else comm.raised)[rank]
         attrs.update({"nccl.comm.id": decided.comm, "nccl.rank": rank, **identity, "nccl.straggler.state": state,
                       "nccl.straggler.kind": kind})
@@ -250,66 +231,32 @@ class PersistentStragglers:
         log.log(logging.WARNING if state == "raised" else logging.INFO, "NCCL %s%s", body, more)
 
 
-def _push(comm: _Comm, entry: _Entry) -> None:
-    comm.entries.append(entry)
-    comm.by_seq[entry.seq] = entry
-    if entry.rank is not None:
-        comm.counts[entry.rank] = comm.counts.get(entry.rank, 0) + 1
-
-
-def _pop(comm: _Comm) -> None:
-    old = comm.entries.popleft()
-    if comm.by_seq.get(old.seq) is old:
-        del comm.by_seq[old.seq]
-    if old.gpu_timed:
-        comm.gpu_timed -= 1
-        if old.gpu_rank is not None:
-            left = comm.gpu_counts[old.gpu_rank] - 1
-            if left:
-                comm.gpu_counts[old.gpu_rank] = left
-            else:
-                del comm.gpu_counts[old.gpu_rank]
-    if old.rank is not None:
-        left = comm.counts[old.rank] - 1
-        if left:
-            comm.counts[old.rank] = left
-        else:
-            del comm.counts[old.rank]
-
-
-def _entry(ranks: Mapping[int, ReadableSpan], figures: Mapping[str, Any], min_lead_ns: int) -> _Entry:
-    """The collective (>= 2 ``ranks``) and its last rank (None when it led the next-to-last by less than
-    ``min_lead_ns``)."""
-    starts = [(span.start_time or 0, rank) for rank, span in ranks.items()]
+def _entry(ranks: Mapping[int, ReadableSpan], figures: Mapping[str, Any], min_lead_ns: int) -> Entry:
+    """The collective (>= 2 ``ranks``), its last rank (None when it led the next-to-last by less than
+    ``min_lead_ns``) and each rank's start relative to the median one (by rank)."""
+    starts = [(span.start_time or 0, rank) for rank, span in sorted(ranks.items())]
     (last, last_rank), (second, _) = heapq.nlargest(2, starts)
     first = min(starts)[0]
     lead = last - second
     meaningful = lead >= min_lead_ns
-    op = (ranks[last_rank].attributes or {}).get("nccl.op")
-    return _Entry(last, last_rank if meaningful else None, lead, last - first, str(op), figures if meaningful else {})
+    attrs = ranks[last_rank].attributes or {}
+    op = attrs.get("nccl.op")
+    middle = statistics.median_low(t for t, _ in starts)
+    return Entry(last, last_rank if meaningful else None, lead, last - first, str(op), figures if meaningful else {},
+                 offsets=tuple(t - middle for t, _ in starts), kind=hash((op, attrs.get("nccl.count"))))
 
 
-def _spans(comm: _Comm) -> int:
-    """How far back the window reaches (collective start times, ns)."""
-    return comm.entries[-1].start_ns - comm.entries[0].start_ns if comm.entries else 0
-
-
-def _queued(comm: _Comm, rank: int) -> int:
-    """Window entries whose kernel ``rank`` started last with its stream still busy (cause gpu_queue)."""
-    return sum(1 for e in comm.entries if e.gpu_rank == rank and e.gpu_cause == "gpu_queue")
-
-
-def _gpu_summary(comm: _Comm, rank: int) -> dict[str, AttrValue]:
+def _gpu_summary(win: Window, rank: int) -> dict[str, AttrValue]:
     """On the GPU, over the window's GPU-timed collectives: how often ``rank``'s kernel started last, how often
     with its stream still busy (gpu_queue) rather than its host late, and by how much (median). Empty when
     none of the window's collectives has its GPU side (no profiler plugin)."""
-    if not comm.gpu_timed:
+    if not win.gpu_timed:
         return {}
-    mine = [e for e in comm.entries if e.gpu_rank == rank]
-    attrs: dict[str, AttrValue] = {"nccl.straggler.gpu.timed": comm.gpu_timed,
+    mine = [e for e in win.entries if e.gpu_rank == rank]
+    attrs: dict[str, AttrValue] = {"nccl.straggler.gpu.timed": win.gpu_timed,
                                    "nccl.straggler.gpu.last_count": len(mine),
-                                   "nccl.straggler.gpu.queued_count": _queued(comm, rank),
-                                   "nccl.straggler.gpu.share": round(len(mine) / comm.gpu_timed, 4)}
+                                   "nccl.straggler.gpu.queued_count": win.queued(rank),
+                                   "nccl.straggler.gpu.share": round(len(mine) / win.gpu_timed, 4)}
     if mine:
         attrs["nccl.straggler.gpu.lead_ns"] = int(statistics.median(e.gpu_lead_ns for e in mine))
     return attrs
@@ -326,11 +273,11 @@ def _identity(span: ReadableSpan) -> dict[str, AttrValue]:
     return found
 
 
-def _summary(comm: _Comm, rank: int) -> dict[str, AttrValue]:
+def _summary(win: Window, rank: int, latest: int) -> dict[str, AttrValue]:
     """Share, counts, the medians of its lead and of the skew, and the mean of each "why late" figure over the
     window's collectives it was last in."""
-    mine = [e for e in comm.entries if e.rank == rank]
-    entries = comm.entries
+    entries = list(win.entries)[-latest:] if latest else list(win.entries)
+    mine = [e for e in entries if e.rank == rank]
     attrs: dict[str, AttrValue] = {
         "nccl.straggler.share": round(len(mine) / len(entries), 4), "nccl.straggler.last_count": len(mine),
         "nccl.straggler.window": len(entries), "nccl.straggler.window_ns": entries[-1].start_ns - entries[0].start_ns}

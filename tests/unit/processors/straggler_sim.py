@@ -1,7 +1,8 @@
 """A training job's NCCL rank spans as the gateway's collective join sees them, for the persistent-straggler tests
 and the figures in docs/collectives.md: ``steps`` steps of ``step_s`` seconds, ``per_step`` collectives each, every
 rank's host shifted by noise drawn once per step (uniform 0..``noise`` x step: its later calls in the step are
-shifted too, as an asynchronous host is until its next synchronisation) plus ``jitter_s`` per call, and from step
+shifted too, as an asynchronous host is until its next synchronisation; and with probability ``spike_p`` a
+hiccup of ``spike`` x step more, a GC pause or a slow batch) plus ``jitter_s`` per call, and from step
 ``slow_from`` the rank ``slow`` late by ``delay`` x step more.
 
 ``python -m tests.unit.processors.straggler_sim`` prints false-alarm and detection figures over many seeds.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from otel_ebpf.core.events import LogRecord
 from otel_ebpf.core.pipeline import Context, ListConsumer
@@ -25,11 +26,12 @@ T0 = 1_700_000_000_000_000_000
 class Outcome:
     raised: list[tuple[int, int]]  # (rank, step) of each raise
     cleared: list[tuple[int, int]]
+    records: list[LogRecord] = field(default_factory=list)  # every straggler record, in order
 
 
 def simulate(seed: int, *, nranks: int = 4, steps: int = 200, per_step: int = 20, step_s: float = 0.075,
              noise: float = 0.025, jitter_s: float = 50e-6, slow: int | None = None, delay: float = 0.05,
-             slow_from: int = 0, **straggler_cfg: object) -> Outcome:
+             slow_from: int = 0, spike_p: float = 0.0, spike: float = 0.0, **straggler_cfg: object) -> Outcome:
     rng = random.Random(seed)
     sink = ListConsumer()
     cfg = Config()
@@ -39,7 +41,8 @@ def simulate(seed: int, *, nranks: int = 4, steps: int = 200, per_step: int = 20
     out = Outcome([], [])
     seq = 0
     for step in range(steps):
-        shift = [rng.uniform(0, noise * step_s) for _ in range(nranks)]
+        shift = [rng.uniform(0, noise * step_s) + (spike * step_s if rng.random() < spike_p else 0.0)
+                 for _ in range(nranks)]
         if slow is not None and step >= slow_from:
             shift[slow] += delay * step_s
         batch = []
@@ -52,6 +55,7 @@ def simulate(seed: int, *, nranks: int = 4, steps: int = 200, per_step: int = 20
         join.consume(batch)
         for rec in sink.take():
             if isinstance(rec, LogRecord) and rec.event_name == EVENT_NAME:
+                out.records.append(rec)
                 rank = int(rec.attributes["nccl.rank"])
                 (out.raised if rec.attributes["nccl.straggler.state"] == "raised" else out.cleared).append((rank, step))
     return out
