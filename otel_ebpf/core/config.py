@@ -55,6 +55,8 @@ __all__ = [
     "to_plain",
 ]
 
+_EXPONENT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")  # 1e-5, 2.5E3: numbers YAML 1.1 leaves as strings
+
 ENV_PREFIX = "OTEL_EBPF_"
 T = TypeVar("T")
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s|m|h)?\s*$")
@@ -212,6 +214,8 @@ def _convert(tp: Any, value: Any, path: str, meta: dict[str, Any]) -> Any:
             raise ConfigError(path, f"expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 (PyYAML) reads 1e-5 as a string; it needs 1.0e-5 to be a number
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(path, f"expected a number, got {value!r}")
         return float(value)

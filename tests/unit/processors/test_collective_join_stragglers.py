@@ -346,3 +346,16 @@ def test_without_gpu_sides_the_record_has_no_gpu_figures():
     (rec,) = records(job.run(250, late={2: 3.0}))
     assert not [k for k in rec.attributes if k.startswith("nccl.straggler.gpu.")]
     assert "on the GPU" not in rec.body
+
+
+def test_a_number_in_exponent_form_is_a_number_though_yaml_reads_it_as_a_string():
+    """PyYAML (YAML 1.1) reads ``1e-6`` as the string '1e-6' (it wants ``1.0e-6``); the config takes it as the
+    number a user means, and still refuses a word."""
+    import yaml
+
+    raw = yaml.safe_load("persistent_straggler:\n  false_alarm_p: 1e-6\n  strong_lead_factor: 2.5E0\n")
+    assert raw["persistent_straggler"]["false_alarm_p"] == "1e-6"  # the quirk itself
+    cfg = build(Config, raw, "processors.collective_join")
+    assert cfg.persistent_straggler.false_alarm_p == 1e-6 and cfg.persistent_straggler.strong_lead_factor == 2.5
+    with pytest.raises(ConfigError, match=r"false_alarm_p.*expected a number, got 'tiny'"):
+        build(Config, {"persistent_straggler": {"false_alarm_p": "tiny"}}, "processors.collective_join")
