@@ -14,8 +14,9 @@ between two such moves over the last :data:`RUNS_KEPT`; a straggler does not hid
 The window keeps at most :data:`PER_STEP` collectives a step (the others of a step say the same), so it reaches
 back :data:`DRAWS`'s longest in ``max_window`` entries.
 
-**The test** (:meth:`Window.decide`, four times a step at most). For a rank last in the latest collective, over
-the latest D steps for each D in :data:`DRAWS`: it must be last in ``ratio`` of the window's collectives there,
+**The test** (:meth:`Window.decide`, four times a step at most). For a rank last in the latest collective and in
+``ratio`` of the latest 4 steps' collectives (a straggler now, not one that recovered within the longest suffix),
+over the latest D steps for each D in :data:`DRAWS`: it must be last in ``ratio`` of the window's collectives there,
 and one of two binomial tail probabilities under "nobody is slowed" must be below ``false_alarm_p``: being last in
 that share of D steps when each step's last is any of the R ranks alike (1/R); or being the *strong* last in its
 share of them when a strong last is as rare as the window's own history says (its share of strong leads, over
@@ -41,7 +42,8 @@ from typing import Any
 
 from .config import StragglerConfig
 
-__all__ = ["DRAWS", "LEADS_KEPT", "PER_STEP", "RUNS_KEPT", "Decision", "Entry", "Window", "binomial_tail"]
+__all__ = ["CLEAR_STEPS", "DRAWS", "LEADS_KEPT", "PER_STEP", "RUNS_KEPT", "Decision", "Entry", "Window",
+           "binomial_tail"]
 
 RUNS_KEPT = 32  # step lengths kept (time between two new draws of the ranks' lateness)
 MIN_RUNS = 8  # step lengths seen before the step counts
@@ -200,6 +202,8 @@ class Window:
         want = next(draws)
         for e in reversed(entries):
             if now - e.start_ns >= want * step:
+                if last < cfg.ratio * n and want == DRAWS[0]:
+                    return None  # not last in most of the latest steps: a straggler is one now, not 60 steps ago
                 if last >= cfg.ratio * n:
                     p = binomial_tail(math.floor(last / n * want), want, usual)
                     if p < cfg.false_alarm_p:
@@ -227,6 +231,12 @@ class Window:
                 break
             n += 1
         return n
+
+    def settled(self, since_ns: int) -> bool:
+        """CLEAR_STEPS steps have passed since ``since_ns`` (a raise): before, the steps its share is read over
+        would still hold those before the raise, and one named a few steps in would be cleared at once."""
+        step = self.step_ns()
+        return not step or not self.entries or self.entries[-1].start_ns - since_ns >= CLEAR_STEPS * step
 
     def share(self, rank: int, steps: int) -> float:
         """``rank``'s share of last arrivals over the latest ``steps`` steps, CLEAR_STEPS at least (the whole
@@ -260,6 +270,8 @@ class Window:
         want = next(draws)
         for e in reversed(entries):
             if now - e.start_ns >= want * step:
+                if want == DRAWS[0] and not (n and mine >= cfg.ratio * n):
+                    return None  # not last in most of the latest steps (see decide)
                 if n and mine >= cfg.ratio * n and queued * 2 > mine:
                     p = binomial_tail(math.floor(mine / n * want), want, 1.0 / self.nranks)
                     if p < cfg.false_alarm_p:
@@ -273,8 +285,14 @@ class Window:
                 queued += e.gpu_rank == rank and e.gpu_cause == "gpu_queue"
         return None
 
-    def gpu_share(self, rank: int) -> float:
-        return self.gpu_counts.get(rank, 0) / self.gpu_timed if self.gpu_timed else 0.0
+    def gpu_share(self, rank: int, steps: int = 0) -> float:
+        """``rank``'s share of the GPU-timed collectives whose kernel it started last: over the latest ``steps``
+        steps, CLEAR_STEPS at least, or the whole window (0, or the step unknown)."""
+        n = self.latest(max(steps, CLEAR_STEPS) if steps else 0)
+        if n == len(self.entries):
+            return self.gpu_counts.get(rank, 0) / self.gpu_timed if self.gpu_timed else 0.0
+        timed = [e for e in list(self.entries)[-n:] if e.gpu_timed]
+        return sum(1 for e in timed if e.gpu_rank == rank) / len(timed) if timed else 0.0
 
     def queued(self, rank: int) -> int:
         """Entries whose kernel ``rank`` started last with its stream still busy (cause gpu_queue)."""

@@ -39,7 +39,7 @@ from otel_ebpf.core.processing import MetricSpec, metric_record
 from otel_ebpf.core.readable import ReadableSpan
 
 from .config import StragglerConfig
-from .straggler_window import Decision, Entry, Window
+from .straggler_window import CLEAR_STEPS, Decision, Entry, Window
 
 __all__ = ["EVENT_NAME", "PersistentStragglers"]
 
@@ -57,6 +57,9 @@ class _Comm:
     window: Window = field(default_factory=Window)
     raised: dict[int, dict[str, AttrValue]] = field(default_factory=dict)  # rank -> its identity at the raise
     steps: dict[int, int] = field(default_factory=dict)  # raised rank -> the steps its raise was decided over
+    gpu_steps: dict[int, int] = field(default_factory=dict)  # the same for ranks raised as slow on the GPU
+    since: dict[int, int] = field(default_factory=dict)  # raised rank -> the deciding collective's start (ns)
+    gpu_since: dict[int, int] = field(default_factory=dict)
     gpu_raised: dict[int, dict[str, AttrValue]] = field(default_factory=dict)  # raised as slow on the GPU
     seen: float = 0.0  # monotonic time of the last complete collective
 
@@ -111,10 +114,12 @@ class PersistentStragglers:
         if rank is not None and rank not in comm.raised and (decision := win.decide(rank, cfg)) is not None:
             comm.raised[rank] = _identity(ranks[rank])
             comm.steps[rank] = decision.steps
+            comm.since[rank] = entry.start_ns
             record = self._record(comm, rank, "raised", decided, now, out, decision=decision)
             event = SpanEventRecord("nccl.straggler.persistent", decided.time_ns, {
                 k: record.attributes[k] for k in ("nccl.rank", "nccl.straggler.share", "nccl.straggler.window")})
-        for r in [r for r in comm.raised if win.share(r, comm.steps.get(r, 0)) < cfg.clear_ratio]:
+        for r in [r for r in comm.raised if win.settled(comm.since.get(r, 0))
+                  and win.share(r, comm.steps.get(r, 0)) < cfg.clear_ratio]:
             comm.raised[r] = {**comm.raised[r], **_identity(ranks[r])}
             self._clear(comm, r, "recovered", decided, now, out)
         self._gpu_clears(comm, decided, now, out)
@@ -143,11 +148,15 @@ class PersistentStragglers:
         if rank is not None and rank not in comm.gpu_raised and late_span is not None \
                 and (decision := win.decide_gpu(rank, cfg)) is not None:
             comm.gpu_raised[rank] = _identity(late_span)
+            comm.gpu_steps[rank] = decision.steps
+            comm.gpu_since[rank] = entry.start_ns
             self._record(comm, rank, "raised", decided, now, out, kind="gpu", decision=decision)
         self._gpu_clears(comm, decided, now, out)
 
     def _gpu_clears(self, comm: _Comm, decided: _Decided, now: float, out: Out) -> None:
-        for rank in [r for r in comm.gpu_raised if comm.window.gpu_share(r) < self.config.clear_ratio]:
+        win = comm.window
+        for rank in [r for r in comm.gpu_raised if win.settled(comm.gpu_since.get(r, 0))
+                     and win.gpu_share(r, comm.gpu_steps.get(r, 0)) < self.config.clear_ratio]:
             self._clear(comm, rank, "recovered", decided, now, out, kind="gpu")
 
     def expire(self, now: float, out: Out) -> None:
@@ -185,8 +194,8 @@ class PersistentStragglers:
                kind: str = "host") -> None:
         self._record(comm, rank, "cleared", decided, now, out, reason, kind)
         del (comm.gpu_raised if kind == "gpu" else comm.raised)[rank]
-        if kind == "host":
-            comm.steps.pop(rank, None)
+        (comm.gpu_steps if kind == "gpu" else comm.steps).pop(rank, None)
+        (comm.gpu_since if kind == "gpu" else comm.since).pop(rank, None)
 
     # ---- records ---------------------------------------------------------------------
     def _record(self, comm: _Comm, rank: int, state: str, decided: _Decided, now: float, out: Out,
@@ -194,9 +203,10 @@ class PersistentStragglers:
         """The log record, the gauge and the log line of a raise or clear of ``rank`` (``kind``: host, late
         to arrive; gpu, slow on the GPU)."""
         win = comm.window
-        latest = decision.collectives if decision is not None else win.latest(comm.steps.get(rank, 0))
+        steps = (comm.gpu_steps if kind == "gpu" else comm.steps).get(rank, 0)
+        latest = decision.collectives if decision is not None else win.latest(max(steps, CLEAR_STEPS) if steps else 0)
         attrs = _summary(win, rank, latest) if kind == "host" else {}
-        attrs.update(_gpu_summary(win, rank))
+        attrs.update(_gpu_summary(win, rank, latest))
         if decision is not None:
             attrs.update({"nccl.straggler.decided_by": decision.by, "nccl.straggler.p": decision.p})
             if decision.steps:
@@ -246,17 +256,19 @@ def _entry(ranks: Mapping[int, ReadableSpan], figures: Mapping[str, Any], min_le
                  offsets=tuple(t - middle for t, _ in starts), kind=hash((op, attrs.get("nccl.count"))))
 
 
-def _gpu_summary(win: Window, rank: int) -> dict[str, AttrValue]:
-    """On the GPU, over the window's GPU-timed collectives: how often ``rank``'s kernel started last, how often
-    with its stream still busy (gpu_queue) rather than its host late, and by how much (median). Empty when
-    none of the window's collectives has its GPU side (no profiler plugin)."""
-    if not win.gpu_timed:
+def _gpu_summary(win: Window, rank: int, latest: int) -> dict[str, AttrValue]:
+    """On the GPU, over the GPU-timed ones of the latest ``latest`` entries (what the raise or clear was decided
+    over; 0: the whole window): how often ``rank``'s kernel started last, how often with its stream still busy
+    (gpu_queue) rather than its host late, and by how much (median). Empty when none has its GPU side (no
+    profiler plugin)."""
+    timed = [e for e in (list(win.entries)[-latest:] if latest else win.entries) if e.gpu_timed]
+    if not timed:
         return {}
-    mine = [e for e in win.entries if e.gpu_rank == rank]
-    attrs: dict[str, AttrValue] = {"nccl.straggler.gpu.timed": win.gpu_timed,
+    mine = [e for e in timed if e.gpu_rank == rank]
+    attrs: dict[str, AttrValue] = {"nccl.straggler.gpu.timed": len(timed),
                                    "nccl.straggler.gpu.last_count": len(mine),
-                                   "nccl.straggler.gpu.queued_count": win.queued(rank),
-                                   "nccl.straggler.gpu.share": round(len(mine) / win.gpu_timed, 4)}
+                                   "nccl.straggler.gpu.queued_count": sum(e.gpu_cause == "gpu_queue" for e in mine),
+                                   "nccl.straggler.gpu.share": round(len(mine) / len(timed), 4)}
     if mine:
         attrs["nccl.straggler.gpu.lead_ns"] = int(statistics.median(e.gpu_lead_ns for e in mine))
     return attrs

@@ -361,3 +361,23 @@ def test_a_number_in_exponent_form_is_a_number_though_yaml_reads_it_as_a_string(
     assert cfg.persistent_straggler.false_alarm_p == 1e-6 and cfg.persistent_straggler.strong_lead_factor == 2.5
     with pytest.raises(ConfigError, match=r"false_alarm_p.*expected a number, got 'tiny'"):
         build(Config, {"persistent_straggler": {"false_alarm_p": "tiny"}}, "processors.collective_join")
+
+
+def test_a_gpu_straggler_among_noisy_ranks_is_raised_once_over_steps_and_cleared_once_it_recovers():
+    """Steps of 4 collectives 10 ms apart, every rank's host 0..3 ms late, drawn anew each step (so the window
+    finds the steps); rank 2's stream 5 ms behind from step 40 to 100: raised once as slow on the GPU over steps
+    (not by the rule of old), not cleared while it lasts, cleared once after it recovers; nobody else named."""
+    rng = random.Random(5)
+    job = Job(min_span=0.5)
+    out: list[object] = []
+    for step in range(180):
+        late = {r: rng.uniform(0.0, 3.0) for r in range(4)}
+        out += run_gpu(job, 4, late, {2: 5.0} if 40 <= step < 100 else {})
+    said = [(r.attributes["nccl.straggler.state"], r.attributes["nccl.straggler.kind"], r.attributes["nccl.rank"])
+            for r in records(out)]
+    assert said == [("raised", "gpu", 2), ("cleared", "gpu", 2)], said
+    raised, cleared = (r.attributes for r in records(out))
+    assert raised["nccl.straggler.decided_by"] == "draws" and raised["nccl.straggler.p"] < 1e-5
+    assert 30e6 <= raised["nccl.straggler.step_ns"] <= 50e6  # the 40 ms step found
+    assert raised["nccl.straggler.gpu.share"] >= 0.8 > 0.5 > cleared["nccl.straggler.gpu.share"]  # over the steps
+    assert raised["nccl.straggler.steps"] <= 16  # named within 16 steps of the 60 it lasted
