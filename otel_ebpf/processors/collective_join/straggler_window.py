@@ -118,7 +118,9 @@ class Window:
     skews: deque[int] = field(default_factory=lambda: deque(maxlen=LEADS_KEPT))  # first to last start, latest
     run_start_ns: int = 0
     nranks: int = 2
-    next_test_ns: int = 0
+    next_test_ns: int = 0  # decide's next test (a quarter step on)
+    next_gpu_test_ns: int = 0  # decide_gpu's
+    next_clear_ns: int = 0  # clear_due's
 
     def step_ns(self) -> int:
         """The step as the new draws measure it (module doc), or the period of the loop's collectives when that
@@ -232,6 +234,18 @@ class Window:
             n += 1
         return n
 
+    def clear_due(self) -> bool:
+        """Whether to read raised ranks' shares now: every collective while the step is unknown (the whole
+        window's counts, O(1)), else once a quarter step (each read walks the latest steps)."""
+        step = self.step_ns()
+        if not step or not self.entries:
+            return True
+        now = self.entries[-1].start_ns
+        if now < self.next_clear_ns:
+            return False
+        self.next_clear_ns = now + step // 4
+        return True
+
     def settled(self, since_ns: int) -> bool:
         """CLEAR_STEPS steps have passed since ``since_ns`` (a raise): before, the steps its share is read over
         would still hold those before the raise, and one named a few steps in would be cleared at once."""
@@ -266,6 +280,9 @@ class Window:
                 return Decision("window", 0, self.gpu_timed, self.reach_ns(), 1.0)
             return None
         now, n, mine, queued = entries[-1].start_ns, 0, 0, 0
+        if now < self.next_gpu_test_ns:
+            return None
+        self.next_gpu_test_ns = now + step // 4
         draws = iter(DRAWS)
         want = next(draws)
         for e in reversed(entries):

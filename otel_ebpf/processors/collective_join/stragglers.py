@@ -118,11 +118,12 @@ class PersistentStragglers:
             record = self._record(comm, rank, "raised", decided, now, out, decision=decision)
             event = SpanEventRecord("nccl.straggler.persistent", decided.time_ns, {
                 k: record.attributes[k] for k in ("nccl.rank", "nccl.straggler.share", "nccl.straggler.window")})
-        for r in [r for r in comm.raised if win.settled(comm.since.get(r, 0))
-                  and win.share(r, comm.steps.get(r, 0)) < cfg.clear_ratio]:
-            comm.raised[r] = {**comm.raised[r], **_identity(ranks[r])}
-            self._clear(comm, r, "recovered", decided, now, out)
-        self._gpu_clears(comm, decided, now, out)
+        if (comm.raised or comm.gpu_raised) and win.clear_due():
+            for r in [r for r in comm.raised if win.settled(comm.since.get(r, 0))
+                      and win.share(r, comm.steps.get(r, 0)) < cfg.clear_ratio]:
+                comm.raised[r] = {**comm.raised[r], **_identity(ranks[r])}
+                self._clear(comm, r, "recovered", decided, now, out)
+            self._gpu_clears(comm, decided, now, out)
         return event
 
     def observe_gpu(self, comm_id: str, seq: int, attrs: Mapping[str, Any], late_span: ReadableSpan | None,
@@ -151,7 +152,8 @@ class PersistentStragglers:
             comm.gpu_steps[rank] = decision.steps
             comm.gpu_since[rank] = entry.start_ns
             self._record(comm, rank, "raised", decided, now, out, kind="gpu", decision=decision)
-        self._gpu_clears(comm, decided, now, out)
+        if comm.gpu_raised and win.clear_due():
+            self._gpu_clears(comm, decided, now, out)
 
     def _gpu_clears(self, comm: _Comm, decided: _Decided, now: float, out: Out) -> None:
         win = comm.window
