@@ -1,3 +1,5 @@
-from otel_ebpf.cli import entry
+import sys
 
-entry()
+from otel_ebpf.cli import main
+
+sys.exit(main())

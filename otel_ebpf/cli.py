@@ -327,24 +327,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def entry() -> None:
-    """The ``otel-ebpf`` program (console script, ``python -m otel_ebpf``): :func:`main`, then the exit. A process
-    that loaded BPF programs leaves with ``os._exit`` once its output is flushed: BCC registers an atexit cleanup
-    per program, and a receiver still compiling or stopping on the deferred start's thread when ``run``'s command
-    ended would meet it (seen: a KeyError traceback and ioctl EBADF lines after the summary, the same program
-    detached twice). Its probes are already with the detached closer (bpf.loader.hand_off_probes), its files and
-    exporters shut down; the kernel frees the rest."""
-    code = main()
-    if "bcc" in sys.modules:
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
-    sys.exit(code)
-
-
 if __name__ == "__main__":
-    entry()
+    sys.exit(main())

@@ -163,8 +163,6 @@ _KEPT_KINDS = ("anon_inode:[perf_event]", "anon_inode:bpf_link")  # what detachi
 _CLOSER_WAIT_S = 600.0  # the closer leaves by then even if this process has not exited
 _closer_lock = threading.Lock()
 _closer_pipe: int | None = None  # write end, held until this process exits: the closer waits for its EOF
-_later_pipes: list[int] = []  # the same for closers of probes made after the first hand-off
-_handed: set[int] = set()  # fd numbers handed on (one closed and reused by a new probe is not: its close waits)
 
 
 def _probe_fds() -> list[int]:
@@ -202,8 +200,7 @@ def _closer(keep: list[int], wait_fd: int) -> None:
 
 def hand_off_probes() -> int:
     """Let a detached child hold every probe of this process (perf-event and BPF-link fds) from now until
-    this process has exited, then release them: returns how many it holds (0 when it could not fork, or when
-    no probe was made since the last call).
+    this process has exited, then release them: returns how many it holds (0 when it could not fork).
 
     Unregistering a uprobe or a tracepoint waits for an RCU grace period, one probe after another
     (measured ~0.1-0.16 s each on 6.18): 5 receivers' 30 tracepoints held the exit of ``run -- true`` 4.8 s,
@@ -211,13 +208,14 @@ def hand_off_probes() -> int:
     cleanup, RefCtrUprobes.close, its exit) are not the last and cost nothing; the child's are waited for by
     no one. The probes stop firing once disabled or no process they trace is left; their programs' pause
     leases are revoked before (BpfReceiver.shutdown), so they never stop a process again. The child keeps no
-    other fd of this process (not its stdout, stderr or sockets). A later call hands on the probes made since
-    (a receiver that finished compiling on the deferred start's thread after the agent began to stop) to one
-    more closer. For a process that exits right after (the CLI's ``run``): the probes stay until then."""
+    other fd of this process (not its stdout, stderr or sockets). Once per process; later calls return 0.
+    For a process that exits right after (the CLI's ``run``): the probes stay until then."""
     global _closer_pipe
     with _closer_lock:
+        if _closer_pipe is not None:
+            return 0
         keep = _probe_fds()
-        if not keep or (_closer_pipe is not None and set(keep) <= _handed):
+        if not keep:
             return 0
         r, w = os.pipe()
         try:
@@ -234,11 +232,7 @@ def hand_off_probes() -> int:
                 os._exit(0)
         os.close(r)
         os.waitpid(pid, 0)
-        if _closer_pipe is None:
-            _closer_pipe = w
-        else:
-            _later_pipes.append(w)  # held until this process exits, as the first
-        _handed.update(keep)
+        _closer_pipe = w
         return len(keep)
 
 
