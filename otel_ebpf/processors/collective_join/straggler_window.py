@@ -9,7 +9,8 @@ whose kernel started last and why.
 **Steps, not collectives.** A late host shifts all its calls until its next synchronisation, usually a training
 step, so the collectives of one step are one draw of noise, not many. The window finds the steps without knowing
 the job: within a step every rank's start relative to the median start stays the same (to the call's jitter);
-when any of them moves by ``min_lead`` or more, the ranks' lateness was drawn anew. The *step* is the median time
+when any of them moves by more than half the usual skew (first to last start, median of the last
+:data:`LEADS_KEPT`) and by ``min_lead`` at least, the ranks' lateness was drawn anew. The *step* is the median time
 between two such moves over the last :data:`RUNS_KEPT`; a straggler does not hide it (the other ranks still move).
 The window keeps at most :data:`PER_STEP` collectives a step (the others of a step say the same), so it reaches
 back :data:`DRAWS`'s longest in ``max_window`` entries.
@@ -33,6 +34,7 @@ shared with the join's root span), 256 leads and strong flags, 32 step lengths, 
 """
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import deque
@@ -53,7 +55,7 @@ PER_STEP = 8  # collectives a step the window keeps at most
 KINDS_KEPT = 512  # the latest collectives' (op, count) kinds, for the loop's period
 MAX_PERIOD = 128  # the longest period looked for, in collectives
 CLEAR_STEPS = 12  # a raised rank's share is read over this many steps at least (one step's noise does not clear it)
-MIN_SEEN = 96  # collectives seen before the step counts (the period looked for twice at least)
+MIN_SEEN = 96  # collectives seen before the step counts (the period looked for 3 times; a multiple of 32)
 DRAWS = (4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)  # the suffixes tested, in steps
 
 
@@ -90,6 +92,30 @@ class Decision:
     p: float
 
 
+class _Median:
+    """The median of the latest ``size`` values (statistics.median's), kept sorted as they come and go: O(size)
+    memmove per value instead of a sort per read (two are read for every collective)."""
+
+    __slots__ = ("_order", "_sorted")
+
+    def __init__(self, size: int) -> None:
+        self._order: deque[int] = deque(maxlen=size)
+        self._sorted: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def add(self, value: int) -> None:
+        if len(self._order) == self._order.maxlen:
+            del self._sorted[bisect.bisect_left(self._sorted, self._order[0])]
+        self._order.append(value)
+        bisect.insort(self._sorted, value)
+
+    def median(self) -> float:
+        s, n = self._sorted, len(self._sorted)
+        return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
 def binomial_tail(k: int, n: int, p: float) -> float:
     """P(X >= k) for X ~ Binomial(n, p)."""
     if k <= 0:
@@ -108,26 +134,30 @@ class Window:
     by_seq: dict[int, Entry] = field(default_factory=dict)  # the window's entries by seq (GPU sides join them)
     gpu_counts: dict[int, int] = field(default_factory=dict)  # rank -> entries its kernel started last in
     gpu_timed: int = 0  # entries with their GPU side
-    leads: deque[int] = field(default_factory=lambda: deque(maxlen=LEADS_KEPT))
+    leads: _Median = field(default_factory=lambda: _Median(LEADS_KEPT))
     strongs: deque[bool] = field(default_factory=lambda: deque(maxlen=LEADS_KEPT))
     runs: deque[int] = field(default_factory=lambda: deque(maxlen=RUNS_KEPT))  # ns between new draws
     last_offsets: tuple[int, ...] = ()  # the previous collective's offsets
     kinds: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=KINDS_KEPT))  # (kind, start ns)
     period_ns: int = 0  # how long the sequence of kinds takes to repeat (0: no period longer than one found)
     seen: int = 0  # collectives pushed
-    skews: deque[int] = field(default_factory=lambda: deque(maxlen=LEADS_KEPT))  # first to last start, latest
+    skews: _Median = field(default_factory=lambda: _Median(LEADS_KEPT))  # first to last start, latest
     run_start_ns: int = 0
     nranks: int = 2
     next_test_ns: int = 0  # decide's next test (a quarter step on)
     next_gpu_test_ns: int = 0  # decide_gpu's
     next_clear_ns: int = 0  # clear_due's
+    step: int = 0  # step_ns (kept by _restep)
 
     def step_ns(self) -> int:
         """The step as the new draws measure it (module doc), or the period of the loop's collectives when that
         is longer (lateness can also move at a synchronisation within a step); 0 until MIN_RUNS were seen."""
-        if len(self.runs) < MIN_RUNS or self.seen < MIN_SEEN:
-            return 0
-        return max(int(statistics.median(self.runs)), self.period_ns)
+        return self.step
+
+    def _restep(self) -> None:
+        """step_ns's value, kept: read several times for every collective, it changes only with what it reads."""
+        known = len(self.runs) >= MIN_RUNS and self.seen >= MIN_SEEN
+        self.step = max(int(statistics.median(self.runs)), self.period_ns) if known else 0
 
     def _period(self) -> None:
         """The smallest P in which the last 3 P kinds repeat, and the median time P collectives take."""
@@ -144,18 +174,20 @@ class Window:
         PER_STEP of this step already (returns whether it did)."""
         self.nranks = nranks
         offsets, entry.offsets = entry.offsets, ()
-        self.skews.append(entry.skew_ns)
-        moved = max(int(cfg.min_lead * 1e9), int(statistics.median(self.skews)) // 2)  # call jitter stays below
+        self.skews.add(entry.skew_ns)
+        moved = max(int(cfg.min_lead * 1e9), int(self.skews.median()) // 2)  # call jitter stays below
         if len(offsets) == len(self.last_offsets) and any(abs(a - b) >= moved for a, b in zip(
                 offsets, self.last_offsets, strict=True)):  # the ranks' lateness was drawn anew: a new step
             if self.run_start_ns:
                 self.runs.append(entry.start_ns - self.run_start_ns)
+                self._restep()
             self.run_start_ns = entry.start_ns
         self.last_offsets = offsets
         self.kinds.append((entry.kind, entry.start_ns))
         self.seen += 1
         if self.seen % 32 == 0:
             self._period()
+            self._restep()  # also where seen reaches MIN_SEEN (a multiple of 32)
         rank = entry.rank
         step = self.step_ns()
         if step and self.entries and entry.start_ns - self.entries[-1].start_ns < step // PER_STEP:
@@ -164,9 +196,9 @@ class Window:
         self.by_seq[entry.seq] = entry
         if rank is not None:
             self.counts[rank] = self.counts.get(rank, 0) + 1
-            usual = statistics.median(self.leads) if len(self.leads) >= MIN_LEADS else 0
+            usual = self.leads.median() if len(self.leads) >= MIN_LEADS else 0
             entry.strong = usual > 0 and cfg.strong_lead_factor > 0 and entry.lead_ns >= cfg.strong_lead_factor * usual
-            self.leads.append(entry.lead_ns)
+            self.leads.add(entry.lead_ns)
             self.strongs.append(entry.strong)
         return True
 

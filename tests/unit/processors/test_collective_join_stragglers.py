@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import statistics
 
 import pytest
 from opentelemetry.sdk.resources import Resource
@@ -381,3 +382,14 @@ def test_a_gpu_straggler_among_noisy_ranks_is_raised_once_over_steps_and_cleared
     assert 30e6 <= raised["nccl.straggler.step_ns"] <= 50e6  # the 40 ms step found
     assert raised["nccl.straggler.gpu.share"] >= 0.8 > 0.5 > cleared["nccl.straggler.gpu.share"]  # over the steps
     assert raised["nccl.straggler.steps"] <= 16  # named within 16 steps of the 60 it lasted
+
+
+def test_the_kept_medians_are_statistics_median_of_the_latest_values():
+    from otel_ebpf.processors.collective_join.straggler_window import _Median
+
+    rng, m, latest = random.Random(3), _Median(7), list[int]()
+    for _ in range(200):
+        v = rng.randrange(-50, 50)
+        m.add(v)
+        latest = [*latest, v][-7:]
+        assert m.median() == pytest.approx(statistics.median(latest)) and len(m) == len(latest)
