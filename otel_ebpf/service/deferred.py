@@ -139,6 +139,11 @@ class DeferredStart:
         self._thread = threading.Thread(target=self._run, name="otel-ebpf-deferred-start", daemon=True)
 
     def start(self) -> None:
+        """With nothing late and no gate, the end of the start runs here, before the agent's
+        start returns (the compiler's memory is given back by then); else on the thread."""
+        if not self.late and self.gate is None:
+            self._run()
+            return
         if self.gate is not None:
             self.gate.progress = self.cpu_seconds
         self._thread.start()
