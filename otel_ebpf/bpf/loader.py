@@ -8,6 +8,7 @@ so one compilation at a time per process (receivers start one after another).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import logging
@@ -25,8 +26,8 @@ from otel_ebpf.core.errors import BccMissingError, KernelHeadersError, Privilege
 from otel_ebpf.core.pipeline import Context
 
 __all__ = ["COMMON_SRC", "HEADERS_HINT", "INCLUDE_DIR", "LOAD_ATTEMPTS", "all_pids", "capture_stderr",
-           "hand_off_probes", "headers_dir", "import_bcc", "programs_loaded", "release_uprobes_in_background",
-           "require_bpf", "retry_interrupted_load"]
+           "hand_off_probes", "headers_dir", "import_bcc", "owned_program", "programs_loaded",
+           "release_uprobes_in_background", "require_bpf", "retry_interrupted_load"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,7 +52,39 @@ def import_bcc() -> Any:
             hint="install python3-bpfcc (apt) and run otel-ebpf from a venv made with "
                  "/usr/bin/python3 -m venv --system-site-packages (PyPI's 'bcc' is an unrelated package)",
         ) from None
+    if not isinstance(getattr(bcc, "atexit", None), _BccAtexit):
+        bcc.atexit = _BccAtexit()  # the name bcc/__init__.py looks up when a BPF object registers its cleanup
     return bcc
+
+
+_owning = threading.local()  # .depth > 0 while this thread builds a program whose cleanup its owner runs
+
+
+class _BccAtexit:
+    """Stands for the ``atexit`` module inside ``bcc``: registers what BCC registers, except the cleanup of a
+    program built under :func:`owned_program`. BCC 0.26's ``BPF.__init__`` registers ``self.cleanup`` at exit
+    before it compiles; for the agent's programs that met the deferred starter thread shutting the same program
+    down (KeyError on ``tracepoint_fds``, ioctl EBADF lines after the run's summary). An owned program is
+    cleaned up by its receiver's shutdown only; one still compiling when the process exits is released by the
+    kernel with the process's descriptors (BCC attaches through perf_event_open: nothing outlives them)."""
+
+    def register(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        if getattr(_owning, "depth", 0):
+            return fn
+        return atexit.register(fn, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(atexit, name)
+
+
+@contextlib.contextmanager
+def owned_program() -> Iterator[None]:
+    """BCC programs built by this thread meanwhile register no cleanup at exit: the caller cleans them up."""
+    _owning.depth = getattr(_owning, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _owning.depth -= 1
 
 
 def headers_dir() -> Path | None:

@@ -29,6 +29,7 @@ from otel_ebpf.bpf.loader import (
     COMMON_SRC,
     all_pids,
     capture_stderr,
+    owned_program,
     release_uprobes_in_background,
     require_bpf,
     retry_interrupted_load,
@@ -171,7 +172,7 @@ class BpfReceiver:
             self._ctx_pin = threadctx.acquire(self.ctx)
         self._pauses.prepare()
         try:
-            with capture_stderr() as errors:
+            with capture_stderr() as errors, owned_program():  # cleaned up by shutdown(), not at exit
                 return retry_interrupted_load(lambda: bcc.BPF(text=self.source(), cflags=self.program_cflags()),
                                               self.name)
         except Exception as exc:
