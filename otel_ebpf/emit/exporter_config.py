@@ -55,7 +55,10 @@ class BatchConfig:
                                 "pipeline never waits for room. Log records have a queue of their own, of the "
                                 "same size (drops counted with signal=logs).", min=1)
     batch_size: int = doc(512, "Most spans (log records) per export request.", min=1)
-    batch_delay: float = doc(1.0, "Longest a span (log record) waits before its batch is sent.", duration=True)
+    batch_delay: float = doc(0.2, "Longest a span (log record) waits before its batch is sent (the OpenTelemetry "
+                                  "Collector batch processor's default timeout; a straggler or desync record "
+                                  "crosses an agent and a gateway, so each second here is up to two seconds later "
+                                  "at the backend).", duration=True)
     metrics_queue_size: int = doc(4, "Most metric collections (one per service.metrics_interval) held per exporter "
                                      "while it is slow or down; beyond it the oldest is dropped and counted "
                                      "(otel_ebpf.metrics.dropped): the next cumulative collection supersedes it.",

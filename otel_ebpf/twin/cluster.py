@@ -160,7 +160,6 @@ class _Cluster:
         cfg = _write_yaml(self.net.run_dir / "gateway.yaml", {
             "receivers": {"otlp/nodes": {"grpc_endpoint": f"{self.net.gateway_addr}:0", "http_endpoint": ""}},
             "processors": {"collective_join": {"timeout": s.join_timeout, "desync_timeout": s.desync_timeout}},
-            "exporters": {"file": {"batch": {"batch_delay": "200ms"}}},
             "service": {"metrics_interval": "2s", "pipelines": {"default": {
                 "receivers": ["otlp/nodes"], "processors": ["collective_join"], "exporters": ["file"]}}}})
         argv = [sys.executable, "-m", "otel_ebpf", "--log-level", "warning", "gateway", "--config", str(cfg),
@@ -188,7 +187,6 @@ class _Cluster:
         return _write_yaml(self.net.run_dir / "agent.yaml", {
             "receivers": {"cuda": {"libraries": [str(self.libdir / "libcudart.so.13")]},
                           "nccl": {"libraries": [str(self.libdir / "libnccl.so.2")], **self.spec.nccl_receiver}},
-            "exporters": {"otlp": {"batch": {"batch_delay": "200ms"}}},
             # sched: each rank's off-CPU/run-queue time between collectives (ml.step.*), which the gateway
             # copies onto a straggler's joined collective: why it was late. lifecycle: a span per process of
             # the job (torchrun, its ranks, their helpers) with its command line and exit code, as sched gave
