@@ -14,6 +14,10 @@ packages = find_packages(include=["otel_ebpf", "otel_ebpf.*"])
 oetp = Extension("otel_ebpf.tracepoints._oetp", sources=["otel_ebpf/tracepoints/_oetp.c"], extra_compile_args=["-O2"],
                  optional=True)  # without it every tracepoint stays disabled (otel_ebpf.tracepoints.AVAILABLE)
 
+# The OTLP span encoder (otel_ebpf/emit/otlp_proto.py uses it first; without it the same bytes are written in Python).
+otlpenc = Extension("otel_ebpf.emit._otlpenc", sources=["otel_ebpf/emit/_otlpenc.c"],
+                    extra_compile_args=["-O2", "-fno-strict-aliasing", "-std=gnu11"], optional=True)
+
 # The NCCL profiler plugin (docs/nccl-profiler.md): a plain shared library NCCL dlopens, not a Python module, so it
 # keeps NCCL's file name libnccl-profiler-otel_ebpf.so (NCCL_PROFILER_PLUGIN=otel_ebpf finds it on the loader path)
 # next to otel_ebpf/nccl_profiler/__init__.py, which locates it. Also needs sys/sdt.h; without it plugin_path() is None.
@@ -43,4 +47,4 @@ class BuildExt(build_ext):
         return [] if ext is nccl_plugin else super().get_export_symbols(ext)
 
 
-setup(packages=packages, ext_modules=[oetp, nccl_plugin], cmdclass={"build_ext": BuildExt})
+setup(packages=packages, ext_modules=[oetp, otlpenc, nccl_plugin], cmdclass={"build_ext": BuildExt})

@@ -141,17 +141,24 @@ def encode_table(spans: list[Any], logs: list[Any], rounds: int) -> None:
     from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    from otel_ebpf.emit.otlp_proto import logs_to_otlp_proto, spans_to_otlp_proto
+    from otel_ebpf.emit.otlp_proto import NATIVE, logs_to_otlp_proto, python_spans_to_otlp_proto, spans_to_otlp_proto
 
     sdk_spans: Callable[[Sequence[Any]], Any] = lambda b: encode_spans(b).SerializeToString()  # noqa: E731
     sdk_logs: Callable[[Sequence[Any]], Any] = lambda b: encode_logs(b).SerializeToString()  # noqa: E731
     results = run_pair("spans", len(spans), batches(spans), sdk_spans, spans_to_otlp_proto, rounds)
     results |= run_pair("logs", len(logs), batches(logs), sdk_logs, logs_to_otlp_proto, rounds)
-    print("| encoding | SDK encoder + SerializeToString, CPU | direct, CPU | CPU ratio |")
+    # the C extension (spans_to_otlp_proto's first try) against the Python writer it falls back to
+    results |= run_pair("spans, C", len(spans), batches(spans), python_spans_to_otlp_proto, spans_to_otlp_proto,
+                        rounds)
+    print(f"| encoding | SDK encoder + SerializeToString, CPU | direct{' (C for spans)' if NATIVE else ''}, CPU "
+          "| CPU ratio |")
     print("|---|---:|---:|---:|")
     for name in ("spans", "logs"):
         old, new = results[f"{name} sdk cpu"], results[f"{name} direct cpu"]
         print(f"| {name} | {cell(old)} | {cell(new)} | {statistics.median(old) / statistics.median(new):.1f}x |")
+    old, new = results["spans, C sdk cpu"], results["spans, C direct cpu"]
+    print(f"| spans: the direct writer in Python, then {'C' if NATIVE else 'C (not built: Python again)'} | "
+          f"{cell(old)} | {cell(new)} | {statistics.median(old) / statistics.median(new):.1f}x |")
 
 
 def main(argv: list[str] | None = None) -> None:
