@@ -15,8 +15,10 @@ oetp = Extension("otel_ebpf.tracepoints._oetp", sources=["otel_ebpf/tracepoints/
                  optional=True)  # without it every tracepoint stays disabled (otel_ebpf.tracepoints.AVAILABLE)
 
 # The OTLP span encoder (otel_ebpf/emit/otlp_proto.py uses it first; without it the same bytes are written in Python).
-otlpenc = Extension("otel_ebpf.emit._otlpenc", sources=["otel_ebpf/emit/_otlpenc.c"],
-                    extra_compile_args=["-O2", "-fno-strict-aliasing", "-std=gnu11"], optional=True)
+otlpenc = Extension("otel_ebpf.emit._otlpenc", sources=["otel_ebpf/emit/_otlpenc.c", "otel_ebpf/emit/_otlpenc_values.c",
+                                                    "otel_ebpf/emit/_otlpenc_spans.c"],
+                    depends=["otel_ebpf/emit/_otlpenc.h"],
+                    extra_compile_args=["-O2", "-fno-strict-aliasing", "-std=gnu11", "-fvisibility=hidden"], optional=True)
 
 # The NCCL profiler plugin (docs/nccl-profiler.md): a plain shared library NCCL dlopens, not a Python module, so it
 # keeps NCCL's file name libnccl-profiler-otel_ebpf.so (NCCL_PROFILER_PLUGIN=otel_ebpf finds it on the loader path)

@@ -1,0 +1,154 @@
+/* What the files of otel_ebpf.emit._otlpenc share (the module's doc is in _otlpenc.c): the output buffer
+ * and its protobuf primitives (static inline), the results, the names and classes set up at import, and the
+ * functions each file offers the others. */
+#ifndef OTEL_EBPF_OTLPENC_H
+#define OTEL_EBPF_OTLPENC_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    unsigned char *data;
+    size_t len, cap;
+} Buf;
+
+enum { OK = 0, SLOW = 1, FAIL = -1 }; /* SLOW: not on the fast path (the caller takes Python's); FAIL: an error is set */
+
+/* set up by _otlpenc.c: the SDK's enum members in order, its classes, interned attribute names */
+extern PyObject *span_kinds[5];
+extern PyObject *status_codes[3];
+extern PyTypeObject *span_context_type, *readable_span_type;
+extern PyObject *s_get_span_context, *s_parent, *s_name, *s_kind, *s_start_time, *s_end_time, *s_attributes,
+    *s_dropped_attributes, *s_events, *s_dropped_events, *s_links, *s_dropped_links, *s_status, *s_trace_id,
+    *s_span_id, *s_trace_state, *s_is_remote, *s_timestamp, *s_context, *s_status_code, *s_description,
+    *s_resource, *s_instrumentation_scope, *s_schema_url, *s_version, *s__attributes, *s__context, *s__parent,
+    *s__name, *s__kind, *s__start_time, *s__end_time, *s__events, *s__links, *s__status, *s__resource,
+    *s__instrumentation_scope;
+
+static inline int grow(Buf *b, size_t more)
+{
+    if (b->len + more <= b->cap)
+        return OK;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + more)
+        cap *= 2;
+    unsigned char *d = PyMem_Realloc(b->data, cap);
+    if (d == NULL) {
+        PyErr_NoMemory();
+        return FAIL;
+    }
+    b->data = d;
+    b->cap = cap;
+    return OK;
+}
+
+static inline int put(Buf *b, const void *p, size_t n)
+{
+    if (grow(b, n))
+        return FAIL;
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    return OK;
+}
+
+static inline int put_byte(Buf *b, unsigned char c)
+{
+    if (grow(b, 1))
+        return FAIL;
+    b->data[b->len++] = c;
+    return OK;
+}
+
+static inline size_t varint_size(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static inline int put_varint(Buf *b, uint64_t v)
+{
+    if (grow(b, 10))
+        return FAIL;
+    while (v >= 0x80) {
+        b->data[b->len++] = (unsigned char)(v & 0x7F) | 0x80;
+        v >>= 7;
+    }
+    b->data[b->len++] = (unsigned char)v;
+    return OK;
+}
+
+static inline int put_fixed64(Buf *b, uint64_t v)
+{
+    unsigned char out[8];
+    for (int i = 0; i < 8; i++)
+        out[i] = (unsigned char)(v >> (8 * i));
+    return put(b, out, 8);
+}
+
+/* A length-delimited field: open() writes the tag and one byte for the length, close() writes the
+ * length of what was written since, moving the body when the length needs more than one byte. */
+static inline int open_field(Buf *b, unsigned char tag, size_t *mark)
+{
+    if (put_byte(b, tag) || put_byte(b, 0))
+        return FAIL;
+    *mark = b->len;
+    return OK;
+}
+
+static inline int close_field(Buf *b, size_t mark)
+{
+    size_t n = b->len - mark, extra = varint_size(n) - 1;
+    if (extra) {
+        if (grow(b, extra))
+            return FAIL;
+        memmove(b->data + mark + extra, b->data + mark, n);
+        b->len += extra;
+    }
+    size_t at = mark - 1;
+    uint64_t v = n;
+    while (v >= 0x80) {
+        b->data[at++] = (unsigned char)(v & 0x7F) | 0x80;
+        v >>= 7;
+    }
+    b->data[at] = (unsigned char)v;
+    return OK;
+}
+
+static inline int put_bytes_field(Buf *b, unsigned char tag, const void *p, size_t n)
+{
+    if (put_byte(b, tag) || put_varint(b, n))
+        return FAIL;
+    return put(b, p, n);
+}
+
+/* _otlpenc_values.c: strings, numbers, ids, attribute values and maps */
+int utf8(PyObject *o, const char **p, Py_ssize_t *n);
+int put_string(Buf *b, unsigned char tag, PyObject *o);
+int as_u64(PyObject *o, uint64_t *v);
+int as_i64(PyObject *o, uint64_t *v);
+int put_time(Buf *b, unsigned char tag, PyObject *o);
+int put_count(Buf *b, unsigned char tag, PyObject *o);
+int put_count_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name);
+int put_id(Buf *b, unsigned char tag, PyObject *o, size_t size);
+int put_value(Buf *b, PyObject *v, int depth);
+int put_key_value(Buf *b, unsigned char tag, PyObject *key, PyObject *value);
+int put_attributes(Buf *b, unsigned char tag, PyObject *attributes);
+int put_attributes_attr(Buf *b, unsigned char tag, PyObject *obj);
+int put_string_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name);
+int put_time_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name);
+
+/* _otlpenc_spans.c: one Span message body. dict: the span's __dict__ when it is a ReadableSpan, else NULL */
+typedef struct {
+    PyObject *span, *dict;
+} Span;
+
+PyObject *member(const Span *s, PyObject *field, PyObject *public);
+int put_span(Buf *b, const Span *s);
+
+#endif

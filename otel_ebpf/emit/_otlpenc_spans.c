@@ -1,0 +1,250 @@
+/* otel_ebpf.emit._otlpenc: one Span message body (otlp_proto.py's _span, _span_head, _event, _link, _status). */
+#include "_otlpenc.h"
+
+/* One Event message body, as _event. */
+static int put_event(Buf *b, PyObject *e)
+{
+    int r;
+    if ((r = put_time_attr(b, 0x09, e, s_timestamp)) || (r = put_string_attr(b, 0x12, e, s_name))
+        || (r = put_attributes_attr(b, 0x1a, e)) || (r = put_count_attr(b, 0x20, e, s_dropped_attributes)))
+        return r;
+    return OK;
+}
+
+static int context_is_remote(PyObject *context);
+static int put_context_id(Buf *b, unsigned char tag, PyObject *context, Py_ssize_t i, PyObject *public, size_t size);
+
+/* One Link message body, as _link. */
+static int put_link(Buf *b, PyObject *link)
+{
+    PyObject *context = PyObject_GetAttr(link, s_context);
+    if (context == NULL)
+        return FAIL;
+    int r;
+    if ((r = put_context_id(b, 0x0a, context, 0, s_trace_id, 16))
+        || (r = put_context_id(b, 0x12, context, 1, s_span_id, 8)) || (r = put_attributes_attr(b, 0x22, link))
+        || (r = put_count_attr(b, 0x28, link, s_dropped_attributes))) {
+        Py_DECREF(context);
+        return r;
+    }
+    int is_remote = context_is_remote(context);
+    Py_DECREF(context);
+    if (is_remote < 0)
+        return FAIL;
+    static const unsigned char local[] = {0x35, 0x00, 0x01, 0x00, 0x00}, far[] = {0x35, 0x00, 0x03, 0x00, 0x00};
+    return put(b, is_remote ? far : local, 5);
+}
+
+/* A repeated message field from a sequence (events, links). */
+static int put_sequence(Buf *b, unsigned char tag, PyObject *seq, int (*one)(Buf *, PyObject *))
+{
+    PyObject *fast = PySequence_Fast(seq, "not a sequence");
+    if (fast == NULL)
+        return FAIL;
+    int r = OK;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast) && !r; i++) {
+        size_t mark;
+        if (open_field(b, tag, &mark))
+            r = FAIL;
+        else if (!(r = one(b, PySequence_Fast_GET_ITEM(fast, i))) && close_field(b, mark))
+            r = FAIL;
+    }
+    Py_DECREF(fast);
+    return r;
+}
+
+/* The Status field (15), written even when empty, as _status. */
+static int put_status(Buf *b, PyObject *status)
+{
+    PyObject *code = PyObject_GetAttr(status, s_status_code);
+    if (code == NULL)
+        return FAIL;
+    int number = -1;
+    for (int i = 0; i < 3; i++)
+        if (code == status_codes[i])
+            number = i;
+    Py_DECREF(code);
+    if (number < 0)
+        return SLOW;
+    size_t mark;
+    if (open_field(b, 0x7a, &mark))
+        return FAIL;
+    int r = put_string_attr(b, 0x12, status, s_description);
+    if (r)
+        return r;
+    if (number && (put_byte(b, 0x18) || put_byte(b, (unsigned char)number)))
+        return FAIL;
+    return close_field(b, mark);
+}
+
+/* A span's members. The SDK's ReadableSpan properties return its own fields (``_name`` for ``name``...), or
+ * wrap them (``attributes``: a MappingProxyType of ``_attributes``, readable only as a list of item tuples;
+ * ``events``/``links``: a tuple copy); each property call runs Python code. The fields are read from the
+ * span's instance dict when it has them, the public attribute otherwise (another class, another SDK). */
+PyObject *member(const Span *s, PyObject *field, PyObject *public)
+{
+    if (s->dict != NULL) {
+        PyObject *v = PyDict_GetItemWithError(s->dict, field);
+        if (v != NULL)
+            return Py_NewRef(v);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    return PyObject_GetAttr(s->span, public);
+}
+
+/* A SpanContext's item (trace_id 0, span_id 1, is_remote 2, trace_state 4): it is a tuple whose properties
+ * return ``self[i]`` (opentelemetry-api 1.45, trace/span.py); the property for anything else. */
+static PyObject *context_item(PyObject *context, Py_ssize_t i, PyObject *public)
+{
+    if (Py_TYPE(context) == span_context_type && PyTuple_GET_SIZE(context) > i)
+        return Py_NewRef(PyTuple_GET_ITEM(context, i));
+    return PyObject_GetAttr(context, public);
+}
+
+static int put_context_id(Buf *b, unsigned char tag, PyObject *context, Py_ssize_t i, PyObject *public, size_t size)
+{
+    PyObject *o = context_item(context, i, public);
+    if (o == NULL)
+        return FAIL;
+    int r = put_id(b, tag, o, size);
+    Py_DECREF(o);
+    return r;
+}
+
+static int context_is_remote(PyObject *context)
+{
+    PyObject *remote = context_item(context, 2, s_is_remote);
+    if (remote == NULL)
+        return FAIL;
+    int is_remote = PyObject_IsTrue(remote);
+    Py_DECREF(remote);
+    return is_remote;
+}
+
+static int put_member_time(Buf *b, unsigned char tag, const Span *s, PyObject *field, PyObject *public)
+{
+    PyObject *o = member(s, field, public);
+    if (o == NULL)
+        return FAIL;
+    int r = put_time(b, tag, o);
+    Py_DECREF(o);
+    return r;
+}
+
+/* The parent's span id (4); *remote_parent for the flags. */
+static int put_parent(Buf *b, const Span *s, int *remote_parent)
+{
+    PyObject *parent = member(s, s__parent, s_parent);
+    if (parent == NULL)
+        return FAIL;
+    int r = PyObject_IsTrue(parent);
+    *remote_parent = 0;
+    if (r > 0 && !(r = put_context_id(b, 0x22, parent, 1, s_span_id, 8))) {
+        *remote_parent = context_is_remote(parent);
+        r = *remote_parent < 0 ? FAIL : OK;
+    }
+    Py_DECREF(parent);
+    return r < 0 ? FAIL : r;
+}
+
+static int put_kind(Buf *b, const Span *s)
+{
+    PyObject *kind = member(s, s__kind, s_kind);
+    if (kind == NULL)
+        return FAIL;
+    int number = -1;
+    for (int i = 0; i < 5; i++)
+        if (kind == span_kinds[i])
+            number = i + 1;
+    Py_DECREF(kind);
+    if (number < 0)
+        return SLOW;
+    return put_byte(b, 0x30) || put_byte(b, (unsigned char)number) ? FAIL : OK;
+}
+
+/* Span fields 1-8 (ids, trace state, parent, name, kind, times), as _span_head; *remote_parent for flags. */
+static int put_span_head(Buf *b, const Span *s, PyObject *context, int *remote_parent)
+{
+    int r;
+    if ((r = put_context_id(b, 0x0a, context, 0, s_trace_id, 16))
+        || (r = put_context_id(b, 0x12, context, 1, s_span_id, 8)))
+        return r;
+    PyObject *state = context_item(context, 4, s_trace_state);
+    if (state == NULL)
+        return FAIL;
+    int has_state = PyObject_IsTrue(state);
+    Py_DECREF(state);
+    if (has_state)
+        return has_state < 0 ? FAIL : SLOW;
+    if ((r = put_parent(b, s, remote_parent)))
+        return r;
+    PyObject *name = member(s, s__name, s_name);
+    if (name == NULL)
+        return FAIL;
+    r = put_string(b, 0x2a, name);
+    Py_DECREF(name);
+    if (r || (r = put_kind(b, s)) || (r = put_member_time(b, 0x39, s, s__start_time, s_start_time))
+        || (r = put_member_time(b, 0x41, s, s__end_time, s_end_time)))
+        return r;
+    return OK;
+}
+
+/* A mapping or sequence field and its dropped count, as the properties give them: a BoundedAttributes or
+ * BoundedList has its own count; a plain dict, list or tuple (or None) drops nothing. */
+static int put_with_dropped(Buf *b, const Span *s, PyObject *field, PyObject *public, PyObject *dropped,
+                            unsigned char tag, unsigned char dropped_tag, int (*one)(Buf *, unsigned char, PyObject *))
+{
+    PyObject *o = s->dict != NULL ? PyDict_GetItemWithError(s->dict, field) : NULL;
+    int own = o != NULL; /* the field itself: its type says whether it counts drops (a property's copy does not) */
+    o = own ? Py_NewRef(o) : PyErr_Occurred() ? NULL : PyObject_GetAttr(s->span, public);
+    if (o == NULL)
+        return FAIL;
+    int plain = own && (o == Py_None || PyDict_CheckExact(o) || PyList_CheckExact(o) || PyTuple_CheckExact(o));
+    int r = o == Py_None ? OK : one(b, tag, o);
+    Py_DECREF(o);
+    if (r || plain)
+        return r;
+    return put_count_attr(b, dropped_tag, s->span, dropped);
+}
+
+static int put_events(Buf *b, unsigned char tag, PyObject *events)
+{
+    return put_sequence(b, tag, events, put_event);
+}
+
+static int put_links(Buf *b, unsigned char tag, PyObject *links)
+{
+    return put_sequence(b, tag, links, put_link);
+}
+
+/* One Span message body, as _span. */
+int put_span(Buf *b, const Span *sp)
+{
+    const Span s = *sp;
+    PyObject *context = s.dict != NULL ? PyDict_GetItemWithError(s.dict, s__context) : NULL;
+    if (context != NULL)
+        Py_INCREF(context);
+    else if (!PyErr_Occurred())
+        context = PyObject_CallMethodNoArgs(s.span, s_get_span_context);
+    int r = FAIL, remote_parent = 0;
+    if (context != NULL) {
+        r = context == Py_None ? SLOW : put_span_head(b, &s, context, &remote_parent);
+        Py_DECREF(context);
+    }
+    if (r || (r = put_with_dropped(b, &s, s__attributes, s_attributes, s_dropped_attributes, 0x4a, 0x50,
+                                   put_attributes))
+        || (r = put_with_dropped(b, &s, s__events, s_events, s_dropped_events, 0x5a, 0x60, put_events))
+        || (r = put_with_dropped(b, &s, s__links, s_links, s_dropped_links, 0x6a, 0x70, put_links)))
+        return r;
+    PyObject *status = member(&s, s__status, s_status);
+    if (status == NULL)
+        return FAIL;
+    r = status == Py_None ? OK : put_status(b, status);
+    Py_DECREF(status);
+    if (r)
+        return r;
+    static const unsigned char local[] = {0x85, 0x01, 0x00, 0x01, 0x00, 0x00},
+                               far[] = {0x85, 0x01, 0x00, 0x03, 0x00, 0x00};
+    return put(b, remote_parent ? far : local, 6);
+}
