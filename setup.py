@@ -14,9 +14,10 @@ packages = find_packages(include=["otel_ebpf", "otel_ebpf.*"])
 oetp = Extension("otel_ebpf.tracepoints._oetp", sources=["otel_ebpf/tracepoints/_oetp.c"], extra_compile_args=["-O2"],
                  optional=True)  # without it every tracepoint stays disabled (otel_ebpf.tracepoints.AVAILABLE)
 
-# The OTLP span encoder (otel_ebpf/emit/otlp_proto.py uses it first; without it the same bytes are written in Python).
-otlpenc = Extension("otel_ebpf.emit._otlpenc", sources=["otel_ebpf/emit/_otlpenc.c", "otel_ebpf/emit/_otlpenc_values.c",
-                                                    "otel_ebpf/emit/_otlpenc_spans.c"],
+# The OTLP span encoders, protobuf and JSON (otel_ebpf/emit/otlp_native.py; without them the same bytes are written
+# in Python).
+otlpenc = Extension("otel_ebpf.emit._otlpenc", sources=[f"otel_ebpf/emit/_otlpenc{part}.c" for part in
+                                                    ("", "_read", "_values", "_spans", "_jvalues", "_json")],
                     depends=["otel_ebpf/emit/_otlpenc.h"],
                     extra_compile_args=["-O2", "-fno-strict-aliasing", "-std=gnu11", "-fvisibility=hidden"], optional=True)
 

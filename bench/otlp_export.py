@@ -141,7 +141,8 @@ def encode_table(spans: list[Any], logs: list[Any], rounds: int) -> None:
     from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    from otel_ebpf.emit.otlp_proto import NATIVE, logs_to_otlp_proto, python_spans_to_otlp_proto, spans_to_otlp_proto
+    from otel_ebpf.emit.otlp_native import NATIVE
+    from otel_ebpf.emit.otlp_proto import logs_to_otlp_proto, python_spans_to_otlp_proto, spans_to_otlp_proto
 
     sdk_spans: Callable[[Sequence[Any]], Any] = lambda b: encode_spans(b).SerializeToString()  # noqa: E731
     sdk_logs: Callable[[Sequence[Any]], Any] = lambda b: encode_logs(b).SerializeToString()  # noqa: E731

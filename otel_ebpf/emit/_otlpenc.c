@@ -18,8 +18,9 @@
  * ERROR), the API's SpanContext class (a tuple: its items are read directly) and the SDK's ReadableSpan (its
  * instances' fields are read from their __dict__: _otlpenc_spans.c).
  *
- * Files: _otlpenc.h (the buffer, shared declarations), _otlpenc_values.c (values and attributes),
- * _otlpenc_spans.c (a span), this one (grouping, the request, the module).
+ * Files: _otlpenc.h (the buffer, shared declarations), _otlpenc_read.c (reading a span as the SDK does),
+ * _otlpenc_values.c and _otlpenc_spans.c (protobuf: values and attributes; a span and the request),
+ * _otlpenc_jvalues.c and _otlpenc_json.c (the same in OTLP/JSON), this one (grouping, the module).
  */
 #include "_otlpenc.h"
 
@@ -34,26 +35,6 @@ PyObject *s_get_span_context, *s_parent, *s_name, *s_kind, *s_start_time, *s_end
     *s__instrumentation_scope;
 
 /* ---- grouping: by resource, then scope, in first-appearance order (otlp_common.grouped) ---- */
-
-typedef struct {
-    PyObject *resource; /* the first span's of the group (a strong reference) */
-    PyObject *scope;    /* a strong reference; Py_None for no scope */
-    Buf spans;          /* the encoded ``spans`` fields (tag 0x12) of this scope */
-} Group;
-
-typedef struct {
-    PyObject *resource, *scope; /* NULL: an empty slot */
-    Py_ssize_t group;
-} Seen;
-
-typedef struct {
-    Group *groups;
-    Py_ssize_t n, cap;
-    PyObject *resources; /* dict: resource -> list of group indexes, in order (the SDK objects' equality) */
-    Seen *seen;          /* open addressing on the objects' addresses: each distinct pair is hashed by the SDK */
-    size_t seen_n, seen_cap; /* once (a Resource's hash json-dumps its attributes), as otlp_common.grouped */
-    PyObject *held;      /* list: the pairs' objects, kept alive so their addresses stay theirs */
-} Groups;
 
 static void groups_free(Groups *g)
 {
@@ -158,48 +139,7 @@ static Group *group_by_equality(Groups *g, PyObject *resource, PyObject *scope)
     return c;
 }
 
-/* The ``scope`` field (1) of a ScopeSpans, then its spans, then its schema URL, as _scope and _encode. */
-static int put_scope_spans(Buf *b, Group *c)
-{
-    size_t block, head;
-    int r;
-    if (open_field(b, 0x12, &block) || open_field(b, 0x0a, &head))
-        return FAIL;
-    if (c->scope != Py_None
-        && ((r = put_string_attr(b, 0x0a, c->scope, s_name)) || (r = put_string_attr(b, 0x12, c->scope, s_version))
-            || (r = put_attributes_attr(b, 0x1a, c->scope))))
-        return r;
-    if (close_field(b, head) || put(b, c->spans.data, c->spans.len))
-        return FAIL;
-    if (c->scope != Py_None && (r = put_string_attr(b, 0x1a, c->scope, s_schema_url)))
-        return r;
-    return close_field(b, block);
-}
-
-static int put_request(Buf *b, Groups *g)
-{
-    PyObject *resource, *indexes;
-    Py_ssize_t pos = 0;
-    int r;
-    while (PyDict_Next(g->resources, &pos, &resource, &indexes)) { /* insertion order: first appearance */
-        Group *first = &g->groups[PyLong_AsSsize_t(PyList_GET_ITEM(indexes, 0))];
-        size_t block, head;
-        if (open_field(b, 0x0a, &block) || open_field(b, 0x0a, &head))
-            return FAIL;
-        if ((r = put_attributes_attr(b, 0x0a, first->resource)))
-            return r;
-        if (close_field(b, head))
-            return FAIL;
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(indexes); i++)
-            if ((r = put_scope_spans(b, &g->groups[PyLong_AsSsize_t(PyList_GET_ITEM(indexes, i))])))
-                return r;
-        if ((r = put_string_attr(b, 0x1a, first->resource, s_schema_url)) || close_field(b, block))
-            return r ? r : FAIL;
-    }
-    return OK;
-}
-
-static int encode(PyObject *fast, Buf *out)
+static int encode(PyObject *fast, Buf *out, const Format *f)
 {
     Groups g = {NULL, 0, 0, PyDict_New(), NULL, 0, 0, PyList_New(0)};
     Buf one = {NULL, 0, 0};
@@ -235,23 +175,22 @@ static int encode(PyObject *fast, Buf *out)
         Py_DECREF(resource);
         Py_DECREF(scope);
         one.len = 0;
-        if (!r && !(r = put_span(&one, &span)))
-            r = put_byte(&last->spans, 0x12) || put_varint(&last->spans, one.len)
-                || put(&last->spans, one.data, one.len) ? FAIL : OK;
+        if (!r && !(r = f->span(&one, &span)))
+            r = f->join(&last->spans, &one);
         Py_XDECREF(span.dict);
     }
     Py_XDECREF(last_resource);
     Py_XDECREF(last_scope);
     if (!r)
-        r = put_request(out, &g);
+        r = f->request(out, &g);
     PyMem_Free(one.data);
     groups_free(&g);
     return r;
 }
 
-static PyObject *encode_spans(PyObject *self, PyObject *spans)
+/* ``spans`` in format ``f``: bytes (or an ASCII str) when written, None when handed back, NULL on MemoryError. */
+static PyObject *encode_as(PyObject *spans, const Format *f, int text)
 {
-    (void)self;
     if (readable_span_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "_otlpenc.setup() was not called");
         return NULL;
@@ -260,21 +199,31 @@ static PyObject *encode_spans(PyObject *self, PyObject *spans)
     if (fast == NULL)
         return NULL;
     Buf out = {NULL, 0, 0};
-    int r = encode(fast, &out);
+    int r = encode(fast, &out, f);
     Py_DECREF(fast);
     PyObject *result = NULL;
-    if (r == OK) {
+    if (r == OK && text) {
+        result = PyUnicode_DecodeASCII((const char *)out.data, (Py_ssize_t)out.len, NULL);
+    } else if (r == OK) {
         result = PyBytes_FromStringAndSize((const char *)out.data, (Py_ssize_t)out.len);
-    } else if (r == SLOW) {
-        result = Py_None;
-        Py_INCREF(result);
-    } else if (!PyErr_ExceptionMatches(PyExc_MemoryError)) {
+    } else if (r == SLOW || !PyErr_ExceptionMatches(PyExc_MemoryError)) {
         PyErr_Clear(); /* a malformed span (no kind, a property that raises): Python's path decides */
-        result = Py_None;
-        Py_INCREF(result);
+        result = Py_NewRef(Py_None);
     }
     PyMem_Free(out.data);
     return result;
+}
+
+static PyObject *encode_spans(PyObject *self, PyObject *spans)
+{
+    (void)self;
+    return encode_as(spans, &PROTO, 0);
+}
+
+static PyObject *encode_spans_json(PyObject *self, PyObject *spans)
+{
+    (void)self;
+    return encode_as(spans, &JSON, 1);
 }
 
 static PyObject *setup(PyObject *self, PyObject *args)
@@ -302,6 +251,8 @@ static PyObject *setup(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"encode_spans", encode_spans, METH_O,
      "encode_spans(spans) -> the ExportTraceServiceRequest bytes, or None when a span is not on the fast path."},
+    {"encode_spans_json", encode_spans_json, METH_O,
+     "encode_spans_json(spans) -> its OTLP/JSON line (a str), or None when a span is not on the fast path."},
     {"setup", setup, METH_VARARGS, "setup(span_kinds, status_codes, SpanContext, ReadableSpan): the enum members in order, and two classes."},
     {NULL, NULL, 0, NULL},
 };

@@ -143,12 +143,70 @@ int put_attributes_attr(Buf *b, unsigned char tag, PyObject *obj);
 int put_string_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name);
 int put_time_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name);
 
-/* _otlpenc_spans.c: one Span message body. dict: the span's __dict__ when it is a ReadableSpan, else NULL */
+/* _otlpenc_jvalues.c: the same for OTLP/JSON. A field's name goes in as JFIELD("name"); *first: no comma yet */
+#define PUTS(b, text) put(b, text, sizeof(text) - 1)
+#define JFIELD(name) "\"" name "\":", sizeof("\"" name "\":") - 1
+int comma(Buf *b, int *first);
+int put_jstr(Buf *b, PyObject *o);
+int put_decimal(Buf *b, uint64_t v, int negative);
+int put_jtime(Buf *b, const char *name, size_t len, PyObject *o, int *first);
+int put_jcount(Buf *b, const char *name, size_t len, PyObject *obj, PyObject *attr, int *first);
+int put_jstring(Buf *b, const char *name, size_t len, PyObject *o, int *first);
+int put_jstring_attr(Buf *b, const char *name, size_t len, PyObject *obj, PyObject *attr, int *first);
+int put_jattributes(Buf *b, PyObject *attributes, int *first);
+int put_jattributes_attr(Buf *b, PyObject *obj, int *first);
+int put_jid(Buf *b, const char *name, size_t len, PyObject *context, Py_ssize_t i, PyObject *attr, size_t size);
+
+/* _otlpenc_read.c: a span's members as the SDK's encoder reads them. dict: the span's __dict__ when it is a
+ * ReadableSpan, else NULL */
 typedef struct {
     PyObject *span, *dict;
 } Span;
 
 PyObject *member(const Span *s, PyObject *field, PyObject *public);
-int put_span(Buf *b, const Span *s);
+PyObject *own_member(const Span *s, PyObject *field, PyObject *public, int *own);
+int drops_nothing(PyObject *o, int own);
+PyObject *span_context(const Span *s);
+PyObject *context_item(PyObject *context, Py_ssize_t i, PyObject *public);
+int context_is_remote(PyObject *context);
+int has_trace_state(PyObject *context);
+int kind_number(const Span *s);
+int status_number(PyObject *status);
+
+/* _otlpenc.c: spans grouped by resource, then scope, in first-appearance order (otlp_common.grouped) */
+typedef struct {
+    PyObject *resource; /* the first span's of the group (a strong reference) */
+    PyObject *scope;    /* a strong reference; Py_None for no scope */
+    Buf spans;          /* this scope's spans, encoded and joined as the format joins them */
+} Group;
+
+typedef struct {
+    PyObject *resource, *scope; /* NULL: an empty slot */
+    Py_ssize_t group;
+} Seen;
+
+typedef struct {
+    Group *groups;
+    Py_ssize_t n, cap;
+    PyObject *resources; /* dict: resource -> list of group indexes, in order (the SDK objects' equality) */
+    Seen *seen;          /* open addressing on the objects' addresses: each distinct pair is hashed by the SDK */
+    size_t seen_n, seen_cap; /* once (a Resource's hash json-dumps its attributes), as otlp_common.grouped */
+    PyObject *held;      /* list: the pairs' objects, kept alive so their addresses stay theirs */
+} Groups;
+
+static inline Group *group_at(Groups *g, PyObject *indexes, Py_ssize_t i)
+{
+    return &g->groups[PyLong_AsSsize_t(PyList_GET_ITEM(indexes, i))];
+}
+
+/* An output format: one span, how a group joins its spans, the request around the groups. */
+typedef struct {
+    int (*span)(Buf *b, const Span *s);
+    int (*join)(Buf *group, const Buf *span);
+    int (*request)(Buf *b, Groups *g);
+} Format;
+
+extern const Format PROTO; /* _otlpenc_spans.c: ExportTraceServiceRequest bytes */
+extern const Format JSON;  /* _otlpenc_json.c: its OTLP/JSON line */
 
 #endif

@@ -11,8 +11,16 @@ static int put_event(Buf *b, PyObject *e)
     return OK;
 }
 
-static int context_is_remote(PyObject *context);
-static int put_context_id(Buf *b, unsigned char tag, PyObject *context, Py_ssize_t i, PyObject *public, size_t size);
+static int put_context_id(Buf *b, unsigned char tag, PyObject *context, Py_ssize_t i, PyObject *public, size_t size)
+{
+    PyObject *o = context_item(context, i, public);
+    if (o == NULL)
+        return FAIL;
+    int r = put_id(b, tag, o, size);
+    Py_DECREF(o);
+    return r;
+}
+
 
 /* One Link message body, as _link. */
 static int put_link(Buf *b, PyObject *link)
@@ -56,16 +64,9 @@ static int put_sequence(Buf *b, unsigned char tag, PyObject *seq, int (*one)(Buf
 /* The Status field (15), written even when empty, as _status. */
 static int put_status(Buf *b, PyObject *status)
 {
-    PyObject *code = PyObject_GetAttr(status, s_status_code);
-    if (code == NULL)
-        return FAIL;
-    int number = -1;
-    for (int i = 0; i < 3; i++)
-        if (code == status_codes[i])
-            number = i;
-    Py_DECREF(code);
-    if (number < 0)
-        return SLOW;
+    int number = status_number(status);
+    if (number < 0 || number > 2)
+        return number < 0 ? FAIL : SLOW;
     size_t mark;
     if (open_field(b, 0x7a, &mark))
         return FAIL;
@@ -75,51 +76,6 @@ static int put_status(Buf *b, PyObject *status)
     if (number && (put_byte(b, 0x18) || put_byte(b, (unsigned char)number)))
         return FAIL;
     return close_field(b, mark);
-}
-
-/* A span's members. The SDK's ReadableSpan properties return its own fields (``_name`` for ``name``...), or
- * wrap them (``attributes``: a MappingProxyType of ``_attributes``, readable only as a list of item tuples;
- * ``events``/``links``: a tuple copy); each property call runs Python code. The fields are read from the
- * span's instance dict when it has them, the public attribute otherwise (another class, another SDK). */
-PyObject *member(const Span *s, PyObject *field, PyObject *public)
-{
-    if (s->dict != NULL) {
-        PyObject *v = PyDict_GetItemWithError(s->dict, field);
-        if (v != NULL)
-            return Py_NewRef(v);
-        if (PyErr_Occurred())
-            return NULL;
-    }
-    return PyObject_GetAttr(s->span, public);
-}
-
-/* A SpanContext's item (trace_id 0, span_id 1, is_remote 2, trace_state 4): it is a tuple whose properties
- * return ``self[i]`` (opentelemetry-api 1.45, trace/span.py); the property for anything else. */
-static PyObject *context_item(PyObject *context, Py_ssize_t i, PyObject *public)
-{
-    if (Py_TYPE(context) == span_context_type && PyTuple_GET_SIZE(context) > i)
-        return Py_NewRef(PyTuple_GET_ITEM(context, i));
-    return PyObject_GetAttr(context, public);
-}
-
-static int put_context_id(Buf *b, unsigned char tag, PyObject *context, Py_ssize_t i, PyObject *public, size_t size)
-{
-    PyObject *o = context_item(context, i, public);
-    if (o == NULL)
-        return FAIL;
-    int r = put_id(b, tag, o, size);
-    Py_DECREF(o);
-    return r;
-}
-
-static int context_is_remote(PyObject *context)
-{
-    PyObject *remote = context_item(context, 2, s_is_remote);
-    if (remote == NULL)
-        return FAIL;
-    int is_remote = PyObject_IsTrue(remote);
-    Py_DECREF(remote);
-    return is_remote;
 }
 
 static int put_member_time(Buf *b, unsigned char tag, const Span *s, PyObject *field, PyObject *public)
@@ -150,16 +106,9 @@ static int put_parent(Buf *b, const Span *s, int *remote_parent)
 
 static int put_kind(Buf *b, const Span *s)
 {
-    PyObject *kind = member(s, s__kind, s_kind);
-    if (kind == NULL)
-        return FAIL;
-    int number = -1;
-    for (int i = 0; i < 5; i++)
-        if (kind == span_kinds[i])
-            number = i + 1;
-    Py_DECREF(kind);
-    if (number < 0)
-        return SLOW;
+    int number = kind_number(s);
+    if (number <= 0)
+        return number < 0 ? FAIL : SLOW;
     return put_byte(b, 0x30) || put_byte(b, (unsigned char)number) ? FAIL : OK;
 }
 
@@ -170,11 +119,7 @@ static int put_span_head(Buf *b, const Span *s, PyObject *context, int *remote_p
     if ((r = put_context_id(b, 0x0a, context, 0, s_trace_id, 16))
         || (r = put_context_id(b, 0x12, context, 1, s_span_id, 8)))
         return r;
-    PyObject *state = context_item(context, 4, s_trace_state);
-    if (state == NULL)
-        return FAIL;
-    int has_state = PyObject_IsTrue(state);
-    Py_DECREF(state);
+    int has_state = has_trace_state(context);
     if (has_state)
         return has_state < 0 ? FAIL : SLOW;
     if ((r = put_parent(b, s, remote_parent)))
@@ -190,17 +135,15 @@ static int put_span_head(Buf *b, const Span *s, PyObject *context, int *remote_p
     return OK;
 }
 
-/* A mapping or sequence field and its dropped count, as the properties give them: a BoundedAttributes or
- * BoundedList has its own count; a plain dict, list or tuple (or None) drops nothing. */
+/* A mapping or sequence field and its dropped count, as the properties give them (drops_nothing). */
 static int put_with_dropped(Buf *b, const Span *s, PyObject *field, PyObject *public, PyObject *dropped,
                             unsigned char tag, unsigned char dropped_tag, int (*one)(Buf *, unsigned char, PyObject *))
 {
-    PyObject *o = s->dict != NULL ? PyDict_GetItemWithError(s->dict, field) : NULL;
-    int own = o != NULL; /* the field itself: its type says whether it counts drops (a property's copy does not) */
-    o = own ? Py_NewRef(o) : PyErr_Occurred() ? NULL : PyObject_GetAttr(s->span, public);
+    int own;
+    PyObject *o = own_member(s, field, public, &own);
     if (o == NULL)
         return FAIL;
-    int plain = own && (o == Py_None || PyDict_CheckExact(o) || PyList_CheckExact(o) || PyTuple_CheckExact(o));
+    int plain = drops_nothing(o, own);
     int r = o == Py_None ? OK : one(b, tag, o);
     Py_DECREF(o);
     if (r || plain)
@@ -222,11 +165,7 @@ static int put_links(Buf *b, unsigned char tag, PyObject *links)
 int put_span(Buf *b, const Span *sp)
 {
     const Span s = *sp;
-    PyObject *context = s.dict != NULL ? PyDict_GetItemWithError(s.dict, s__context) : NULL;
-    if (context != NULL)
-        Py_INCREF(context);
-    else if (!PyErr_Occurred())
-        context = PyObject_CallMethodNoArgs(s.span, s_get_span_context);
+    PyObject *context = span_context(&s);
     int r = FAIL, remote_parent = 0;
     if (context != NULL) {
         r = context == Py_None ? SLOW : put_span_head(b, &s, context, &remote_parent);
@@ -248,3 +187,53 @@ int put_span(Buf *b, const Span *sp)
                                far[] = {0x85, 0x01, 0x00, 0x03, 0x00, 0x00};
     return put(b, remote_parent ? far : local, 6);
 }
+
+/* ---- the request: resources, their scopes, their spans (otlp_proto.py's _scope and _encode) ---- */
+
+static int join(Buf *group, const Buf *span)
+{
+    return put_byte(group, 0x12) || put_varint(group, span->len) || put(group, span->data, span->len) ? FAIL : OK;
+}
+
+/* The ``scope`` field (1) of a ScopeSpans, then its spans, then its schema URL, as _scope and _encode. */
+static int put_scope_spans(Buf *b, Group *c)
+{
+    size_t block, head;
+    int r;
+    if (open_field(b, 0x12, &block) || open_field(b, 0x0a, &head))
+        return FAIL;
+    if (c->scope != Py_None
+        && ((r = put_string_attr(b, 0x0a, c->scope, s_name)) || (r = put_string_attr(b, 0x12, c->scope, s_version))
+            || (r = put_attributes_attr(b, 0x1a, c->scope))))
+        return r;
+    if (close_field(b, head) || put(b, c->spans.data, c->spans.len))
+        return FAIL;
+    if (c->scope != Py_None && (r = put_string_attr(b, 0x1a, c->scope, s_schema_url)))
+        return r;
+    return close_field(b, block);
+}
+
+static int put_request(Buf *b, Groups *g)
+{
+    PyObject *resource, *indexes;
+    Py_ssize_t pos = 0;
+    int r;
+    while (PyDict_Next(g->resources, &pos, &resource, &indexes)) { /* insertion order: first appearance */
+        Group *first = group_at(g, indexes, 0);
+        size_t block, head;
+        if (open_field(b, 0x0a, &block) || open_field(b, 0x0a, &head))
+            return FAIL;
+        if ((r = put_attributes_attr(b, 0x0a, first->resource)))
+            return r;
+        if (close_field(b, head))
+            return FAIL;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(indexes); i++)
+            if ((r = put_scope_spans(b, group_at(g, indexes, i))))
+                return r;
+        if ((r = put_string_attr(b, 0x1a, first->resource, s_schema_url)) || close_field(b, block))
+            return r ? r : FAIL;
+    }
+    return OK;
+}
+
+const Format PROTO = {put_span, join, put_request};

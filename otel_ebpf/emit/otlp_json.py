@@ -44,13 +44,14 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status
 
+from . import otlp_native
 from .otlp_common import I64 as _I64
 from .otlp_common import U32 as _U32
 from .otlp_common import U64 as _U64
 from .otlp_common import U128 as _U128
 from .otlp_common import Unencodable, checked, enum_number, grouped, int64, span_id, trace_id, unsigned
 
-__all__ = ["Unencodable", "logs_to_otlp_json", "spans_to_otlp_json"]
+__all__ = ["Unencodable", "logs_to_otlp_json", "python_spans_to_otlp_json", "spans_to_otlp_json"]
 
 _ESCAPE: Callable[[str], str] = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str
 # the SDK's SpanKind -> the proto's Span.SpanKind number (SPAN_KIND_INTERNAL = 1, ...)
@@ -327,7 +328,17 @@ def _encode(items: Sequence[_T], encode: Callable[[_T], str], top: str, middle: 
 
 def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> str:
     """The ExportTraceServiceRequest of ``spans`` as one OTLP/JSON line (no newline); raises
-    :class:`Unencodable` when it cannot be written exactly as ``to_otlp_json(encode_spans(spans))``."""
+    :class:`Unencodable` when it cannot be written exactly as ``to_otlp_json(encode_spans(spans))``.
+    The C encoder (otlp_native) writes it first; a batch it hands back is written here."""
+    if otlp_native.SPANS_JSON is not None:
+        out = otlp_native.SPANS_JSON(spans)
+        if out is not None:
+            return out
+    return python_spans_to_otlp_json(spans)
+
+
+def python_spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> str:
+    """:func:`spans_to_otlp_json` without the C encoder (the reference its tests compare it with)."""
     return checked(lambda: _encode(spans, _span, "resourceSpans", "scopeSpans", "spans"))
 
 

@@ -25,7 +25,7 @@ Spans go first through the C extension ``otel_ebpf.emit._otlpenc`` (``_otlpenc.c
 rules, function for function, ~10x faster: docs/benchmarks.md), which hands a batch back (None)
 when any span is off its fast path (a trace state, a dict value, a lone surrogate...); this module
 then writes or refuses it. Without the extension (built optional: no C compiler) everything is
-written here. ``NATIVE`` says which.
+written here (otlp_native.NATIVE says which).
 Thread-safe: the one shared state, a cache of encoded attribute keys bounded at 4,096 entries,
 is only touched by single dict operations.
 """
@@ -38,14 +38,15 @@ from typing import Any, TypeVar
 from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status
 
+from . import otlp_native
 from .otlp_common import I64 as _I64
 from .otlp_common import U32 as _U32
 from .otlp_common import U64 as _U64
 from .otlp_common import Unencodable, checked, enum_number, grouped, int64, span_id, trace_id, unsigned
 
-__all__ = ["NATIVE", "logs_to_otlp_proto", "python_spans_to_otlp_proto", "spans_to_otlp_proto"]
+__all__ = ["logs_to_otlp_proto", "python_spans_to_otlp_proto", "spans_to_otlp_proto"]
 
 _DOUBLE = struct.Struct("<d").pack
 _FIXED64 = struct.Struct("<Q").pack
@@ -60,24 +61,6 @@ _HEADS: dict[str, bytes] = {}  # attribute key -> its encoded KeyValue.key field
 _HEADS_MAX = 4096
 
 
-def _native() -> Callable[[Sequence[ReadableSpan]], bytes | None] | None:
-    try:
-        from otel_ebpf.emit import _otlpenc  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    kinds = tuple(sorted(SpanKind, key=lambda k: k.value))
-    codes = tuple(sorted(StatusCode, key=lambda c: c.value))
-    if [k.value for k in kinds] != [0, 1, 2, 3, 4] or [c.value for c in codes] != [0, 1, 2]:
-        return None  # the C side maps members by position: an SDK with other values is written here
-    if [k.name for k in kinds] != ["INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER"]:
-        return None
-    _otlpenc.setup(kinds, codes, SpanContext, ReadableSpan)
-    encode: Callable[[Sequence[ReadableSpan]], bytes | None] = _otlpenc.encode_spans
-    return encode
-
-
-_NATIVE_SPANS = _native()
-NATIVE = _NATIVE_SPANS is not None  # spans are encoded by the C extension first
 
 
 def _varint(value: int) -> bytes:
@@ -336,8 +319,8 @@ def _encode(items: Sequence[_T], encode: Callable[[_T], bytes]) -> bytes:
 def spans_to_otlp_proto(spans: Sequence[ReadableSpan]) -> bytes:
     """The serialized ExportTraceServiceRequest of ``spans``; raises :class:`~.otlp_common.Unencodable`
     when it cannot be written exactly as ``encode_spans(spans).SerializeToString()``."""
-    if _NATIVE_SPANS is not None:
-        out = _NATIVE_SPANS(spans)
+    if otlp_native.SPANS_PROTO is not None:
+        out = otlp_native.SPANS_PROTO(spans)
         if out is not None:
             return out
     return python_spans_to_otlp_proto(spans)

@@ -1,23 +1,27 @@
 """otel_ebpf.emit._otlpenc (C): the spans it writes are the SDK's bytes; the ones it does not, it hands back.
 
-The reference is ``encode_spans(spans).SerializeToString()`` (the SDK's OTLP exporters' body), as in
-test_otlp_proto.py, whose tests go through the C encoder first. Here the C encoder is called alone, so
-a batch it hands back (None) cannot hide behind the Python encoder: each test says which batches it
-must write itself.
+Both formats: protobuf, against ``encode_spans(spans).SerializeToString()`` (the SDK's OTLP exporters'
+body, as test_otlp_proto.py), and OTLP/JSON, against ``to_otlp_json(encode_spans(spans))`` (the file
+exporter's former line, as test_otlp_json.py). Those modules' tests go through the C encoder first; here
+it is called alone, so a batch it hands back (None) cannot hide behind the Python writers: each test says
+which batches it must write itself.
 """
 from __future__ import annotations
 
 import sys
 from typing import Any
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceState
 
-from otel_ebpf.emit import otlp_proto
+from otel_ebpf.emit import otlp_native
 from tests.unit.emit.test_otlp_json import (
     DIRECT_ONLY,
+    old_line,
     direct_span,
     direct_spans,
     exactly_encodable,
@@ -28,11 +32,18 @@ from tests.unit.emit.test_otlp_json import (
 from tests.unit.emit.test_otlp_proto import sdk_bytes
 
 
-def native(spans: list[ReadableSpan]) -> bytes | None:
+FORMATS = ["proto", "json"]
+
+
+def native(spans: list[Any], fmt: str = "proto") -> bytes | str | None:
     from otel_ebpf.emit import _otlpenc  # type: ignore[attr-defined]
 
-    out: bytes | None = _otlpenc.encode_spans(spans)
+    out: bytes | str | None = (_otlpenc.encode_spans if fmt == "proto" else _otlpenc.encode_spans_json)(spans)
     return out
+
+
+def reference(spans: list[ReadableSpan], fmt: str) -> bytes | str:
+    return sdk_bytes(spans) if fmt == "proto" else old_line(spans)
 
 
 def _has_dict(value: Any) -> bool:
@@ -49,50 +60,56 @@ def on_fast_path(span: ReadableSpan) -> bool:
 
 
 def test_the_extension_is_built_and_used():
-    assert otlp_proto.NATIVE, "otel_ebpf.emit._otlpenc did not build (pip install -e . builds it; needs gcc)"
+    assert otlp_native.NATIVE, "otel_ebpf.emit._otlpenc did not build (pip install -e . builds it; needs gcc)"
 
 
-def test_sdk_made_spans_are_written_by_the_c_encoder_byte_for_byte():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sdk_made_spans_are_written_by_the_c_encoder_byte_for_byte(fmt: str):
     """Parents, the five kinds, statuses with messages, events, links, dropped counts, every value kind but dicts,
     non-ASCII and control characters, 4 resources (two equal: one group), scopes with versions and attributes."""
     spans = traced_spans()
     assert all(on_fast_path(s) for s in spans)
-    assert native(spans) == sdk_bytes(spans)
+    assert native(spans, fmt) == reference(spans, fmt)
     for span in spans:
-        assert native([span]) == sdk_bytes([span])
+        assert native([span], fmt) == reference([span], fmt)
 
 
-def test_directly_built_spans_are_written_or_handed_back():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_directly_built_spans_are_written_or_handed_back(fmt: str):
     spans = direct_spans()
     fast = [s for s in spans if on_fast_path(s)]
     assert len(fast) == len(spans) - 1  # the first has a trace state and dict values
     for span in spans:
-        assert native([span]) == (sdk_bytes([span]) if on_fast_path(span) else None)
-    assert native(fast) == sdk_bytes(fast)
-    assert native(spans) is None  # one span off the fast path: the whole batch goes to Python
+        assert native([span], fmt) == (reference([span], fmt) if on_fast_path(span) else None)
+    assert native(fast, fmt) == reference(fast, fmt)
+    assert native(spans, fmt) is None  # one span off the fast path: the whole batch goes to Python
 
 
-def test_values_only_direct_spans_carry_are_written_too():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_values_only_direct_spans_carry_are_written_too(fmt: str):
     """None, bytes, lists, nested arrays, the empty key: what SpanBuilder's spans may hold and the SDK's tracer
     would rewrite."""
     values = {k: v for k, v in DIRECT_ONLY.items() if not _has_dict(v)}
+    values |= {f"bytes.{n}": bytes(range(250, 250 - n, -1)) for n in range(1, 7)}  # every base64 padding
     remote = SpanContext(7, 8, is_remote=True)
     span = direct_span("values", values, resource=resources()[1], scope=InstrumentationScope("x", "1"),
                        parent=remote, events=(Event("e", values, 3),), links=(Link(remote, values),),
                        status=Status(StatusCode.ERROR, "é"))
     deep = direct_span("deep", {"a": ((((1,),),),)}, resource=resources()[0], scope=None)
-    assert native([span, deep]) == sdk_bytes([span, deep])
+    assert native([span, deep], fmt) == reference([span, deep], fmt)
 
 
-def test_a_batch_of_many_resources_and_scopes_is_grouped_as_the_sdk_groups_it():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_batch_of_many_resources_and_scopes_is_grouped_as_the_sdk_groups_it(fmt: str):
     res = resources()
     scopes = [None, InstrumentationScope("a"), InstrumentationScope("a"), InstrumentationScope("b", "2")]
     spans = [direct_span(f"s{i}", {"i": i}, resource=res[(i * 7) % 4], scope=scopes[(i * 3) % 4], span_id=i + 1)
              for i in range(200)]
-    assert native(spans) == sdk_bytes(spans)
+    assert native(spans, fmt) == reference(spans, fmt)
 
 
-def test_it_hands_back_what_it_does_not_write():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_it_hands_back_what_it_does_not_write(fmt: str):
     res = resources()[0]
     cases = [direct_span("state", {}, resource=res, scope=None, trace_state=TraceState([("k", "v")])),
              direct_span("dict", {"d": {"k": 1}}, resource=res, scope=None),
@@ -102,7 +119,7 @@ def test_it_hands_back_what_it_does_not_write():
              direct_span("negative start", {}, resource=res, scope=None, start=-1),
              direct_span("too deep", {"a": ((((((((((((((((((((((((((((((((((1,),),),),),),),),),),),),),),),),),),),),),),),),),),),),),),),),),)}, resource=res, scope=None)]
     for span in cases:
-        assert native([span]) is None, span.name
+        assert native([span], fmt) is None, span.name
 
 
 def test_it_holds_no_reference_it_took():
@@ -110,19 +127,21 @@ def test_it_holds_no_reference_it_took():
     res, scope = spans[0].resource, spans[0].instrumentation_scope
     before = sys.getrefcount(res), sys.getrefcount(scope)
     for _ in range(50):
-        native(spans)
-        native(direct_spans())
+        for fmt in FORMATS:
+            native(spans, fmt)
+            native(direct_spans(), fmt)
     assert (sys.getrefcount(res), sys.getrefcount(scope)) == before
 
 
 @settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(generated_spans())
 def test_generated_spans_are_written_as_the_sdk_encodes_them_or_handed_back(spans):
-    out = native(spans)
-    if not exactly_encodable(spans):
-        assert out is None
-    elif all(on_fast_path(s) for s in spans):
-        assert out == sdk_bytes(spans)
+    for fmt in FORMATS:
+        out = native(spans, fmt)
+        if not exactly_encodable(spans):
+            assert out is None
+        elif all(on_fast_path(s) for s in spans):
+            assert out == reference(spans, fmt)
 
 
 class _Wrapped:
@@ -135,6 +154,7 @@ class _Wrapped:
         return getattr(self._span, name)
 
 
-def test_a_span_of_another_class_is_read_through_its_public_attributes():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_span_of_another_class_is_read_through_its_public_attributes(fmt: str):
     spans = traced_spans()
-    assert native([_Wrapped(s) for s in spans]) == sdk_bytes(spans)  # type: ignore[misc]
+    assert native([_Wrapped(s) for s in spans], fmt) == reference(spans, fmt)  # type: ignore[misc]
