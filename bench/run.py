@@ -305,7 +305,14 @@ def main() -> int:
                     help="pipeline rows export over OTLP to a null collector in another process (default: the file)")
     ap.add_argument("--no-launch-context", action="store_true",
                     help="CUDA receiver with launch_context: false (no per-thread op lookup on launches)")
+    ap.add_argument("--python-encoders", action="store_true",
+                    help="spans encoded by the Python writers, not the C extension (otel_ebpf.emit.otlp_native): "
+                         "what the encoder costs the whole agent")
     a = ap.parse_args()
+    if a.python_encoders:
+        from otel_ebpf.emit import otlp_native
+
+        otlp_native.SPANS_PROTO = otlp_native.SPANS_JSON = None
     if a.no_launch_context:
         CUDA_CONFIG["launch_context"] = False
     if os.geteuid() != 0:
