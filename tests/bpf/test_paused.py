@@ -57,7 +57,8 @@ def test_process_stat_reads_state_and_start_time_of_odd_names(tmp_path: Path) ->
     try:
         before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         st = paused.process_stat(child.pid)
-        assert st is not None and st[0] in ("R", "S")
+        # alive and not stopped: R or S, or D while it still pages in its executable (seen under load in CI)
+        assert st is not None and st[0] in ("R", "S", "D"), st
         assert paused.is_same_process(st[1], before)
         os.kill(child.pid, signal.SIGSTOP)
         deadline = time.monotonic() + 5
