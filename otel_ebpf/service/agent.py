@@ -148,6 +148,10 @@ def exit_status(status: int) -> int:
 
 
 _FAILED_START_S = 2.0  # shutdown budget after a failed start (then the last metrics' 5 s grace)
+# Longest an exiting agent waits, after its flush, for the compile its background starter is in (the starter
+# starts no other): LLVM's static destructors run at exit, and one meeting a compile aborted the process
+# (SIGABRT, exit -6, once in a CI run of `run -- sh -c 'exit 3'`). A compile takes 0.4-3 s on these VMs.
+_STARTER_EXIT_WAIT_S = 30.0
 
 
 @dataclass
@@ -334,6 +338,8 @@ class Agent:
         for name, q in self._queues.items():  # a failed start's queues without stages: what they hold is counted
             if not any(p.queue is q for p in self.pipelines):
                 _quietly(functools.partial(q.shutdown, deadline), f"pipeline {name} queue")
+        if exiting and deferred is not None:
+            deferred.finish(_STARTER_EXIT_WAIT_S)  # no compile may run into the interpreter's exit
 
     def drops(self, *, lost: bool = True) -> dict[str, int]:
         """{'<where>/<reason>': count} of the drops so far (otel_ebpf.events.dropped) that lost data; with

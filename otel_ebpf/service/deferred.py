@@ -159,6 +159,18 @@ class DeferredStart:
         if gate is not None:
             gate.shutdown()
 
+    def finish(self, timeout: float) -> bool:
+        """After :meth:`stop`: wait up to ``timeout`` s for the starter thread to end (the compile it is in, then
+        that receiver's shutdown); said at INFO when it has to wait. True when it ended."""
+        if self.done.is_set() or not self._thread.is_alive():
+            return True
+        log.info("waiting for the BPF compile in progress to end before exiting (at most %.0fs)", timeout)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("a BPF compile still runs after %.0fs; exiting anyway", timeout)
+            return False
+        return True
+
     def stop(self) -> dict[str, Any]:
         """No receiver starts from now on; the ones that did (the agent shuts them down)."""
         with self._lock:

@@ -48,6 +48,23 @@ def test_a_receiver_whose_start_ends_after_the_stop_is_shut_down_by_the_starter(
     assert not never.started  # nothing starts after the stop
 
 
+def test_an_exiting_agent_waits_for_the_compile_in_progress_and_no_longer() -> None:
+    """Agent.shutdown(exiting=True) ends with finish(): no compile may run into the interpreter's exit (LLVM's
+    static destructors aborted a `run` whose command ended while a receiver compiled)."""
+    release = threading.Event()
+    slow = FakeReceiver(gate=release)
+    d = DeferredStart(Context(), {"cuda": slow}, None, 0.0)
+    d.start()
+    d.stop()
+    assert not d.finish(0.2)  # still compiling: it says so and gives up after the bound
+    threading.Timer(0.3, release.set).start()
+    assert d.finish(10)
+    assert slow.started and slow.stopped  # the starter shut its receiver down before finish returned
+    nothing = DeferredStart(Context(), {}, None, 0.0)
+    nothing.start()  # nothing late: the end of the start ran in start()
+    assert nothing.finish(0.0)
+
+
 def test_only_bpf_receivers_not_marked_early_are_late() -> None:
     from otel_ebpf.receivers.blockio.receiver import BlockIoReceiver
     from otel_ebpf.receivers.lifecycle.receiver import LifecycleReceiver
