@@ -217,8 +217,9 @@ int put_jattributes(Buf *b, PyObject *attributes, int *first)
     if (n && (comma(b, first) || PUTS(b, "\"attributes\":[")))
         r = FAIL;
     for (Py_ssize_t i = 0; i < n && !r; i++) {
-        PyObject *pair = PyList_GET_ITEM(items, i), *key = PyTuple_GET_ITEM(pair, 0);
-        if (!PyUnicode_CheckExact(key))
+        PyObject *pair = PyList_GET_ITEM(items, i);
+        PyObject *key = PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 ? PyTuple_GET_ITEM(pair, 0) : NULL;
+        if (key == NULL || !PyUnicode_CheckExact(key))
             r = SLOW;
         else if ((i && put_byte(b, ',')) || put_byte(b, '{'))
             r = FAIL;
