@@ -134,14 +134,12 @@ int as_u64(PyObject *o, uint64_t *v);
 int as_i64(PyObject *o, uint64_t *v);
 int put_time(Buf *b, unsigned char tag, PyObject *o);
 int put_count(Buf *b, unsigned char tag, PyObject *o);
-int put_count_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name);
 int put_id(Buf *b, unsigned char tag, PyObject *o, size_t size);
 int put_value(Buf *b, PyObject *v, int depth);
 int put_key_value(Buf *b, unsigned char tag, PyObject *key, PyObject *value);
 int put_attributes(Buf *b, unsigned char tag, PyObject *attributes);
-int put_attributes_attr(Buf *b, unsigned char tag, PyObject *obj);
-int put_string_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name);
-int put_time_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name);
+typedef int (*Put)(Buf *b, unsigned char tag, PyObject *o);
+int put_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name, Put put);
 
 /* _otlpenc_jvalues.c: the same for OTLP/JSON. A field's name goes in as JFIELD("name"); *first: no comma yet */
 #define PUTS(b, text) put(b, text, sizeof(text) - 1)

@@ -26,14 +26,20 @@ PyObject *context_item(PyObject *context, Py_ssize_t i, PyObject *public)
     return PyObject_GetAttr(context, public);
 }
 
+/* The truth of a context's item: 1, 0, or FAIL. */
+static int context_truth(PyObject *context, Py_ssize_t i, PyObject *public)
+{
+    PyObject *o = context_item(context, i, public);
+    if (o == NULL)
+        return FAIL;
+    int truth = PyObject_IsTrue(o);
+    Py_DECREF(o);
+    return truth;
+}
+
 int context_is_remote(PyObject *context)
 {
-    PyObject *remote = context_item(context, 2, s_is_remote);
-    if (remote == NULL)
-        return FAIL;
-    int is_remote = PyObject_IsTrue(remote);
-    Py_DECREF(remote);
-    return is_remote;
+    return context_truth(context, 2, s_is_remote);
 }
 
 /* ``field`` of the span (``own``: from its own fields, whose type says whether it counts drops; a property's
@@ -66,12 +72,7 @@ PyObject *span_context(const Span *s)
 /* Whether the context has a trace state: 1, 0, or FAIL. */
 int has_trace_state(PyObject *context)
 {
-    PyObject *state = context_item(context, 4, s_trace_state);
-    if (state == NULL)
-        return FAIL;
-    int has = PyObject_IsTrue(state);
-    Py_DECREF(state);
-    return has;
+    return context_truth(context, 4, s_trace_state);
 }
 
 /* The proto number of the span's kind (1..5), 0 for another value (SLOW), or FAIL. */

@@ -5,8 +5,8 @@
 static int put_event(Buf *b, PyObject *e)
 {
     int r;
-    if ((r = put_time_attr(b, 0x09, e, s_timestamp)) || (r = put_string_attr(b, 0x12, e, s_name))
-        || (r = put_attributes_attr(b, 0x1a, e)) || (r = put_count_attr(b, 0x20, e, s_dropped_attributes)))
+    if ((r = put_attr(b, 0x09, e, s_timestamp, put_time)) || (r = put_attr(b, 0x12, e, s_name, put_string))
+        || (r = put_attr(b, 0x1a, e, s_attributes, put_attributes)) || (r = put_attr(b, 0x20, e, s_dropped_attributes, put_count)))
         return r;
     return OK;
 }
@@ -30,8 +30,8 @@ static int put_link(Buf *b, PyObject *link)
         return FAIL;
     int r;
     if ((r = put_context_id(b, 0x0a, context, 0, s_trace_id, 16))
-        || (r = put_context_id(b, 0x12, context, 1, s_span_id, 8)) || (r = put_attributes_attr(b, 0x22, link))
-        || (r = put_count_attr(b, 0x28, link, s_dropped_attributes))) {
+        || (r = put_context_id(b, 0x12, context, 1, s_span_id, 8)) || (r = put_attr(b, 0x22, link, s_attributes, put_attributes))
+        || (r = put_attr(b, 0x28, link, s_dropped_attributes, put_count))) {
         Py_DECREF(context);
         return r;
     }
@@ -70,7 +70,7 @@ static int put_status(Buf *b, PyObject *status)
     size_t mark;
     if (open_field(b, 0x7a, &mark))
         return FAIL;
-    int r = put_string_attr(b, 0x12, status, s_description);
+    int r = put_attr(b, 0x12, status, s_description, put_string);
     if (r)
         return r;
     if (number && (put_byte(b, 0x18) || put_byte(b, (unsigned char)number)))
@@ -148,7 +148,7 @@ static int put_with_dropped(Buf *b, const Span *s, PyObject *field, PyObject *pu
     Py_DECREF(o);
     if (r || plain)
         return r;
-    return put_count_attr(b, dropped_tag, s->span, dropped);
+    return put_attr(b, dropped_tag, s->span, dropped, put_count);
 }
 
 static int put_events(Buf *b, unsigned char tag, PyObject *events)
@@ -203,12 +203,12 @@ static int put_scope_spans(Buf *b, Group *c)
     if (open_field(b, 0x12, &block) || open_field(b, 0x0a, &head))
         return FAIL;
     if (c->scope != Py_None
-        && ((r = put_string_attr(b, 0x0a, c->scope, s_name)) || (r = put_string_attr(b, 0x12, c->scope, s_version))
-            || (r = put_attributes_attr(b, 0x1a, c->scope))))
+        && ((r = put_attr(b, 0x0a, c->scope, s_name, put_string)) || (r = put_attr(b, 0x12, c->scope, s_version, put_string))
+            || (r = put_attr(b, 0x1a, c->scope, s_attributes, put_attributes))))
         return r;
     if (close_field(b, head) || put(b, c->spans.data, c->spans.len))
         return FAIL;
-    if (c->scope != Py_None && (r = put_string_attr(b, 0x1a, c->scope, s_schema_url)))
+    if (c->scope != Py_None && (r = put_attr(b, 0x1a, c->scope, s_schema_url, put_string)))
         return r;
     return close_field(b, block);
 }
@@ -223,14 +223,14 @@ static int put_request(Buf *b, Groups *g)
         size_t block, head;
         if (open_field(b, 0x0a, &block) || open_field(b, 0x0a, &head))
             return FAIL;
-        if ((r = put_attributes_attr(b, 0x0a, first->resource)))
+        if ((r = put_attr(b, 0x0a, first->resource, s_attributes, put_attributes)))
             return r;
         if (close_field(b, head))
             return FAIL;
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(indexes); i++)
             if ((r = put_scope_spans(b, group_at(g, indexes, i))))
                 return r;
-        if ((r = put_string_attr(b, 0x1a, first->resource, s_schema_url)) || close_field(b, block))
+        if ((r = put_attr(b, 0x1a, first->resource, s_schema_url, put_string)) || close_field(b, block))
             return r ? r : FAIL;
     }
     return OK;

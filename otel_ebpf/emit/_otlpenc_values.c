@@ -86,16 +86,6 @@ int put_count(Buf *b, unsigned char tag, PyObject *o)
     return put_byte(b, tag) || put_varint(b, v) ? FAIL : OK;
 }
 
-int put_count_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name)
-{
-    PyObject *o = PyObject_GetAttr(obj, name);
-    if (o == NULL)
-        return FAIL;
-    int r = put_count(b, tag, o);
-    Py_DECREF(o);
-    return r;
-}
-
 /* An id: an exact int below 2**(8*size), written big-endian as a bytes field of that size. */
 int put_id(Buf *b, unsigned char tag, PyObject *o, size_t size)
 {
@@ -233,32 +223,13 @@ int put_attributes(Buf *b, unsigned char tag, PyObject *attributes)
     return r;
 }
 
-int put_attributes_attr(Buf *b, unsigned char tag, PyObject *obj)
-{
-    PyObject *a = PyObject_GetAttr(obj, s_attributes);
-    if (a == NULL)
-        return FAIL;
-    int r = put_attributes(b, tag, a);
-    Py_DECREF(a);
-    return r;
-}
-
-int put_string_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name)
+/* ``put(b, tag, obj.<name>)``: one field written from an attribute of ``obj``. */
+int put_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name, Put put)
 {
     PyObject *o = PyObject_GetAttr(obj, name);
     if (o == NULL)
         return FAIL;
-    int r = put_string(b, tag, o);
-    Py_DECREF(o);
-    return r;
-}
-
-int put_time_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name)
-{
-    PyObject *o = PyObject_GetAttr(obj, name);
-    if (o == NULL)
-        return FAIL;
-    int r = put_time(b, tag, o);
+    int r = put(b, tag, o);
     Py_DECREF(o);
     return r;
 }
