@@ -21,7 +21,8 @@ from otel_ebpf.bpf.cputhrottle import ThrottleWatch
 from otel_ebpf.bpf.paused import PAUSED_DIR, entries, forget_entry, parse_pin, process_stat, resume
 from otel_ebpf.bpf.threadctx import BPFFS
 
-__all__ = ["GUARD_DIR", "LEASE_KEY", "LEASE_VALUE", "SLOTS", "THROTTLED", "guard_pins_of", "main", "now_ns"]
+__all__ = ["GUARD_DIR", "LEASE_KEY", "LEASE_VALUE", "PF_EXITING", "SLOTS", "THROTTLED", "agent_dying", "guard_pins_of",
+           "main", "now_ns", "stat_says_dying"]
 
 log = logging.getLogger("otel_ebpf.bpf.pauseguard")
 GUARD_DIR = BPFFS / "otel_ebpf" / "guard"
@@ -39,6 +40,44 @@ def guard_pins_of(pid: int, start: int) -> list[Path]:
         return [GUARD_DIR / n for n in os.listdir(GUARD_DIR) if n.startswith(f"{pid}-{start}-")]
     except OSError:
         return []
+
+
+PF_EXITING = 0x4  # include/linux/sched.h: set by do_exit() on entry (exit_signals)
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def agent_dying(pid: int, start: int) -> bool:
+    """The agent ``pid`` (started at ``start`` ticks) is gone or on its way out. A killed agent's
+    pidfd turns readable only once its last thread has exited, and that thread first releases
+    its fds: ~0.1 s per uprobe, seconds in all. Which thread does it is the scheduler's choice:
+    when the main thread is another one, it shows state Z at once; when it is the main thread,
+    it shows R or D throughout (seen in CI: 5 s). So a SIGKILL pending on the main thread (not
+    yet run) or its PF_EXITING flag (running do_exit) count as dying too."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            status = fh.read().decode(errors="replace")
+    except OSError:
+        return True
+    return stat_says_dying(stat, status, start)
+
+
+def stat_says_dying(stat: str, status: str, start: int) -> bool:
+    """:func:`agent_dying` on the text of /proc/PID/stat and /proc/PID/status."""
+    fields = stat[stat.rfind(")") + 2:].split()  # comm may hold spaces and parentheses
+    try:
+        state, flags, started = fields[0], int(fields[6]), int(fields[19])
+    except (IndexError, ValueError):
+        return True
+    if started != start or state in ("Z", "X") or flags & PF_EXITING:
+        return True
+    for line in status.splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")):
+            with contextlib.suppress(ValueError):
+                if int(line.split(":", 1)[1].strip(), 16) & _SIGKILL_BIT:
+                    return True
+    return False
 
 
 class _Supervisor:
@@ -151,10 +190,7 @@ class _Supervisor:
         return 0
 
     def _agent_dying(self) -> bool:
-        """Killed, not yet gone: a SIGKILLed agent is a zombie (state Z) while the kernel releases
-        its uprobes, tens of seconds with many probes; its pidfd is readable only after that."""
-        st = process_stat(self.agent_pid)
-        return st is None or st[1] != self.agent_start or st[0] in ("Z", "X")
+        return agent_dying(self.agent_pid, self.agent_start)
 
     def _after_agent(self) -> None:
         """The agent exited. Its programs may stay attached a while (the kernel releases its
