@@ -15,8 +15,8 @@ attach to the path, then resumes the process: its first call into the library is
 Each hold is counted in ``otel_ebpf.gate.held{receiver}`` and logged (INFO) with its length.
 Compiling a receiver takes longer than ``service.pause_timeout`` (cuda ~3 s), the longest any
 stop may last once the agent stops making progress. So while the starter thread makes progress
-(its CPU time grows: it is compiling), the gate re-records every stop it holds as made now,
-every half pause_timeout (otel_ebpf.bpf.paused.rekey), those whose opens wait in the ring
+(its CPU time grows: it is compiling), the gate re-records every stop it holds (older than a quarter
+of pause_timeout) as made now, every half pause_timeout (otel_ebpf.bpf.paused.rekey), those whose opens wait in the ring
 buffer behind the one being handled included (one poll thread handles them in turn); the pause
 guard's supervisor then counts its timeout from there, and a stop gets a fresh pause_timeout
 for its attach once its receiver is ready. An agent that hangs, starves or dies stops the renewals, and the supervisor
@@ -221,10 +221,13 @@ class LibraryGate(BpfReceiver):
         return True
 
     def _renew_all(self, only: tuple[int, int] | None = None) -> None:
-        """Record the gate's stops (``only``: that one, by its first ts) older than half pause_timeout
-        (all of ``only``) as made now, none held HOLD_MAX_S already."""
+        """Record the gate's stops (``only``: that one, by its first ts) older than a quarter of
+        pause_timeout (all of ``only``) as made now, none held HOLD_MAX_S already. Renewals come
+        every half pause_timeout, so a stop is at most ~3/4 of it old when renewed (with half as the
+        threshold too, a stop made just after one renewal was skipped by the next and renewed at
+        pause_timeout itself: the guard could resume it first)."""
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # the clock of the program's stop ts
-        half = int(self.ctx.pause_timeout * 1e9 / 2)
+        quarter = int(self.ctx.pause_timeout * 1e9 / 4)
         if len(self._rekeyed) > _MAX_RENEWED:  # records never read (a full ring): forget, the guard resumes them
             self._rekeyed.clear()
             self._origin.clear()
@@ -232,7 +235,7 @@ class LibraryGate(BpfReceiver):
             first = self._origin.get((pid, key), key)
             if only is not None and only != (pid, first):
                 continue
-            if (only is None and now - key < half) or now - first >= HOLD_MAX_S * 1e9:
+            if (only is None and now - key < quarter) or now - first >= HOLD_MAX_S * 1e9:
                 continue
             new = now + n  # distinct keys even for two stops of one process
             if paused_map.rekey(self._bpf, pid, key, new):
