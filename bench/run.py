@@ -148,7 +148,11 @@ def pipeline_at(loop: Path, rate: float, seconds: float) -> dict[str, float]:
         rss = me.memory_info().rss
         spans = agent.summary()["spans"]
     cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
-    return {"rate": rate, "calls": n, "spans": spans, "dropped": tel.get("otel_ebpf.events.dropped"),
+    lost: dict[str, int] = {}
+    for name, attrs, v in tel.snapshot():
+        if name == "otel_ebpf.events.dropped" and v:
+            lost[attrs.get("reason", "?")] = lost.get(attrs.get("reason", "?"), 0) + v
+    return {"rate": rate, "calls": n, "spans": spans, "dropped": tel.get("otel_ebpf.events.dropped"), "lost": lost,
             "cpu_us_per_span": cpu / max(spans, 1) * 1e6, "rss_mb": rss / 2**20,
             "achieved": min(rate, 1e9 / ns_per_call)}
 
@@ -364,7 +368,8 @@ def _run(a: argparse.Namespace, loop: Path) -> int:
 def _pipeline_rows(a: argparse.Namespace, best: dict[str, float] | None, runs: list[dict]) -> list[tuple[str, str]]:
     to = f"OTLP/{a.otlp} to a null collector" if a.otlp else "the JSON-lines file"
     rows = [(f"cudaMemcpy at {r['rate']:.0f}/s for {a.seconds:.0f} s, whole agent, to {to}",
-             f"{r['spans']:.0f} of {r['calls']:.0f} calls became spans, {r['dropped']:.0f} dropped (counted); "
+             f"{r['spans']:.0f} of {r['calls']:.0f} calls became spans, {r['dropped']:.0f} lost, counted"
+             f"{' (' + ', '.join(f'{k} {v}' for k, v in sorted(r['lost'].items())) + ')' if r['lost'] else ''}; "
              f"{r['cpu_us_per_span']:.0f} us agent CPU per span") for r in runs]
     return [*rows, ("**highest zero-loss rate tried**", f"**{best['rate']:.0f} spans/s**" if best else "none")]
 
