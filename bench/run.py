@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -148,10 +149,10 @@ def pipeline_at(loop: Path, rate: float, seconds: float) -> dict[str, float]:
         rss = me.memory_info().rss
         spans = agent.summary()["spans"]
     cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
-    lost: dict[str, int] = {}
+    lost: Counter[str] = Counter()
     for name, attrs, v in tel.snapshot():
         if name == "otel_ebpf.events.dropped" and v:
-            lost[attrs.get("reason", "?")] = lost.get(attrs.get("reason", "?"), 0) + v
+            lost[attrs.get("reason", "?")] += v
     return {"rate": rate, "calls": n, "spans": spans, "dropped": tel.get("otel_ebpf.events.dropped"), "lost": lost,
             "cpu_us_per_span": cpu / max(spans, 1) * 1e6, "rss_mb": rss / 2**20,
             "achieved": min(rate, 1e9 / ns_per_call)}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from otel_ebpf.bpf import syscalls as bpfsys
 from otel_ebpf.bpf.cputhrottle import ThrottleWatch
-from otel_ebpf.bpf.paused import PAUSED_DIR, entries, forget_entry, parse_pin, process_stat, resume
+from otel_ebpf.bpf.paused import PAUSED_DIR, entries, forget_entry, parse_pin, process_stat, resume, stat_fields
 from otel_ebpf.bpf.threadctx import BPFFS
 
 __all__ = ["GUARD_DIR", "LEASE_KEY", "LEASE_VALUE", "PF_EXITING", "SLOTS", "THROTTLED", "agent_dying", "guard_pins_of",
@@ -65,7 +65,7 @@ def agent_dying(pid: int, start: int) -> bool:
 
 def stat_says_dying(stat: str, status: str, start: int) -> bool:
     """:func:`agent_dying` on the text of /proc/PID/stat and /proc/PID/status."""
-    fields = stat[stat.rfind(")") + 2:].split()  # comm may hold spaces and parentheses
+    fields = stat_fields(stat)
     try:
         state, flags, started = fields[0], int(fields[6]), int(fields[19])
     except (IndexError, ValueError):
@@ -178,7 +178,8 @@ class _Supervisor:
             self.renew()
             self.sweep(self.timeout_ns)
             try:
-                agent_gone = bool(select.select([pidfd], [], [], self.tick)[0]) or self._agent_dying()
+                agent_gone = (bool(select.select([pidfd], [], [], self.tick)[0])
+                              or agent_dying(self.agent_pid, self.agent_start))
             except InterruptedError:
                 continue
             if agent_gone:
@@ -188,9 +189,6 @@ class _Supervisor:
         with contextlib.suppress(OSError):
             bpfsys.update(self.guard_fd, LEASE_KEY.pack(0), LEASE_VALUE.pack(0))
         return 0
-
-    def _agent_dying(self) -> bool:
-        return agent_dying(self.agent_pid, self.agent_start)
 
     def _after_agent(self) -> None:
         """The agent exited. Its programs may stay attached a while (the kernel releases its

@@ -65,6 +65,7 @@ __all__ = [
     "release",
     "resume",
     "resume_recorded",
+    "stat_fields",
     "stops",
     "unpin",
 ]
@@ -83,6 +84,11 @@ _instances = itertools.count(1)
 _warned = False
 
 
+def stat_fields(stat: str) -> list[str]:
+    """The fields of a /proc/PID/stat text after the comm (index 0: the state, field 3 of proc(5))."""
+    return stat[stat.rfind(")") + 2:].split()  # comm may hold spaces and parentheses
+
+
 def process_stat(pid: int) -> tuple[str, int, int] | None:
     """(state letter, start time in clock ticks since boot, threads) of ``pid``, None when gone."""
     try:
@@ -90,7 +96,7 @@ def process_stat(pid: int) -> tuple[str, int, int] | None:
             stat = fh.read().decode(errors="replace")
     except OSError:
         return None
-    fields = stat[stat.rfind(")") + 2:].split()  # comm may hold spaces and parentheses
+    fields = stat_fields(stat)
     try:
         return fields[0], int(fields[19]), int(fields[17])  # fields 3, 22 and 20 of proc(5)
     except (IndexError, ValueError):
