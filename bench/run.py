@@ -19,6 +19,7 @@ Every figure is measured in the run that prints it; nothing is carried over.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import subprocess
@@ -33,6 +34,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from otel_ebpf.core import gctune  # noqa: E402
 
 
 def build_loop() -> Path:
@@ -91,6 +94,7 @@ def bare_uprobe(loop: Path, n: int) -> float:
 
 
 CUDA_CONFIG: dict = {}  # --no-launch-context: {"launch_context": False}
+DEFAULT_GC = False  # --default-gc
 EXPORT: dict[str, str] = {}  # --otlp: the null collector's {"endpoint": ..., "protocol": ...}
 
 
@@ -128,15 +132,38 @@ def traced_launch(loop: Path, n: int) -> float:
             agent.shutdown()
 
 
+class CollectorTime:
+    """Seconds the cyclic garbage collector ran while :attr:`on` (gc.callbacks), and its passes by generation."""
+
+    def __init__(self) -> None:
+        self.on, self.seconds, self.passes, self._t0 = False, 0.0, [0, 0, 0], 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self.on:
+            self.seconds += time.perf_counter() - self._t0
+            self.passes[info["generation"]] += 1
+
+
+COLLECTOR = CollectorTime()
+
+
 def pipeline_at(loop: Path, rate: float, seconds: float) -> dict[str, float]:
     """cudaMemcpy at ``rate`` calls/s for ``seconds`` through the whole agent (file exporter, or
-    OTLP to a null collector with --otlp), every call a span (``span_rate_limit: 0``)."""
+    OTLP to a null collector with --otlp), every call a span (``span_rate_limit: 0``). The agent's process
+    has the collector settings ``otel-ebpf run`` gives it (otel_ebpf.core.gctune) unless --default-gc."""
     me = psutil.Process()
     n = int(rate * seconds)
     p = start_loop(loop, "memcpy", n, rate)
     with tempfile.TemporaryDirectory() as d:
         agent = agent_for(p.pid, d, ["cuda"], span_rate_limit=0)
         agent.start()
+        if not DEFAULT_GC:
+            gctune.freeze_startup()
+        gc_s, gc_passes = COLLECTOR.seconds, list(COLLECTOR.passes)
+        COLLECTOR.on = True
         cpu0 = me.cpu_times()
         ns_per_call = finish_loop(p)
         tel = agent.ctx.telemetry
@@ -146,6 +173,7 @@ def pipeline_at(loop: Path, rate: float, seconds: float) -> dict[str, float]:
             time.sleep(0.05)
         agent.shutdown()  # includes exporting every span to the file
         cpu1 = me.cpu_times()
+        COLLECTOR.on = False
         rss = me.memory_info().rss
         spans = agent.summary()["spans"]
     cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
@@ -155,6 +183,8 @@ def pipeline_at(loop: Path, rate: float, seconds: float) -> dict[str, float]:
             lost[attrs.get("reason", "?")] += v
     return {"rate": rate, "calls": n, "spans": spans, "dropped": tel.get("otel_ebpf.events.dropped"), "lost": lost,
             "cpu_us_per_span": cpu / max(spans, 1) * 1e6, "rss_mb": rss / 2**20,
+            "gc_us_per_span": (COLLECTOR.seconds - gc_s) / max(spans, 1) * 1e6,
+            "gc_passes": [b - a for a, b in zip(gc_passes, COLLECTOR.passes, strict=True)],
             "achieved": min(rate, 1e9 / ns_per_call)}
 
 
@@ -310,10 +340,17 @@ def main() -> int:
                     help="pipeline rows export over OTLP to a null collector in another process (default: the file)")
     ap.add_argument("--no-launch-context", action="store_true",
                     help="CUDA receiver with launch_context: false (no per-thread op lookup on launches)")
+    ap.add_argument("--default-gc", action="store_true",
+                    help="the agent keeps CPython's collector settings (700, 10, 10; no freeze) instead of the ones "
+                         "otel-ebpf run sets (otel_ebpf.core.gctune)")
     ap.add_argument("--python-encoders", action="store_true",
                     help="spans encoded by the Python writers, not the C extension (otel_ebpf.emit.otlp_native): "
                          "what the encoder costs the whole agent")
     a = ap.parse_args()
+    global DEFAULT_GC
+    DEFAULT_GC = a.default_gc
+    if not DEFAULT_GC:
+        gctune.tune()
     if a.python_encoders:
         from otel_ebpf.emit import otlp_native
 
@@ -371,7 +408,8 @@ def _pipeline_rows(a: argparse.Namespace, best: dict[str, float] | None, runs: l
     rows = [(f"cudaMemcpy at {r['rate']:.0f}/s for {a.seconds:.0f} s, whole agent, to {to}",
              f"{r['spans']:.0f} of {r['calls']:.0f} calls became spans, {r['dropped']:.0f} lost, counted"
              f"{' (' + ', '.join(f'{k} {v}' for k, v in sorted(r['lost'].items())) + ')' if r['lost'] else ''}; "
-             f"{r['cpu_us_per_span']:.0f} us agent CPU per span") for r in runs]
+             f"{r['cpu_us_per_span']:.0f} us agent CPU per span, {r['gc_us_per_span']:.1f} us of it in the garbage "
+             f"collector ({'/'.join(map(str, r['gc_passes']))} passes by generation)") for r in runs]
     return [*rows, ("**highest zero-loss rate tried**", f"**{best['rate']:.0f} spans/s**" if best else "none")]
 
 

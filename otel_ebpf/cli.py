@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from otel_ebpf.core.version import __version__
+from otel_ebpf.core import gctune
 from otel_ebpf.core.config import ENV_PREFIX
 from otel_ebpf.core.errors import ConfigError, EnvironmentError_, OtelEbpfError
 from otel_ebpf.report import cli as report_cli
@@ -251,12 +252,14 @@ def _gateway(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
+    gctune.tune()
     gateway = Gateway(cfg)
     started = time.monotonic()
     try:
         gateway.start()
     except EnvironmentError_ as exc:  # a port in use: not a host problem 'check' could explain
         raise OtelEbpfError(str(exc.args[0]), hint=exc.hint) from None
+    gctune.freeze_startup()
     ports = " ".join(f"{rid} grpc={g} http={h}" for rid, (g, h) in gateway.endpoints().items())
     print(f"otel-ebpf gateway listening: {ports}", flush=True)
     try:

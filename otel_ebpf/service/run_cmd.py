@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from otel_ebpf.core import gctune
 from otel_ebpf.core.errors import TargetError
 
 __all__ = ["EXIT_EXPORT_LOST", "EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "run", "unrunnable"]
@@ -165,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         return why[0]
     cfg = _load_cfg(args)
     _check_pids(args.pid)
+    gctune.tune()
     if args.dump_bpf:
         print(Agent(cfg, target_pids=args.pid or [1], command=command).dump_programs())
         return 0
@@ -184,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
         if child:
             child.abort()
         raise
+    gctune.freeze_startup()
     late = agent.loading()
     log.info("tracing started in %.2fs%s", time.monotonic() - started,
              f"; loading in the background: {', '.join(late)}" if late else "")
