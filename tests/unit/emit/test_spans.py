@@ -33,7 +33,8 @@ def constructed(rec: SpanRecord, trace_id: int, span_id: int) -> ReadableSpan:
               if rec.parent_span_id is not None else None)
     return ReadableSpan(
         name=rec.name, context=SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags), parent=parent,
-        resource=RESOURCE, attributes=rec.attributes, events=[Event(e.name, e.attributes, e.time_ns) for e in rec.events],
+        resource=RESOURCE, attributes=rec.attributes,
+        events=[Event(e.name, e.attributes, e.time_ns) for e in rec.events],
         links=[Link(SpanContext(lk.trace_id, lk.span_id, is_remote=True, trace_flags=flags), lk.attributes)
                for lk in rec.links],
         kind=_KINDS[rec.kind], status=Status(StatusCode.UNSET) if rec.error is None else Status(StatusCode.ERROR,
