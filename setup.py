@@ -21,6 +21,11 @@ otlpenc = Extension("otel_ebpf.emit._otlpenc", sources=[f"otel_ebpf/emit/_otlpen
                     depends=["otel_ebpf/emit/_otlpenc.h"],
                     extra_compile_args=["-O2", "-fno-strict-aliasing", "-std=gnu11", "-fvisibility=hidden"], optional=True)
 
+# BPF ring buffers read in C through libbcc's libbpf manager, records handed to Python a batch at a time
+# (otel_ebpf/bpf/ringread.py; without it BCC's per-record ctypes callbacks read them).
+ringread = Extension("otel_ebpf.bpf._ringread", sources=["otel_ebpf/bpf/_ringread.c"],
+                     extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"], optional=True)
+
 # The NCCL profiler plugin (docs/nccl-profiler.md): a plain shared library NCCL dlopens, not a Python module, so it
 # keeps NCCL's file name libnccl-profiler-otel_ebpf.so (NCCL_PROFILER_PLUGIN=otel_ebpf finds it on the loader path)
 # next to otel_ebpf/nccl_profiler/__init__.py, which locates it. Also needs sys/sdt.h; without it plugin_path() is None.
@@ -50,4 +55,4 @@ class BuildExt(build_ext):
         return [] if ext is nccl_plugin else super().get_export_symbols(ext)
 
 
-setup(packages=packages, ext_modules=[oetp, otlpenc, nccl_plugin], cmdclass={"build_ext": BuildExt})
+setup(packages=packages, ext_modules=[oetp, otlpenc, ringread, nccl_plugin], cmdclass={"build_ext": BuildExt})

@@ -343,6 +343,9 @@ def main() -> int:
     ap.add_argument("--default-gc", action="store_true",
                     help="the agent keeps CPython's collector settings (700, 10, 10; no freeze) instead of the ones "
                          "otel-ebpf run sets (otel_ebpf.core.gctune)")
+    ap.add_argument("--bcc-rings", action="store_true",
+                    help="receivers read their ring buffers through BCC's per-record callbacks, not the C reader "
+                         "(otel_ebpf.bpf.ringread)")
     ap.add_argument("--python-encoders", action="store_true",
                     help="spans encoded by the Python writers, not the C extension (otel_ebpf.emit.otlp_native): "
                          "what the encoder costs the whole agent")
@@ -351,6 +354,10 @@ def main() -> int:
     DEFAULT_GC = a.default_gc
     if not DEFAULT_GC:
         gctune.tune()
+    if a.bcc_rings:
+        from otel_ebpf.bpf import ringread
+
+        ringread.use_native = False
     if a.python_encoders:
         from otel_ebpf.emit import otlp_native
 

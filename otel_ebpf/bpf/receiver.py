@@ -37,6 +37,7 @@ from otel_ebpf.bpf.loader import (
 )
 from otel_ebpf.bpf.maps import array_deltas
 from otel_ebpf.bpf.pausing import PAUSES_SKIPPED, SKIP_REASONS, PauseOnLoad
+from otel_ebpf.bpf.ringread import Rings
 from otel_ebpf.core.errors import AttachError, BpfLoadError
 from otel_ebpf.core.events import LibraryLoaded, ProcessExit
 from otel_ebpf.core.pipeline import Consumer, Context
@@ -112,6 +113,7 @@ class BpfReceiver:
         self._poll_ms = max(1, int(poll_interval * 1000))
         self._bpf: Any = None
         self._thread: threading.Thread | None = None
+        self._rings: Rings | None = None  # the ring buffers, read on the poll thread (otel_ebpf.bpf.ringread)
         self._stop = threading.Event()
         self._batch: list[object] = []
         self._attached: set[str] = set()
@@ -274,19 +276,23 @@ class BpfReceiver:
                 traced[ct.c_uint32(pid)] = ct.c_uint8(1)
         for lib in self.initial_libraries():
             self.attach_library(lib)
-        self._bpf["events"].open_ring_buffer(self._on_record)
-        self._bpf["lifecycle"].open_ring_buffer(self._on_record)
+        self._rings = Rings(self._bpf, ("events", "lifecycle"), self._on_raw, self.ctx.telemetry, self.name)
         self._pauses.renew()  # the poll loop starts now: a library opened from here on is paused
         self._thread = threading.Thread(target=self._run, name=f"otel-ebpf-{self.name}", daemon=True)
         self._thread.start()
 
     def _on_record(self, _ctx: Any, data: Any, size: int) -> int:
+        """One record as BCC's ring buffer callback hands it (a pointer and its size)."""
+        self._on_raw(ct.string_at(data, size))
+        return 0
+
+    def _on_raw(self, raw: bytes) -> None:
+        """One ring buffer record (otel_ebpf.bpf.ringread): decoded into the batch, or counted; never raises."""
         try:
-            raw = ct.string_at(data, size)
             etype = raw[0]
             if etype < _FIRST_RECEIVER_TYPE:
                 self._lifecycle(etype, raw)
-                return 0
+                return
             ev = self.decode(etype, raw)  # the hot path: one receiver record
             if ev is not None:
                 pid = getattr(ev, "pid", None)
@@ -295,9 +301,8 @@ class BpfReceiver:
                 self._batch.append(ev)
                 if len(self._batch) >= _CHUNK:
                     self._flush(with_maps=False)
-        except Exception:  # hot path: count, never raise into BCC
+        except Exception:  # hot path: count, never raise into the reader
             self.ctx.telemetry.dropped(self.name, "decode_error")
-        return 0
 
     def _lifecycle(self, etype: int, raw: bytes) -> None:
         """exec (3): read the process's identity now; library open (2): attach, resume;
@@ -385,14 +390,16 @@ class BpfReceiver:
         return array_deltas(self._bpf[table], names, seen)
 
     def _run(self) -> None:
+        rings = self._rings
+        assert rings is not None  # made before the thread starts
         while not self._stop.is_set():
             try:
                 self._pauses.renew()  # this loop resumes: while it turns, stops may be made
                 turn = time.monotonic()
-                self._bpf.ring_buffer_poll(self._poll_ms)
+                rings.poll(self._poll_ms)
                 self._pauses.confirm(self._bpf)
                 exits, self._exits = self._exits, []
-                self._bpf.ring_buffer_consume()  # records submitted without a wakeup
+                rings.consume()  # records submitted without a wakeup
                 self._batch.extend(exits)  # after every call record submitted before them
                 now = time.monotonic()
                 if now >= self._drops_due:  # BCC's map reads cost ~100 us: not every turn (_drain reads last)
@@ -404,13 +411,13 @@ class BpfReceiver:
                     self._stop.wait(_MIN_TURN_S - (time.monotonic() - turn))
             except Exception:
                 log.exception("%s: poll loop error", self.name)
-        self._drain()
+        self._drain(rings)
 
-    def _drain(self) -> None:
+    def _drain(self, rings: Rings) -> None:
         try:
-            self._bpf.ring_buffer_consume()
+            rings.consume()
             exits, self._exits = self._exits, []
-            self._bpf.ring_buffer_consume()
+            rings.consume()
             self._batch.extend(exits)
             self._read_drops()
             self._flush()
@@ -430,6 +437,9 @@ class BpfReceiver:
         held = paused_map.hold(self._bpf) if self._bpf is not None else None
         for pid in list(self._pauses.stopped):
             self._resume(pid)
+        if self._rings is not None:
+            self._rings.close()
+            self._rings = None
         if self._bpf is not None and self.detach_in_background:
             release_uprobes_in_background(self._bpf)
         if self._bpf is not None:
