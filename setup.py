@@ -21,6 +21,12 @@ otlpenc = Extension("otel_ebpf.emit._otlpenc", sources=[f"otel_ebpf/emit/_otlpen
                     depends=["otel_ebpf/emit/_otlpenc.h"],
                     extra_compile_args=["-O2", "-fno-strict-aliasing", "-std=gnu11", "-fvisibility=hidden"], optional=True)
 
+# OTLP/protobuf trace requests decoded into SDK spans (otel_ebpf/emit/otlp_in.py; without it the parsed request is
+# converted in Python).
+otlpdec = Extension("otel_ebpf.emit._otlpdec", sources=["otel_ebpf/emit/_otlpdec.c"],
+                    extra_compile_args=["-O2", "-fno-strict-aliasing", "-std=gnu11", "-fvisibility=hidden"],
+                    optional=True)
+
 # BPF ring buffers read in C through libbcc's libbpf manager, records handed to Python a batch at a time
 # (otel_ebpf/bpf/ringread.py; without it BCC's per-record ctypes callbacks read them).
 ringread = Extension("otel_ebpf.bpf._ringread", sources=["otel_ebpf/bpf/_ringread.c"],
@@ -55,4 +61,4 @@ class BuildExt(build_ext):
         return [] if ext is nccl_plugin else super().get_export_symbols(ext)
 
 
-setup(packages=packages, ext_modules=[oetp, otlpenc, ringread, nccl_plugin], cmdclass={"build_ext": BuildExt})
+setup(packages=packages, ext_modules=[oetp, otlpenc, otlpdec, ringread, nccl_plugin], cmdclass={"build_ext": BuildExt})

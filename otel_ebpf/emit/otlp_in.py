@@ -24,6 +24,11 @@ fields (the SDK only derives them from its own attribute limits).
 Requests with one resource or scope repeated are merged per resource and scope, because the
 SDK's metrics encoder keys its output by resource and would keep only the last. Pure
 functions, thread-safe.
+
+Spans are decoded in C from the request's bytes when the extension is built (``otel_ebpf.emit._otlpdec``: the
+same spans, fields and drops as :func:`_spans_in_python` makes of the parsed request, tests/unit/emit/
+test_otlpdec.py); a request off its fast path (a trace state...) goes the Python way. The gateway's
+per-span cost: bench/gateway_wire.py, docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -54,6 +59,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_ebpf.emit.logs import log_context
@@ -149,11 +155,42 @@ def _span(pb: Any, resource: Resource, scope: InstrumentationScope, drops: Drops
         start_time=pb.start_time_unix_nano, end_time=pb.end_time_unix_nano, instrumentation_scope=scope)
 
 
+def _load_decoder() -> Any:
+    try:
+        from otel_ebpf.emit import _otlpdec  # type: ignore[attr-defined]
+    except ImportError:  # the optional extension is not built (no C compiler)
+        return None
+    statuses = tuple(Status(code) for code in (StatusCode.UNSET, StatusCode.OK, StatusCode.ERROR))
+    _otlpdec.setup(ReadableSpan, SpanContext, Resource, InstrumentationScope, Event, Link,
+                   tuple(_KINDS[k] for k in range(6)), statuses, Status, StatusCode.ERROR, _SAMPLED,
+                   DEFAULT_TRACE_STATE)
+    return _otlpdec.decode_spans
+
+
+_DECODE = _load_decoder()
+NATIVE = _DECODE is not None  # whether spans are decoded in C
+
+
 def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[ReadableSpan], Drops]:
     """Every convertible span of ``request`` (request order) and what was left out, by reason.
 
     Spans of one ``ResourceSpans`` share one ``Resource`` object, those of one ``ScopeSpans``
     one ``InstrumentationScope``."""
+    if _DECODE is not None:
+        got = _DECODE(request.SerializeToString())
+        if got is not None:
+            spans, malformed_spans, malformed_links = got
+            drops: Drops = Counter()
+            if malformed_spans:
+                drops["malformed_span"] = malformed_spans
+            if malformed_links:
+                drops["malformed_link"] = malformed_links
+            return spans, drops
+    return _spans_in_python(request)
+
+
+def _spans_in_python(request: ExportTraceServiceRequest) -> tuple[list[ReadableSpan], Drops]:
+    """:func:`spans_from_request` in Python, from the parsed request."""
     spans: list[ReadableSpan] = []
     drops: Drops = Counter()
     for rs in request.resource_spans:

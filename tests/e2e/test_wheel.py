@@ -45,6 +45,8 @@ def test_wheel_ships_every_package_and_every_runtime_file(wheel: Path) -> None:
     assert any(n.startswith("otel_ebpf/tracepoints/_oetp.") and n.endswith(".so") for n in names), sorted(names)
     # the OTLP span encoders (otel_ebpf/emit/_otlpenc*.c; the exporters fall back to Python without them)
     assert any(n.startswith("otel_ebpf/emit/_otlpenc.") and n.endswith(".so") for n in names), sorted(names)
+    # the OTLP trace request decoder (otel_ebpf/emit/_otlpdec.c; the gateway converts in Python without it)
+    assert any(n.startswith("otel_ebpf/emit/_otlpdec.") and n.endswith(".so") for n in names), sorted(names)
     # the C ring buffer reader (otel_ebpf/bpf/_ringread.c; the receivers fall back to BCC's callbacks without it)
     assert any(n.startswith("otel_ebpf/bpf/_ringread.") and n.endswith(".so") for n in names), sorted(names)
     # the NCCL profiler plugin, under the file name NCCL resolves (docs/nccl-profiler.md)
@@ -56,9 +58,9 @@ def test_wheel_ships_every_package_and_every_runtime_file(wheel: Path) -> None:
 
 def test_installed_package_is_the_wheel_not_the_checkout(installed: Path, elsewhere: Path) -> None:
     code = ("import otel_ebpf, otel_ebpf.emit.emitter, otel_ebpf.receivers.cuda, otel_ebpf.processors.cuda;"
-            "from otel_ebpf.emit import otlp_native, _otlpenc; from otel_ebpf.bpf import ringread, _ringread;"
+            "from otel_ebpf.emit import otlp_native, otlp_in, _otlpenc; from otel_ebpf.bpf import ringread, _ringread;"
             "print(otel_ebpf.__file__); print(otel_ebpf.receivers.cuda.__file__); print(_otlpenc.__file__);"
-            "print(_ringread.__file__); assert otlp_native.NATIVE and ringread.NATIVE")
+            "print(_ringread.__file__); assert otlp_native.NATIVE and ringread.NATIVE and otlp_in.NATIVE")
     r = run([str(installed / "python"), "-c", code], cwd=elsewhere, timeout=60)
     site = installed.parent / "lib"
     assert all(Path(line).is_relative_to(site) for line in r.stdout.split()), r.stdout

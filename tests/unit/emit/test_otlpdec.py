@@ -1,0 +1,171 @@
+"""otel_ebpf.emit._otlpdec (C): the spans it decodes from a request's bytes are the ones otlp_in's Python path makes
+of the parsed request, field for field; what it does not decode, it hands back (None) and Python converts.
+
+The reference is ``otlp_in._spans_in_python`` on the same request (the conversion tests/unit/emit/test_otlp_in.py
+checks against the SDK). Compared: every instance field of every span (contexts as tuples, events, links and
+statuses opened up), the resources and scopes (their attributes, versions, schema URLs, and which spans share one
+object), and the drops.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hypothesis import HealthCheck, given, settings
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, TraceState
+
+from otel_ebpf.emit import otlp_in
+from tests.unit.emit.test_otlp_json import direct_span, direct_spans, exactly_encodable, generated_spans, resources
+from tests.unit.emit.test_otlp_json import traced_spans
+
+
+def decode(request: ExportTraceServiceRequest) -> Any:
+    from otel_ebpf.emit import _otlpdec  # type: ignore[attr-defined]
+
+    return _otlpdec.decode_spans(request.SerializeToString())
+
+
+def canon(value: Any) -> Any:
+    """``value`` with each NaN as a marker (two NaN objects are not equal) and containers opened."""
+    if isinstance(value, float) and value != value:
+        return "<NaN>"
+    if isinstance(value, tuple):
+        return tuple(canon(v) for v in value)
+    if isinstance(value, dict):
+        return {k: canon(v) for k, v in value.items()}
+    return value
+
+
+def opened(span: ReadableSpan) -> dict[str, Any]:
+    out = dict(vars(span))
+    out["_attributes"] = canon(span._attributes)
+    out["_context"] = (type(span._context), tuple(span._context))
+    out["_parent"] = None if span._parent is None else (type(span._parent), tuple(span._parent))
+    out["_events"] = [(type(e), canon(vars(e))) for e in span._events]
+    out["_links"] = [(type(lk), lk.context, canon(lk.attributes)) for lk in span._links]
+    out["_status"] = (type(span._status), span._status.status_code, span._status.description)
+    res, scope = span._resource, span._instrumentation_scope
+    out["_resource"] = (type(res), dict(res.attributes), res.schema_url)
+    out["_instrumentation_scope"] = (type(scope), scope.name, scope.version, scope.schema_url,
+                                     dict(scope.attributes) if scope.attributes is not None else None)
+    return out
+
+
+def sharing(spans: list[ReadableSpan]) -> list[tuple[int, int]]:
+    """For each span, the index of the first span with the same resource object and with the same scope object."""
+    first_res: dict[int, int] = {}
+    first_scope: dict[int, int] = {}
+    return [(first_res.setdefault(id(s.resource), i), first_scope.setdefault(id(s.instrumentation_scope), i))
+            for i, s in enumerate(spans)]
+
+
+def same_as_python(request: ExportTraceServiceRequest) -> None:
+    got = decode(request)
+    assert got is not None, "the C decoder handed the request back"
+    spans, bad_spans, bad_links = got
+    ref, drops = otlp_in._spans_in_python(request)
+    assert [opened(s) for s in spans] == [opened(s) for s in ref]
+    assert sharing(spans) == sharing(ref)
+    assert (bad_spans, bad_links) == (drops.get("malformed_span", 0), drops.get("malformed_link", 0))
+    assert otlp_in.spans_from_request(request)[1] == drops
+
+
+def test_the_extension_is_built_and_used():
+    assert otlp_in.NATIVE, "otel_ebpf.emit._otlpdec did not build (pip install -e . builds it; needs gcc)"
+
+
+def test_sdk_made_and_directly_built_spans_decode_as_python_converts_them():
+    """Parents local and remote, the five kinds, statuses with messages, events, links, every value kind (arrays,
+    bytes, kvlists as dicts), non-ASCII, 4 resources (two equal), scopes with versions, attributes, schema URLs."""
+    spans = [s for s in [*traced_spans(), *direct_spans()] if not s.get_span_context().trace_state]
+    assert len(spans) > 10
+    same_as_python(encode_spans(spans))
+
+
+def test_ids_that_are_not_16_and_8_non_zero_bytes_drop_the_span_or_link_and_are_counted():
+    request = encode_spans([direct_span(f"s{i}", {"i": i}, resource=resources()[0], scope=None, span_id=i + 1)
+                            for i in range(3)])
+    spans = request.resource_spans[0].scope_spans[0].spans
+    spans[0].span_id = b"\x00" * 8
+    spans[1].links.add(trace_id=b"\x01" * 3, span_id=b"\x02" * 8)
+    spans[1].links.add(trace_id=b"\x01" * 16, span_id=b"\x00" * 8)
+    spans[2].parent_span_id = b"\x01\x02"
+    spans.add(trace_id=b"\x05" * 17, span_id=b"\x02" * 8, name="long trace id")
+    spans.add(trace_id=b"\x05" * 16, span_id=b"\x02" * 8, name="kept", kind=9, flags=0x300,
+              parent_span_id=b"\x07" * 8).status.code = 7
+    same_as_python(request)
+    assert decode(request)[1:] == (3, 2)
+
+
+def test_values_python_would_make_of_odd_input_are_made_alike():
+    """Kinds and status codes out of range, an attribute without a value, an empty key, kvlists, nested arrays, an
+    event at time 0, a span without a name or times, a resource without attributes."""
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.schema_url = "https://example/schema"
+    ss = rs.scope_spans.add()
+    ss.scope.name = "s"
+    span = ss.spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, kind=-3)
+    span.attributes.append(KeyValue(key="none"))
+    span.attributes.append(KeyValue(key="", value=AnyValue(string_value="")))
+    kv = span.attributes.add(key="kv")
+    kv.value.kvlist_value.values.add(key="a").value.array_value.values.add().array_value.values.add(int_value=-5)
+    span.attributes.add(key="dup", value=AnyValue(int_value=1))
+    span.attributes.add(key="dup", value=AnyValue(double_value=2.5))
+    span.events.add(name="", time_unix_nano=0)
+    span.status.code = 2
+    ss.spans.add(trace_id=b"\x03" * 16, span_id=b"\x04" * 8).status.message = "not an error: dropped"
+    request.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\x03" * 16, span_id=b"\x05" * 8)
+    same_as_python(request)
+
+
+@pytest.mark.parametrize("case", ["span trace state", "link trace state", "deep"])
+def test_what_it_does_not_decode_it_hands_back_and_python_converts(case: str):
+    res = resources()[0]
+    span = direct_span("x", {}, resource=res, scope=None)
+    if case == "span trace state":
+        span = direct_span("x", {}, resource=res, scope=None, trace_state=TraceState([("k", "v")]))
+    request = encode_spans([span])
+    pb = request.resource_spans[0].scope_spans[0].spans[0]
+    if case == "link trace state":
+        pb.links.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, trace_state="k=v")
+    if case == "deep":
+        value = pb.attributes.add(key="deep").value
+        for _ in range(40):
+            value = value.array_value.values.add()
+        value.int_value = 1
+    assert decode(request) is None
+    spans, drops = otlp_in.spans_from_request(request)
+    ref, ref_drops = otlp_in._spans_in_python(request)
+    assert [opened(s) for s in spans] == [opened(s) for s in ref] and drops == ref_drops
+
+
+def test_truncated_bytes_are_handed_back():
+    data = encode_spans(traced_spans()[:3]).SerializeToString()
+    from otel_ebpf.emit import _otlpdec  # type: ignore[attr-defined]
+
+    for cut in (1, 7, len(data) // 2, len(data) - 1):
+        assert _otlpdec.decode_spans(data[:cut]) is None
+    assert _otlpdec.decode_spans(b"") == ([], 0, 0)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated_spans())
+def test_generated_spans_decode_as_python_converts_them(spans):
+    if exactly_encodable(spans) and all(s.context.span_id and s.context.trace_id for s in spans):
+        same_as_python(encode_spans(spans))
+
+
+def test_remote_and_local_parents_and_links_keep_is_remote():
+    res = resources()[1]
+    spans = [direct_span("remote", {}, resource=res, scope=None, parent=SpanContext(1, 2, True)),
+             direct_span("local", {}, resource=res, scope=None, parent=SpanContext(1, 3, False))]
+    request = encode_spans(spans)
+    same_as_python(request)
+    got = decode(request)[0]
+    assert [s.parent.is_remote for s in got] == [True, False]
