@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from otel_ebpf.core.frozen import fast_init
+
 __all__ = [
     "AttrValue",
     "Attributes",
@@ -38,6 +40,7 @@ Attributes = Mapping[str, AttrValue]
 MetricKind = Literal["counter", "updown", "histogram", "gauge"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SpanEventRecord:
     """A timestamped event inside a span (epoch ns)."""
@@ -47,6 +50,7 @@ class SpanEventRecord:
     attributes: Attributes = field(default_factory=dict)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SpanLinkRecord:
     """A link to another span (e.g. a ncclSend to its matching ncclRecv)."""
@@ -56,6 +60,7 @@ class SpanLinkRecord:
     attributes: Attributes = field(default_factory=dict)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SpanRecord:
     """One finished span, owned by the process ``pid`` (its resource).
@@ -81,6 +86,7 @@ class SpanRecord:
     comm: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class MetricRecord:
     """One measurement for process ``pid`` (None: the agent's own resource).
@@ -105,6 +111,7 @@ class MetricRecord:
     buckets: tuple[int, ...] | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LogRecord:
     """One log record for process ``pid`` (None: the agent's own resource), epoch-ns ``time_ns``.
@@ -126,6 +133,7 @@ class LogRecord:
     comm: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ProcessExit:
     """A traced process (thread group) ended. Emitted by every BPF receiver's common part;
@@ -140,6 +148,7 @@ class ProcessExit:
     source: str = ""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LibraryLoaded:
     """A traced process opened a library a receiver watches (before it is mapped)."""
@@ -150,6 +159,7 @@ class LibraryLoaded:
     path: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed (epoch ns). A driver sends it periodically so stages with timeouts act while

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otel_ebpf.core.frozen import fast_init
+
 __all__ = ["AppPoint", "AppSpan"]
 
 AppArgs = tuple[tuple[str, str | int | float | bool], ...]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AppPoint:
     """A point probe fired (``Probe.fire``)."""
@@ -28,6 +31,7 @@ class AppPoint:
     attributes: AppArgs
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AppSpan:
     """A ``Provider.span`` block ended; its begin carried the attributes."""

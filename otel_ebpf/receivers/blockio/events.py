@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otel_ebpf.core.frozen import fast_init
+
 __all__ = ["DiskIoStats", "ProcessDiskIo"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class DiskIoStats:
     """Completed requests of one (device, op). ``buckets``: (slot, count) pairs of the log2
@@ -27,6 +30,7 @@ class DiskIoStats:
     time_ns: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ProcessDiskIo:
     """Completed requests of one (traced process, device, op): those it submitted (the request was

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otel_ebpf.core.frozen import fast_init
+
 __all__ = [
     "NO_DEVICE",
     "AllocCall",
@@ -33,6 +35,7 @@ __all__ = [
 NO_DEVICE = -1
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class EnclosingCall:
     """The innermost traced call open on the thread: ``kind`` ``"python"`` (a PythonCall of the
@@ -45,6 +48,7 @@ class EnclosingCall:
     root_ns: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class MemcpyCall:
     """cudaMemcpy / cudaMemcpyAsync. ``kind`` is the cudaMemcpyKind (0..4); ``stream`` is 0
@@ -66,6 +70,7 @@ class MemcpyCall:
     captured: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AllocCall:
     """cudaMalloc / cudaMallocAsync / cudaMallocManaged, and the driver's cuMemAlloc_v2 / cuMemAllocAsync /
@@ -87,6 +92,7 @@ class AllocCall:
     captured: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class FreeCall:
     """cudaFree / cudaFreeAsync, and the driver's cuMemFree_v2 / cuMemFreeAsync / cuMemRelease (``ptr``: the
@@ -105,6 +111,7 @@ class FreeCall:
     captured: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SyncCall:
     """cudaStreamSynchronize / cudaDeviceSynchronize / cudaEventSynchronize: the host waits
@@ -122,6 +129,7 @@ class SyncCall:
     captured: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GraphLaunchCall:
     """cudaGraphLaunch(exec, stream) (or its _ptsz twin): one replay of an instantiated CUDA graph. The work
@@ -141,6 +149,7 @@ class GraphLaunchCall:
     captured: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SetDeviceCall:
     """cudaSetDevice(requested). ``device`` is the binding after the call (== requested when
@@ -158,6 +167,7 @@ class SetDeviceCall:
     captured: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class KernelLaunch:
     """One sampled launch (every ``launch_sample_every``-th of its process), at its entry.
@@ -179,6 +189,7 @@ class KernelLaunch:
     kernel: str = ""  # the kernel's short name (receiver kernel_names; "": unknown)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class KernelLaunchStats:
     """``count`` more launches since the previous read, of kernels with ``grid_size`` blocks
@@ -203,6 +214,7 @@ its host function, or the name the driver was asked for (Triton's ``triton_poi_f
 CudaCall = MemcpyCall | AllocCall | FreeCall | SyncCall | SetDeviceCall | GraphLaunchCall
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class CallStats:
     """In-kernel accounting of cudaMemcpy* / cuda*Synchronize calls of one process since the

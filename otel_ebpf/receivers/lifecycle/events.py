@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otel_ebpf.core.frozen import fast_init
+
 __all__ = ["LifecycleExec", "LifecycleExitCode", "LifecycleFork"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LifecycleFork:
     """Traced process ``ppid`` created process ``pid`` (``comm``: the parent's name)."""
@@ -21,6 +24,7 @@ class LifecycleFork:
     comm: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LifecycleExec:
     """Process ``pid`` (thread ``tid``) successfully exec'd ``filename`` (execve or execveat) with
@@ -35,6 +39,7 @@ class LifecycleExec:
     truncated: bool
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LifecycleExitCode:
     """Process ``pid`` called exit_group(``exit_code``) (the low 8 bits, as its parent sees)."""

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otel_ebpf.core.frozen import fast_init
+
 __all__ = ["MemoryUsage", "OomKill", "PageFaults"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PageFaults:
     """``count`` more user page faults (minor and major) of process ``pid`` since the last read."""
@@ -15,6 +18,7 @@ class PageFaults:
     time_ns: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class MemoryUsage:
     """Process ``pid``'s resident (``rss``) and virtual (``virtual``) size in bytes, read from
@@ -26,6 +30,7 @@ class MemoryUsage:
     time_ns: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class OomKill:
     """The kernel's OOM killer chose process ``pid`` (oom:mark_victim). Sizes in bytes at that

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otel_ebpf.core.frozen import fast_init
+
 __all__ = [
     "DATATYPES",
     "REDOPS",
@@ -69,6 +71,7 @@ def result_name(rc: int) -> str:
     return RESULTS.get(rc, f"ncclResult({rc})")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclCommInit:
     """ncclCommInitRank / ncclCommInitRankConfig / ncclCommInitRankScalable returned.
@@ -87,6 +90,7 @@ class NcclCommInit:
     rc: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclCommInitAll:
     """ncclCommInitAll returned: ``comms[i]`` is rank i of one communicator on ``devices[i]``."""
@@ -101,6 +105,7 @@ class NcclCommInitAll:
     rc: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclCommSplit:
     """ncclCommSplit(parent, color, key, newcomm) returned; ``comm`` is ``*newcomm`` at return: 0 for
@@ -119,6 +124,7 @@ class NcclCommSplit:
     newcomm: int = 0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclCommShrink:
     """ncclCommShrink(parent, excludeRanksList, excludeRanksCount, &comm, config, shrinkFlags) returned.
@@ -140,6 +146,7 @@ class NcclCommShrink:
     newcomm: int = 0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclCommBind:
     """The first call on ``comm``, a handle NCCL published at ``newcomm`` after the non-blocking split or
@@ -153,6 +160,7 @@ class NcclCommBind:
     newcomm: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclCommEnd:
     """ncclCommDestroy (``abort`` False) or ncclCommAbort returned."""
@@ -166,6 +174,7 @@ class NcclCommEnd:
     rc: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclCommInfo:
     """ncclCommCount / ncclCommUserRank / ncclCommCuDevice returned ``value`` (``what`` is
@@ -180,6 +189,7 @@ class NcclCommInfo:
     rc: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclCollective:
     """A collective's host-side call (entry to return). ``op`` is the NCCL name without the
@@ -205,6 +215,7 @@ class NcclCollective:
     api: int = 0  # the profiler plugin's CollApi handle started inside this call (NcclProfColl.api), 0: none
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclP2P:
     """ncclSend (``op`` "Send") or ncclRecv ("Recv") to/from ``peer``; ``seq`` counts per
@@ -227,6 +238,7 @@ class NcclP2P:
     api: int = 0  # the profiler plugin's P2pApi handle started inside this call (NcclProfP2P.api), 0: none
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclGroup:
     """An outermost ncclGroupStart..ncclGroupEnd on one thread, with ``members`` calls inside, ``p2p``
@@ -250,6 +262,7 @@ class NcclGroup:
 # Handles and contexts are the plugin's ids, unique per process while the event or communicator lives.
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclProfComm:
     """NCCL initialised a communicator (or the plugin re-announced a live one when the agent attached):
@@ -268,6 +281,7 @@ class NcclProfComm:
     version: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclProfCommEnd:
     """NCCL finalised the communicator ``context``."""
@@ -278,6 +292,7 @@ class NcclProfCommEnd:
     context: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclProfColl:
     """A collective NCCL planned (ncclProfileColl) and ran: ``seq`` is NCCL's per-function number on the
@@ -308,6 +323,7 @@ class NcclProfColl:
     channels: int = 0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NcclProfP2P:
     """A send or recv NCCL planned (ncclProfileP2p) with ``peer`` and ran; the rest as in :class:`NcclProfColl`."""

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otel_ebpf.core.frozen import fast_init
+
 __all__ = ["PerfCount"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PerfCount:
     """``delta`` more of counter ``event`` (``cycles``, ``instructions``, ``dtlb_misses``,

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otel_ebpf.core.frozen import fast_init
+
 __all__ = ["ProbeHit"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ProbeHit:
     pid: int

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otel_ebpf.core.frozen import fast_init
+
 __all__ = ["PythonCall"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PythonCall:
     """One Python function call that passed the in-kernel filters (min duration, path prefix).

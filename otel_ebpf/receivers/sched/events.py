@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otel_ebpf.core.frozen import fast_init
+
 __all__ = ["OFF_CPU_REASONS", "SchedCpuStats", "SchedProcStats"]
 
 # Index = SCHED_R_* in sched.h.
 OFF_CPU_REASONS = ("sleep", "io", "lock", "other")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SchedProcStats:
     """Scheduler figures of process ``pid`` since the previous event (deltas).
@@ -32,6 +35,7 @@ class SchedProcStats:
     runq_hist: tuple[tuple[int, int], ...]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SchedCpuStats:
     """``on_cpu_ns`` more nanoseconds process ``pid`` ran on logical CPU ``cpu`` (delta)."""

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otel_ebpf.core.frozen import fast_init
+
 __all__ = ["STEP_END_REASONS", "TorchOp", "TorchStep"]
 
 # TorchStep.reason by torch.h TORCH_STEP_END_* value (index)
 STEP_END_REASONS = ("", "optimizer", "profiler_step", "gap", "max_duration", "max_ops", "thread_exit")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TorchOp:
     """One call of a probed ATen operator (``op``: the at::_ops struct name, e.g. ``addmm``)."""
@@ -35,6 +38,7 @@ class TorchOp:
     root_start: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TorchStep:
     """One step of thread ``tid`` ended: ``ops`` top-level operator calls made outside traced
