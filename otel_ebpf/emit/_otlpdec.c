@@ -118,6 +118,32 @@ static PyObject *text(Rd *sub, int *r)
     return s;
 }
 
+/* Short strings seen before (attribute keys, span names, repeated values: every rank span carries the same keys):
+ * a direct-mapped table of TEXT_SLOTS str objects, looked up by the bytes' hash and compared byte for byte, so a
+ * repeated string is one reference instead of a decode and a new object (whose hash a dict insert computes again).
+ * Bounded by its size; a slot is simply replaced. Used under the GIL only. */
+#define TEXT_SLOTS 1024
+#define TEXT_MAX 64
+static PyObject *texts[TEXT_SLOTS];
+
+static PyObject *cached_text(Rd *sub, int *r)
+{
+    size_t n = (size_t)(sub->end - sub->p);
+    if (n > TEXT_MAX)
+        return text(sub, r);
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ sub->p[i]) * 1099511628211ull;
+    PyObject **slot = &texts[h & (TEXT_SLOTS - 1)];
+    if (*slot != NULL && PyUnicode_IS_COMPACT_ASCII(*slot) && (size_t)PyUnicode_GET_LENGTH(*slot) == n
+        && memcmp(PyUnicode_DATA(*slot), sub->p, n) == 0)
+        return Py_NewRef(*slot);
+    PyObject *s = text(sub, r);
+    if (s != NULL && PyUnicode_IS_COMPACT_ASCII(s))
+        Py_XSETREF(*slot, Py_NewRef(s));
+    return s;
+}
+
 static int key_values(Rd r, PyObject *dict, int depth);
 
 /* One AnyValue message as otlp_in._value reads it (a new reference), or NULL with *r SLOW/FAIL. */
@@ -154,7 +180,7 @@ static PyObject *any_value(Rd r, int depth, int *st)
         if ((*st = want == 0 ? varint(&r, &v) : want == 1 ? fixed(&r, 8, &v) : delimited(&r, &sub)))
             goto fail;
         switch (field) {
-        case 1: out = text(&sub, st); break;
+        case 1: out = cached_text(&sub, st); break;
         case 2: out = PyBool_FromLong(v != 0); break;
         case 3: out = PyLong_FromLongLong((long long)(int64_t)v); break;
         case 4: { double d; memcpy(&d, &v, sizeof d); out = PyFloat_FromDouble(d); break; }
@@ -225,7 +251,7 @@ static int key_value(Rd r, PyObject *dict, int depth)
                 goto out;
             if (field == 1) {
                 Py_XDECREF(key);
-                if ((key = text(&sub, &st)) == NULL)
+                if ((key = cached_text(&sub, &st)) == NULL)
                     goto out;
             } else {
                 if (++values > 1) { /* a message field twice: the parse merges them */
@@ -480,7 +506,7 @@ static int span_head(Rd r, Head *h)
             else if (field == 4)
                 h->parent = sub;
             else if (field == 5) {
-                Py_XSETREF(h->name, text(&sub, &st));
+                Py_XSETREF(h->name, cached_text(&sub, &st));
                 if (h->name == NULL)
                     return st;
             }
