@@ -25,6 +25,7 @@ from otel_ebpf.core.events import SpanEventRecord
 __all__ = ["ReadableLogRecord", "ReadableSpan", "SpanMaker", "log_fields", "resource_attribute", "with_changes"]
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_new_span = ReadableSpan.__new__
 
 
 def _events(records: Iterable[SpanEventRecord]) -> list[Event]:
@@ -37,18 +38,33 @@ def with_changes(span: ReadableSpan, attributes: dict[str, Any], *, start_ns: in
     """A copy of ``span`` with ``attributes`` (all of them: the caller merged), optionally new
     times, extra events appended and, with ``ids`` = (span id, parent span id), a new span id
     under a new parent in the same trace (a span whose place the gateway learned later). Trace
-    id, kind, status, links, resource and scope are kept. ``attributes`` becomes the copy's own dict."""
+    id, kind, status, links, resource and scope are kept. ``attributes`` becomes the copy's own dict.
+
+    The copy of an SDK ``ReadableSpan`` is written field by field, as ``ReadableSpan(span.name, context=...,
+    events=span.events, ...)`` would make it (its ``events``/``links`` properties give tuples, its
+    ``instrumentation_info`` is not passed on): tests/unit/core/test_readable.py compares the two. Another class
+    (an SDK ``_Span``) goes through the constructor."""
     extra = _events(events) if events else None
     context, parent = span.context, span.parent
     if ids is not None and context is not None:
         context = SpanContext(context.trace_id, ids[0], is_remote=False, trace_flags=_SAMPLED)
         parent = SpanContext(context.trace_id, ids[1], is_remote=True, trace_flags=_SAMPLED)
+    start = span.start_time if start_ns is None else start_ns
+    end = span.end_time if end_ns is None else end_ns
+    if type(span) is ReadableSpan and span._resource is not None:
+        own = span.__dict__
+        copy = _new_span(ReadableSpan)
+        copy.__dict__ = {
+            "_name": own["_name"], "_context": context, "_kind": own["_kind"], "_instrumentation_info": None,
+            "_instrumentation_scope": own["_instrumentation_scope"], "_parent": parent, "_start_time": start,
+            "_end_time": end, "_attributes": attributes,
+            "_events": (*own["_events"], *extra) if extra else tuple(own["_events"]),
+            "_links": tuple(own["_links"]), "_resource": own["_resource"], "_status": own["_status"]}
+        return copy
     return ReadableSpan(
         span.name, context=context, parent=parent, resource=span.resource,
         attributes=attributes, events=(*span.events, *extra) if extra else span.events,
-        links=span.links, kind=span.kind, status=span.status,
-        start_time=span.start_time if start_ns is None else start_ns,
-        end_time=span.end_time if end_ns is None else end_ns,
+        links=span.links, kind=span.kind, status=span.status, start_time=start, end_time=end,
         instrumentation_scope=span.instrumentation_scope)
 
 

@@ -46,13 +46,14 @@ def opened(span: ReadableSpan) -> dict[str, Any]:
     out["_attributes"] = canon(span._attributes)
     out["_context"] = (type(span._context), tuple(span._context))
     out["_parent"] = None if span._parent is None else (type(span._parent), tuple(span._parent))
-    out["_events"] = [(type(e), canon(vars(e))) for e in span._events]
-    out["_links"] = [(type(lk), lk.context, canon(lk.attributes)) for lk in span._links]
+    out["_events"] = (type(span._events), [(type(e), canon(vars(e))) for e in span._events])
+    out["_links"] = (type(span._links), [(type(lk), lk.context, canon(lk.attributes)) for lk in span._links])
     out["_status"] = (type(span._status), span._status.status_code, span._status.description)
     res, scope = span._resource, span._instrumentation_scope
     out["_resource"] = (type(res), dict(res.attributes), res.schema_url)
-    out["_instrumentation_scope"] = (type(scope), scope.name, scope.version, scope.schema_url,
-                                     dict(scope.attributes) if scope.attributes is not None else None)
+    out["_instrumentation_scope"] = None if scope is None else (
+        type(scope), scope.name, scope.version, scope.schema_url,
+        dict(scope.attributes) if scope.attributes is not None else None)
     return out
 
 
