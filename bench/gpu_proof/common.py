@@ -98,15 +98,31 @@ def agent_run(t: Target, cfg: Path, out: Path, command: Sequence[str], timeout: 
 
 def snapshots(out: Path, name: str, keep: Callable[[dict[str, Any]], bool],
               field: str = "value") -> list[tuple[int, float]]:
-    """(collection time, sum over the kept series) of a cumulative counter (``field="count"``: of a cumulative
-    histogram's counts), one row per export."""
+    """(export time, sum over the kept series) of a cumulative counter (``field="count"``: of a cumulative
+    histogram's counts), one row per export. Each series (resource and attributes) adds its latest value at or
+    before that export, so two exports close together (the last periodic one and the flush at exit, often under
+    10 ms apart) never read as one export of twice the count. The export times are those of every series of
+    ``name``, kept or not, so two calls with different ``keep`` give rows at the same times."""
     from otel_ebpf.report.otlpfiles import read_otlp_json
 
-    by_time: dict[int, float] = defaultdict(float)
-    for p in read_otlp_json(out).metrics:
-        if p.name == name and keep(p.attributes):  # one export: 10 ms apart at most
-            by_time[p.time_ns // 10_000_000 * 10_000_000] += getattr(p, field) or 0.0
-    return sorted(by_time.items())
+    series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    buckets: dict[int, int] = {}  # one export's points are collected within 10 ms; a bucket reads at its last
+    for p in read_otlp_json(out).metrics:  # sorted by time
+        if p.name != name:
+            continue
+        b = p.time_ns // 10_000_000
+        buckets[b] = max(buckets.get(b, 0), p.time_ns)
+        if keep(p.attributes):
+            key = (repr(sorted(p.resource.items())), repr(sorted(p.attributes.items())))
+            series[key].append((p.time_ns, float(getattr(p, field) or 0.0)))
+    rows = []
+    for ts in sorted(buckets.values()):
+        total = 0.0
+        for points in series.values():
+            latest = [v for t, v in points if t <= ts]
+            total += latest[-1] if latest else 0.0
+        rows.append((ts, total))
+    return rows
 
 
 def launch_window(out: Path, name: str, t0: int, t1: int, keep: Callable[[dict[str, Any]], bool],
