@@ -281,11 +281,6 @@ class BpfReceiver:
         self._thread = threading.Thread(target=self._run, name=f"otel-ebpf-{self.name}", daemon=True)
         self._thread.start()
 
-    def _on_record(self, _ctx: Any, data: Any, size: int) -> int:
-        """One record as BCC's ring buffer callback hands it (a pointer and its size)."""
-        self._on_raw(ct.string_at(data, size))
-        return 0
-
     def _on_raw(self, raw: bytes) -> None:
         """One ring buffer record (otel_ebpf.bpf.ringread): decoded into the batch, or counted; never raises."""
         try:
