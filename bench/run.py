@@ -110,7 +110,7 @@ def null_collector(protocol: str) -> subprocess.Popen:
     return p
 
 
-def agent_for(pid: int, out_dir: str, receivers: list[str], **cuda: object):
+def agent_for(pid: int | list[int], out_dir: str, receivers: list[str], **cuda: object):
     from otel_ebpf.service import settings
     from otel_ebpf.service.agent import Agent
 
@@ -118,7 +118,7 @@ def agent_for(pid: int, out_dir: str, receivers: list[str], **cuda: object):
     extra = {"receivers": {"cuda": CUDA_CONFIG | cuda}, "service": {
         "pipelines": {"default": {"receivers": receivers, "processors": procs}}, "metrics_interval": 1.0}}
     cfg = settings.load(None, output=None if EXPORT else out_dir, extra=extra, **EXPORT)
-    return Agent(cfg, target_pids=[pid])
+    return Agent(cfg, target_pids=pid if isinstance(pid, list) else [pid])
 
 
 def traced_launch(loop: Path, n: int) -> float:

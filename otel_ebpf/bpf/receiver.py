@@ -26,6 +26,7 @@ from otel_ebpf.bpf import clock as kernel_clock
 from otel_ebpf.bpf import paused as paused_map
 from otel_ebpf.bpf import threadctx
 from otel_ebpf.bpf.attach import claim_library
+from otel_ebpf.bpf.links import UprobeLinks
 from otel_ebpf.bpf.loader import (
     COMMON_SRC,
     all_pids,
@@ -114,6 +115,7 @@ class BpfReceiver:
         self._bpf: Any = None
         self._thread: threading.Thread | None = None
         self._rings: Rings | None = None  # the ring buffers, read on the poll thread (otel_ebpf.bpf.ringread)
+        self._links: UprobeLinks | None = None  # its uprobes, attached as BPF links where the kernel can (bpf/links)
         self._stop = threading.Event()
         self._batch: list[object] = []
         self._attached: set[str] = set()
@@ -229,11 +231,11 @@ class BpfReceiver:
         """(probes attached, "symbol (reason)" when one of its probes failed). A needed probe's failure is
         counted, and raises with ``strict``."""
         n, error = 0, None
-        for fn, attach in ((p.entry, self._bpf.attach_uprobe), (p.ret, self._bpf.attach_uretprobe)):
+        for fn, ret in ((p.entry, False), (p.ret, True)):
             if fn is None:
                 continue
             try:  # attaching loads the function: a pending signal may interrupt it (loader)
-                retry_interrupted_load(functools.partial(attach, name=path, sym=p.symbol, fn_name=fn), self.name)
+                retry_interrupted_load(functools.partial(self._attach_uprobe, path, p.symbol, fn, ret), self.name)
                 n += 1
             except Exception as exc:
                 error = f"{p.symbol} ({_short_reason(exc)})"
@@ -244,6 +246,18 @@ class BpfReceiver:
                 if self.ctx.strict:
                     raise AttachError(path, p.symbol, str(exc).strip() or type(exc).__name__) from None
         return n, error
+
+    def _attach_uprobe(self, path: str, symbol: str, fn: str, ret: bool) -> None:
+        """One uprobe (``ret``: uretprobe): a BPF link where the kernel has them (fast to detach), else BCC's."""
+        if self._links is None:
+            self._links = UprobeLinks(self._bpf)
+        if not self._links.attach(path, symbol, fn, ret):
+            (self._bpf.attach_uretprobe if ret else self._bpf.attach_uprobe)(name=path, sym=symbol, fn_name=fn)
+
+    def open_uprobes(self) -> int:
+        """Uprobes attached now: its links and BCC's perf-event ones."""
+        bcc_count = self._bpf.num_open_uprobes() if self._bpf is not None else 0
+        return (len(self._links) if self._links is not None else 0) + bcc_count
 
     def initial_libraries(self, pids: Sequence[int] = ()) -> list[str]:
         """The libraries to attach to at start: those ``pids`` (default: the targets, or every process)
@@ -270,6 +284,7 @@ class BpfReceiver:
         if self._bpf is not None:
             return
         self._bpf = self._load()
+        self._links = UprobeLinks(self._bpf)
         if self.ctx.target_pids:
             traced = self._bpf["traced"]
             for pid in self.ctx.target_pids:
@@ -435,6 +450,9 @@ class BpfReceiver:
         if self._rings is not None:
             self._rings.close()
             self._rings = None
+        if self._links is not None:
+            self._links.close()  # in parallel: ~0.2 s for a hundred (bpf/links)
+            self._links = None
         if self._bpf is not None and self.detach_in_background:
             release_uprobes_in_background(self._bpf)
         if self._bpf is not None:

@@ -15,6 +15,7 @@ test_demo_crash_is_reported_as_a_partial_collective_and_a_desync.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -22,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -53,14 +55,30 @@ def _spans_of(out, pid: int) -> list:
 
 
 def _uprobe_libraries(pid: int) -> set[str]:
-    """Base names of the libraries ``pid`` has uprobes on (bpftool perf list), empty without bpftool."""
+    """Base names of the libraries ``pid`` has uprobes on: its uprobe_multi links (their fdinfo names the path;
+    otel_ebpf.bpf.links) and its perf-event uprobes (bpftool perf list, none without bpftool)."""
+    found = {Path(p).name for p in _link_paths(pid)}
     tool = shutil.which("bpftool") or "/usr/sbin/bpftool"
     try:
         r = subprocess.run([tool, "-j", "perf", "list"], capture_output=True, text=True, timeout=60)
     except OSError:
-        return set()
-    return {e["filename"].rsplit("/", 1)[-1] for e in json.loads(r.stdout or "[]")
-            if e.get("pid") == pid and "filename" in e}
+        return found
+    return found | {e["filename"].rsplit("/", 1)[-1] for e in json.loads(r.stdout or "[]")
+                    if e.get("pid") == pid and "filename" in e}
+
+
+def _link_paths(pid: int) -> list[str]:
+    """The path of each uprobe_multi link (uprobe or uretprobe) ``pid`` holds."""
+    out = []
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+            except OSError:
+                continue
+            if re.search(r"^link_type:\s+u(ret)?probe_multi$", info, re.M):
+                out += re.findall(r"^path:\s+(.+)$", info, re.M)
+    return out
 
 
 def _paused_pins(agent_pid: int) -> dict[str, int | None]:
@@ -99,7 +117,7 @@ def test_agent_sigkill_leaves_no_probes_and_a_restart_traces_the_same_process(bp
             assert wait_until(lambda: {"libcudart.so.12", "libnccl.so.2"} <= _uprobe_libraries(first.pid), 90), \
                 (_uprobe_libraries(first.pid), (tmp_path / "agent1.err").read_text()[-5000:])
         held = bpf_ids(first.pid)
-        perf_fds = perf_event_fds(first.pid)
+        perf_fds = perf_event_fds(first.pid) + len(_link_paths(first.pid))
         libs = _uprobe_libraries(first.pid)
         assert held["prog"] and held["map"] and perf_fds > 0, (held, perf_fds)
 
@@ -132,7 +150,7 @@ def test_agent_sigkill_leaves_no_probes_and_a_restart_traces_the_same_process(bp
         (tmp_path / "stop").touch()
         assert second.wait(timeout=120) == 0, (tmp_path / "agent2.err").read_text()
         assert bpf_ids(second.pid) == {"prog": set(), "map": set(), "link": set()}  # it exited
-        print(f"agent SIGKILL: {len(held['prog'])} progs, {len(held['map'])} maps, {perf_fds} perf-event fds, "
+        print(f"agent SIGKILL: {len(held['prog'])} progs, {len(held['map'])} maps, {perf_fds} perf-event fds and uprobe links, "
               f"uprobes on {sorted(libs)}; all released {released_s:.2f}s after the kill; "
               f"restarted agent traced pid {target}: {len(_spans_of(out2, target))} spans")
     finally:

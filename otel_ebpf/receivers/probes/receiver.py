@@ -94,9 +94,9 @@ class UserProbesReceiver(BpfReceiver):
                     self._refctr.attach(fn.fd, site.path, site.offset, site.semaphore_offset)
             else:
                 if spec.kind == "uprobe":
-                    bpf.attach_uprobe(name=r.path, sym=spec.symbol, fn_name=f"up_{p}_entry")
+                    self._attach_uprobe(r.path, spec.symbol, f"up_{p}_entry", False)
                 if spec.kind == "uretprobe" or spec.span:
-                    bpf.attach_uretprobe(name=r.path, sym=spec.symbol, fn_name=f"up_{p}_return")
+                    self._attach_uprobe(r.path, spec.symbol, f"up_{p}_return", True)
             self.ctx.telemetry.add("otel_ebpf.probes.attached", 1, receiver=self.name,
                                    library=os.path.basename(what[0]))
         except Exception as exc:
