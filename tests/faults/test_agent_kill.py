@@ -123,9 +123,12 @@ def test_agent_sigkill_leaves_no_probes_and_a_restart_traces_the_same_process(bp
 
         # the pinned maps of paused processes of the pausing receivers (cuda, nccl): they outlive a SIGKILL
         pins = _paused_pins(first.pid)
-        assert sorted(n.split("-")[0] for n in pins) == ["cuda", "nccl"], pins
+        # and the library gate's, while it still holds the command (otel_ebpf/bpf/gate.py): seen only when the
+        # probes are found attached before it let go, as uprobe links are (their fdinfo is read at once)
+        kinds = sorted(n.split("-")[0] for n in pins)
+        assert kinds in (["cuda", "nccl"], ["cuda", "gate", "nccl"]), pins
         pinned = {i for i in pins.values() if i is not None}
-        assert len(pinned) == 2 and pinned <= held["map"], (pins, held["map"])
+        assert len(pinned) == len(kinds) and pinned <= held["map"], (pins, held["map"])
 
         t_kill = time.monotonic()
         first.send_signal(signal.SIGKILL)
