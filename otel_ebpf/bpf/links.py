@@ -74,13 +74,14 @@ def supported() -> bool:
     return _state["supported"]
 
 
-def _link_create(prog_fd: int, path: bytes, offset: int, ret: bool) -> int:
+def _link_create(prog_fd: int, path: bytes, offset: int, ret: bool, ref_ctr_offset: int = 0) -> int:
     """The link's fd, or -errno."""
     name = ct.create_string_buffer(path)
     offsets = (ct.c_uint64 * 1)(offset)
+    ref_ctrs = (ct.c_uint64 * 1)(ref_ctr_offset)
     attr = _LinkCreate(prog_fd=prog_fd, attach_type=_BPF_TRACE_UPROBE_MULTI, path=ct.addressof(name),
-                       offsets=ct.addressof(offsets), cnt=1,
-                       multi_flags=_BPF_F_UPROBE_MULTI_RETURN if ret else 0)
+                       offsets=ct.addressof(offsets), ref_ctr_offsets=ct.addressof(ref_ctrs) if ref_ctr_offset else 0,
+                       cnt=1, multi_flags=_BPF_F_UPROBE_MULTI_RETURN if ret else 0)
     fd = _libc.syscall(_NR_BPF, _BPF_LINK_CREATE, ct.byref(attr), ct.sizeof(attr))
     return int(fd) if fd >= 0 else -ct.get_errno()
 
@@ -89,40 +90,51 @@ class UprobeLinks:
     """The uprobe links of one BCC program (``bpf``, a ``bcc.BPF``). Thread-safe."""
 
     def __init__(self, bpf: Any) -> None:
-        self._bpf = bpf
-        self._fds: list[int] = []
+        self.bpf = bpf
+        self._fds: dict[tuple[str, str, bool], list[int]] = {}  # (real path, symbol or @offset, ret) -> link fds
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._fds)
+            return sum(len(fds) for fds in self._fds.values())
 
     def attach(self, path: str, symbol: str, fn_name: str, ret: bool) -> bool:
         """Attach function ``fn_name`` to the entry (``ret``: the return) of ``symbol`` in ``path``. True: attached
         as a link. False: nothing was attached, and the function is not loaded, so BCC's ``attach_uprobe`` can load
         it as it does: links are off (the kernel has none), the kernel refused this one with EINVAL (a BCC uprobe on
         the same function: see the module's note), or the program did not load for a link (BCC's load then says
-        why, if it fails too). Raises what BCC raises for a symbol it cannot
-        resolve."""
+        why, if it fails too). Raises what BCC raises for a symbol it cannot resolve."""
         if not _state["supported"]:
             return False
-        bcc = type(self._bpf)
-        real, offset = bcc._check_path_symbol(path.encode(), symbol.encode(), None, -1)
+        real, offset = type(self.bpf)._check_path_symbol(path.encode(), symbol.encode(), None, -1)
+        return self._attach(real, offset, symbol, fn_name, ret, 0)
+
+    def attach_at(self, path: str, offset: int, fn_name: str, ref_ctr_offset: int = 0, *, ret: bool = False) -> bool:
+        """:meth:`attach` at file ``offset`` of ``path`` (a USDT site), bumping the semaphore at file offset
+        ``ref_ctr_offset`` while attached (0: none), as bpf/refctr.py's perf events do."""
+        if not _state["supported"]:
+            return False
+        return self._attach(os.fsencode(os.path.realpath(path)), offset, f"@{offset:#x}", fn_name, ret,
+                            ref_ctr_offset)
+
+    def _attach(self, real: bytes, offset: int, what: str, fn_name: str, ret: bool, ref_ctr_offset: int) -> bool:
+        bcc = type(self.bpf)
         name = fn_name.encode()
         try:
-            fn = self._bpf.load_func(name, bcc.KPROBE, attach_type=_BPF_TRACE_UPROBE_MULTI)
+            fn = self.bpf.load_func(name, bcc.KPROBE, attach_type=_BPF_TRACE_UPROBE_MULTI)
         except Exception:  # a kernel may refuse the attach type at load; BCC's own load says what else is wrong
             self._unload(name)
             return False
-        fd = _link_create(fn.fd, real, offset, ret)
+        fd = _link_create(fn.fd, real, offset, ret, ref_ctr_offset)
+        path = os.path.realpath(os.fsdecode(real))
         if fd >= 0:
             with self._lock:
-                self._fds.append(fd)
+                self._fds.setdefault((path, what, ret), []).append(fd)
             return True
+        # a function BCC loaded before (plain kprobe type) is refused too: unloaded, so BCC loads it again
         self._unload(name)
         if -fd == errno.EINVAL:  # another uprobe with another ref_ctr_offset there (BCC's), or a bad offset
-            log.debug("uprobe link on %s:%s refused (%s): a perf-event uprobe instead", path, symbol,
-                      os.strerror(-fd))
+            log.debug("uprobe link on %s:%s refused (%s): a perf-event uprobe instead", path, what, os.strerror(-fd))
             return False
         if -fd in _UNSUPPORTED:
             if _state["supported"]:
@@ -130,18 +142,28 @@ class UprobeLinks:
                          "(%s)", os.strerror(-fd))
             _state["supported"] = False
             return False
-        raise OSError(-fd, f"uprobe link on {path}:{symbol}: {os.strerror(-fd)}")
+        raise OSError(-fd, f"uprobe link on {path}:{what}: {os.strerror(-fd)}")
 
     def _unload(self, name: bytes) -> None:
-        """Forget a function loaded for a link (BCC would reuse it, and a perf event refuses it)."""
-        fn = self._bpf.funcs.pop(name, None)
+        """Forget a function loaded for a link (BCC would reuse it, and a perf event refuses it). Links and perf
+        events made with it keep the program; only this fd goes."""
+        fn = self.bpf.funcs.pop(name, None)
         if fn is not None:
             os.close(fn.fd)
+
+    def detach(self, path: str, symbol: str, ret: bool) -> bool:
+        """Detach the links :meth:`attach` made at ``symbol`` of ``path``; False when it made none there."""
+        with self._lock:
+            fds = self._fds.pop((os.path.realpath(path), symbol, ret), [])
+        for fd in fds:
+            os.close(fd)
+        return bool(fds)
 
     def close(self) -> None:
         """Detach every link, from several threads at once (their grace periods overlap). Safe twice."""
         with self._lock:
-            fds, self._fds = self._fds, []
+            fds = [fd for group in self._fds.values() for fd in group]
+            self._fds = {}
         if not fds:
             return
         with ThreadPoolExecutor(min(_CLOSE_THREADS, len(fds)), thread_name_prefix="otel-ebpf-detach") as pool:

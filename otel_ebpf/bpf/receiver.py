@@ -254,6 +254,15 @@ class BpfReceiver:
         if not self._links.attach(path, symbol, fn, ret):
             (self._bpf.attach_uretprobe if ret else self._bpf.attach_uprobe)(name=path, sym=symbol, fn_name=fn)
 
+    def detach_uprobe(self, path: str, symbol: str, ret: bool) -> None:
+        """Detach one uprobe :meth:`_attach_uprobe` attached (a link, or BCC's); nothing once shut down. Raises
+        (BCC's error) when it is not attached."""
+        if self._bpf is None:
+            return
+        if self._links is not None and self._links.detach(path, symbol, ret):
+            return
+        (self._bpf.detach_uretprobe if ret else self._bpf.detach_uprobe)(name=path, sym=symbol)
+
     def open_uprobes(self) -> int:
         """Uprobes attached now: its links and BCC's perf-event ones."""
         bcc_count = self._bpf.num_open_uprobes() if self._bpf is not None else 0

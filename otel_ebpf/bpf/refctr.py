@@ -8,6 +8,8 @@ for every process that maps the file, now and later, when the uprobe is opened t
 ``if probe.enabled:`` turns true the moment the agent attaches, and false when it detaches.
 
 :class:`RefCtrUprobes` owns the perf event fds; ``close()`` detaches them all (idempotent).
+:meth:`RefCtrUprobes.attach_function` attaches a BCC function as a uprobe_multi link instead where the kernel
+has them (otel_ebpf.bpf.links: the same semaphore, and ~0.1 s less to detach each).
 """
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ import ctypes as ct
 import fcntl
 import os
 import threading
+from typing import Any
+
+from otel_ebpf.bpf.links import UprobeLinks
 
 __all__ = ["RefCtrUprobes"]
 
@@ -51,6 +56,21 @@ class RefCtrUprobes:
         self._fds: list[int] = []
         self._lock = threading.Lock()
         self._libc = ct.CDLL(None, use_errno=True)
+        self._links: list[UprobeLinks] = []  # one per BCC program attached through attach_function
+
+    def attach_function(self, bpf: Any, fn_name: str, path: str, offset: int, ref_ctr_offset: int = 0, *,
+                        retprobe: bool = False) -> None:
+        """BCC function ``fn_name`` of ``bpf`` at file ``offset`` of ``path``: a uprobe link where the kernel has
+        them, else a perf event (:meth:`attach`)."""
+        with self._lock:
+            links = next((ul for ul in self._links if ul.bpf is bpf), None)
+            if links is None:
+                links = UprobeLinks(bpf)
+                self._links.append(links)
+        if links.attach_at(path, offset, fn_name, ref_ctr_offset, ret=retprobe):
+            return
+        fn = bpf.load_func(fn_name, type(bpf).KPROBE)
+        self.attach(fn.fd, path, offset, ref_ctr_offset, retprobe=retprobe)
 
     def attach(self, prog_fd: int, path: str, offset: int, ref_ctr_offset: int = 0, *,
                retprobe: bool = False) -> None:
@@ -80,11 +100,14 @@ class RefCtrUprobes:
             self._fds.append(fd)
 
     def __len__(self) -> int:
-        return len(self._fds)
+        return len(self._fds) + sum(len(ul) for ul in self._links)
 
     def close(self) -> None:
         with self._lock:
             fds, self._fds = self._fds, []
+            links, self._links = self._links, []
+        for ul in links:
+            ul.close()
         for fd in fds:
             try:
                 os.close(fd)

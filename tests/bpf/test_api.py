@@ -3,7 +3,6 @@ libcudart.so.12 (no GPU: every call returns 35, the probes still fire). Every wa
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -12,24 +11,12 @@ import pytest
 
 import otel_ebpf
 from otel_ebpf.bpf import links
+from tests.support.uprobe_links import uprobe_links
 from otel_ebpf.core.errors import ConfigError, OtelEbpfError, TargetError
 from otel_ebpf.core.events import ProcessExit, SpanRecord
 from otel_ebpf.receivers.cuda.events import MemcpyCall
 
 pytestmark = pytest.mark.bpf
-
-
-def _links_of(pid: int) -> list[str]:
-    """The uprobe_multi links (uprobes and uretprobes) ``pid`` holds: their fdinfo."""
-    out = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
-        except OSError:
-            continue
-        if "link_type:\tuprobe_multi" in info or "link_type:\turetprobe_multi" in info:
-            out.append(info)
-    return out
 
 
 def _session(built: dict[str, Path], cudart: Path, **kw: object) -> otel_ebpf.Session:
@@ -45,7 +32,7 @@ def test_sample_returns_the_commands_memcpy_calls_and_leaving_detaches(bpf_ready
         bpf = rx.bpf
         assert rx.open_uprobes() >= 32
         # as links where the kernel has uprobe_multi (6.6+, this project's CI), so leaving is quick
-        assert len(_links_of(os.getpid())) >= 32 or not links.supported()
+        assert len(uprobe_links()) >= 32 or not links.supported()
         events = s.sample(seconds=30.0)  # returns once the command has exited and its records are read
         assert time.monotonic() - started < 60
         memcpy = [e for e in events if isinstance(e, MemcpyCall)]
@@ -59,7 +46,7 @@ def test_sample_returns_the_commands_memcpy_calls_and_leaving_detaches(bpf_ready
         paths = s.to_parquet(tmp_path)
         assert {"MemcpyCall", "SetDeviceCall", "ProcessExit"} <= set(paths)
     assert rx.bpf is None and rx.open_uprobes() == 0 and bpf.num_open_uprobes() == 0  # every uprobe detached
-    assert not _links_of(os.getpid())  # not one uprobe link left open in this process (otel_ebpf.bpf.links)
+    assert not uprobe_links()  # not one uprobe link left open in this process (otel_ebpf.bpf.links)
     leftovers: list[object] = []
     with pytest.raises(OtelEbpfError, match="not running"):  # after what the final drain read, if anything
         for _ in range(3):

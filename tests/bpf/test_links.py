@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from otel_ebpf.bpf import links
+from tests.support.uprobe_links import uprobe_links
 
 pytestmark = pytest.mark.bpf
 
@@ -82,16 +83,7 @@ def _hits(b: object) -> list[int]:
 
 
 def _link_paths() -> list[str]:
-    """The path of every uprobe_multi link (uprobe or uretprobe) this process holds (their fdinfo)."""
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            info = Path(f"/proc/self/fdinfo/{fd}").read_text()
-        except OSError:
-            continue
-        if "link_type:\tuprobe_multi" in info or "link_type:\turetprobe_multi" in info:
-            out += [line.split("\t", 1)[1] for line in info.splitlines() if line.startswith("path:")]
-    return out
+    return [link.path for link in uprobe_links()]
 
 
 def test_links_fire_like_uprobes_and_closing_detaches_them(program: object, caller: Caller, cudart: Path,
@@ -117,7 +109,7 @@ def test_a_kernel_that_refuses_links_gets_bccs_uprobes(program: object, caller: 
                                                        fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
     tried: list[bool] = []
 
-    def refuse(prog_fd: int, path: bytes, offset: int, ret: bool) -> int:
+    def refuse(prog_fd: int, path: bytes, offset: int, ret: bool, ref_ctr_offset: int = 0) -> int:
         tried.append(ret)
         return -errno.EOPNOTSUPP  # a kernel without uprobe_multi links
 
@@ -152,6 +144,18 @@ def test_a_function_bcc_already_probes_gets_a_bcc_uprobe_and_links_stay_on(
         ul.close()
     finally:
         other.cleanup()
+
+
+def test_one_probe_detaches_by_its_symbol_and_the_rest_stay(program: object, caller: Caller, cudart: Path,
+                                                             fresh: None) -> None:
+    ul = links.UprobeLinks(program)
+    assert ul.attach(str(cudart), SYMBOL, "on_entry", ret=False)
+    assert ul.attach(str(cudart), SYMBOL, "on_return", ret=True)
+    assert ul.detach(str(cudart), SYMBOL, ret=False) and not ul.detach(str(cudart), SYMBOL, ret=False)
+    assert len(ul) == 1
+    caller.calls(5)
+    assert _hits(program) == [0, 5]
+    ul.close()
 
 
 def test_links_are_tried_from_linux_6_6() -> None:

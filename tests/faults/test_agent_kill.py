@@ -15,7 +15,6 @@ test_demo_crash_is_reported_as_a_partial_collective_and_a_desync.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -40,6 +39,7 @@ from tests.faults.agentproc import (
     wait_until,
 )
 from tests.support.otlp_sink import spans_from_jsonl
+from tests.support.uprobe_links import uprobe_links
 
 pytestmark = [pytest.mark.bpf, pytest.mark.timeout(480)]
 
@@ -57,7 +57,7 @@ def _spans_of(out, pid: int) -> list:
 def _uprobe_libraries(pid: int) -> set[str]:
     """Base names of the libraries ``pid`` has uprobes on: its uprobe_multi links (their fdinfo names the path;
     otel_ebpf.bpf.links) and its perf-event uprobes (bpftool perf list, none without bpftool)."""
-    found = {Path(p).name for p in _link_paths(pid)}
+    found = {Path(link.path).name for link in uprobe_links(pid)}
     tool = shutil.which("bpftool") or "/usr/sbin/bpftool"
     try:
         r = subprocess.run([tool, "-j", "perf", "list"], capture_output=True, text=True, timeout=60)
@@ -65,20 +65,6 @@ def _uprobe_libraries(pid: int) -> set[str]:
         return found
     return found | {e["filename"].rsplit("/", 1)[-1] for e in json.loads(r.stdout or "[]")
                     if e.get("pid") == pid and "filename" in e}
-
-
-def _link_paths(pid: int) -> list[str]:
-    """The path of each uprobe_multi link (uprobe or uretprobe) ``pid`` holds."""
-    out = []
-    with contextlib.suppress(OSError):
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
-            except OSError:
-                continue
-            if re.search(r"^link_type:\s+u(ret)?probe_multi$", info, re.M):
-                out += re.findall(r"^path:\s+(.+)$", info, re.M)
-    return out
 
 
 def _paused_pins(agent_pid: int) -> dict[str, int | None]:
@@ -117,7 +103,7 @@ def test_agent_sigkill_leaves_no_probes_and_a_restart_traces_the_same_process(bp
             assert wait_until(lambda: {"libcudart.so.12", "libnccl.so.2"} <= _uprobe_libraries(first.pid), 90), \
                 (_uprobe_libraries(first.pid), (tmp_path / "agent1.err").read_text()[-5000:])
         held = bpf_ids(first.pid)
-        perf_fds = perf_event_fds(first.pid) + len(_link_paths(first.pid))
+        perf_fds = perf_event_fds(first.pid) + len(uprobe_links(first.pid))
         libs = _uprobe_libraries(first.pid)
         assert held["prog"] and held["map"] and perf_fds > 0, (held, perf_fds)
 

@@ -4,6 +4,7 @@ communicators, and sends each collective/p2p once, as NCCL planned it with its k
 its first channel start and last channel stop, as the driver's trace has them. The kernel's tables are swept."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,12 @@ from typing import Any
 import pytest
 
 from otel_ebpf.core.pipeline import Context, ListConsumer
+from otel_ebpf.bpf import links
 from otel_ebpf.receivers.nccl import Config
 from otel_ebpf.receivers.nccl.events import NcclProfColl, NcclProfComm, NcclProfP2P
 from otel_ebpf.receivers.nccl.receiver import NcclReceiver
 from tests.nccl_profiler.conftest import NARROW, WIDE
+from tests.support.uprobe_links import uprobe_links
 
 pytestmark = pytest.mark.bpf
 
@@ -45,6 +48,9 @@ def test_the_receiver_decodes_the_plugin_and_sums_each_ops_gpu_time(
     try:
         mask, _ = d.run("single 0")
         assert mask == WIDE
+        # where the kernel has uprobe links, the plugin's probes are links that carry their semaphores
+        ours = [link for link in uprobe_links() if link.path == os.path.realpath(plugin)]
+        assert (ours and all(link.ref_ctr_offsets[0] for link in ours)) or not links.supported(), ours
         trace: list[dict[str, Any]] = []
         for command in ("group2 0", "p2p 0", "single 0"):
             trace += d.run(command)[1]

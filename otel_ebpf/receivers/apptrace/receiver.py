@@ -153,15 +153,12 @@ class AppTraceReceiver(BpfReceiver):
             return 0
         n = 0
         try:
-            import bcc
-
             for site in self._sites_of(path):
                 k = self._variants.get(site.args)
                 if k is None:
                     raise UsdtError(f"{path}: otel_ebpf:event operands differ from every compiled variant "
                                     "(a copy built differently); restart the agent to include it")
-                fn = self._bpf.load_func(f"at_ev_{k}", bcc.BPF.KPROBE)
-                self._refctr.attach(fn.fd, path, site.offset, site.semaphore_offset)
+                self._refctr.attach_function(self._bpf, f"at_ev_{k}", path, site.offset, site.semaphore_offset)
                 n += 1
         except (UsdtError, OSError) as exc:
             self.ctx.telemetry.add("otel_ebpf.probes.failed", 1, receiver=self.name, library=os.path.basename(real))

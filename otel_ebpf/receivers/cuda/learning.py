@@ -17,7 +17,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from otel_ebpf.bpf.receiver import Probe
 from otel_ebpf.host.libraries import mapped_libraries
@@ -33,11 +32,12 @@ class DeviceLearning:
     """Attaches :data:`LEARN_PROBE` to the runtimes of processes already running, and detaches it after
     ``seconds``. ``begin`` once the program is loaded; ``poll`` from the receiver's poll loop; ``end`` at
     shutdown (or when the window is over). ``attach(path, probe)`` -> (probes attached, error or None) and
-    ``bpf()`` are the receiver's; ``attach_lock`` guards its attaches (BCC's are not thread-safe)."""
+    ``detach(path, symbol, ret)`` are the receiver's (BpfReceiver._attach_one, detach_uprobe);
+    ``attach_lock`` guards its attaches (BCC's are not thread-safe)."""
 
     def __init__(self, seconds: float, attach: Callable[[str, Probe], tuple[int, str | None]],
-                 bpf: Callable[[], Any], attach_lock: threading.Lock) -> None:
-        self.seconds, self._attach, self._bpf, self._attach_lock = seconds, attach, bpf, attach_lock
+                 detach: Callable[[str, str, bool], None], attach_lock: threading.Lock) -> None:
+        self.seconds, self._attach, self._detach, self._attach_lock = seconds, attach, detach, attach_lock
         self.paths: list[str] = []
         self.deadline = 0.0
         self._lock = threading.Lock()
@@ -75,14 +75,11 @@ class DeviceLearning:
             paths, self.paths = self.paths, []
         if not paths:
             return
-        bpf = self._bpf()
-        if bpf is None:
-            return
         with self._attach_lock:
             for path in paths:
-                for detach in (bpf.detach_uprobe, bpf.detach_uretprobe):
+                for ret in (False, True):
                     try:
-                        detach(name=path, sym=LEARN_PROBE.symbol)
+                        self._detach(path, LEARN_PROBE.symbol, ret)
                     except Exception:  # the library may be gone with its last process
                         log.debug("cuda: detaching cudaGetDevice from %s failed", path, exc_info=True)
         log.debug("cuda: device learning over (%s)", ", ".join(paths))

@@ -125,7 +125,7 @@ class CudaReceiver(BpfReceiver):
         self._next_stats = 0.0
         self._final_read = False
         self._kernels = KernelNames(config.max_kernel_names)
-        self._learning = DeviceLearning(config.learn_device_for, self._attach_one, lambda: self.bpf,
+        self._learning = DeviceLearning(config.learn_device_for, self._attach_one, self.detach_uprobe,
                                         self._attach_lock)
         self._evicted_seen = 0
         self._gone: list[int] = []

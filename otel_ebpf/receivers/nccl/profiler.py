@@ -87,8 +87,6 @@ class PluginProbes:
     def attach(self, bpf: Any, path: str) -> int:
         """Attach every location of the receiver's probes in ``path``; returns how many. Raises UsdtError
         (not our plugin, or a layout no compiled function reads) or OSError (the kernel refused)."""
-        import bcc
-
         n = 0
         for probe, sites in self._sites_of(path).items():
             for site in sites:
@@ -96,8 +94,7 @@ class PluginProbes:
                 if k is None:
                     raise VariantError(f"{path}: {PROVIDER}:{probe} operands differ from every compiled variant "
                                        "(a plugin built differently); restart the agent to include it")
-                fn = bpf.load_func(f"nprof_{k}", bcc.BPF.KPROBE)
-                self._refctr.attach(fn.fd, path, site.offset, site.semaphore_offset)
+                self._refctr.attach_function(bpf, f"nprof_{k}", path, site.offset, site.semaphore_offset)
                 n += 1
         return n
 

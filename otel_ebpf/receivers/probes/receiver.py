@@ -87,11 +87,10 @@ class UserProbesReceiver(BpfReceiver):
             if spec.kind == "tracepoint":
                 bpf.attach_tracepoint(tp=spec.tracepoint, fn_name=f"up_{p}_tp")
             elif spec.kind == "usdt":
-                import bcc
 
                 for j, site in enumerate(r.sites):
-                    fn = bpf.load_func(f"up_{p}_loc{j}", bcc.BPF.KPROBE)
-                    self._refctr.attach(fn.fd, site.path, site.offset, site.semaphore_offset)
+                    self._refctr.attach_function(bpf, f"up_{p}_loc{j}", site.path, site.offset,
+                                                 site.semaphore_offset)
             else:
                 if spec.kind == "uprobe":
                     self._attach_uprobe(r.path, spec.symbol, f"up_{p}_entry", False)
