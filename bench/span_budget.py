@@ -17,13 +17,14 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import agent_for, build_loop, cudart  # noqa: E402
+from bench.run import build_loop, cudart  # noqa: E402
 from otel_ebpf.core import gctune  # noqa: E402
 
 
@@ -36,12 +37,24 @@ def _start(loop: Path, n: int, rate: float) -> subprocess.Popen:
     return p
 
 
-def run_once(loop: Path, processes: int, rate: float, seconds: float, budget: int) -> dict:
+def agent_for(pids: list[int], out_dir: str, budget: int, queue_size: int | None) -> Any:  # an Agent
+    from otel_ebpf.service import settings
+    from otel_ebpf.service.agent import Agent
+
+    extra: dict = {"receivers": {"cuda": {"span_rate_limit": budget}}, "service": {
+        "pipelines": {"default": {"receivers": ["cuda"], "processors": ["cuda"]}}, "metrics_interval": 1.0}}
+    if queue_size:
+        extra["exporters"] = {"file": {"queue_size": queue_size}}
+    return Agent(settings.load(None, output=out_dir, extra=extra), target_pids=pids)
+
+
+def run_once(loop: Path, processes: int, rate: float, seconds: float, budget: int,
+             queue_size: int | None = None) -> dict:
     me = psutil.Process()
     n = int(rate * seconds)
     loops = [_start(loop, n, rate) for _ in range(processes)]
     with tempfile.TemporaryDirectory() as d:
-        agent = agent_for([p.pid for p in loops], d, ["cuda"], span_rate_limit=budget)
+        agent = agent_for([p.pid for p in loops], d, budget, queue_size)
         agent.start()
         gctune.freeze_startup()
         cpu0 = me.cpu_times()
@@ -79,6 +92,7 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=10000, help="cudaMemcpy calls/s of each process")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--budgets", default="2000,5000,7500", help="span_rate_limit values tried, one run each")
+    ap.add_argument("--queue-size", type=int, help="the file exporter's queue_size (default: its default)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench: needs root (BPF)")
@@ -87,7 +101,7 @@ def main() -> int:
     print("| span_rate_limit | processes x calls/s (achieved) | spans | lost | calls without a span (counted) "
           "| agent CPU per span | agent CPU (cores) |\n|---|---|---|---|---|---|---|")
     for budget in (int(b) for b in a.budgets.split(",")):
-        r = run_once(loop, a.processes, a.rate, a.seconds, budget)
+        r = run_once(loop, a.processes, a.rate, a.seconds, budget, a.queue_size)
         lost = ", ".join(f"{k} {v}" for k, v in sorted(r["lost"].items())) or "0"
         print(f"| {budget}/s | {a.processes} x {a.rate:.0f} ({r['achieved']:.0f}) | {r['spans']} of {r['calls']} calls "
               f"| {lost} | {r['rate_limited']} | {r['cpu_us_per_span']:.1f} us | {r['agent_cpu_share']:.2f} |",
