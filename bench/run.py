@@ -85,12 +85,13 @@ def untraced(loop: Path, n: int) -> float:
 def bare_uprobe(loop: Path, n: int) -> float:
     from bcc import BPF
 
-    b = BPF(text="int bare(void *ctx) { return 0; }")
-    b.attach_uprobe(name=cudart(), sym="cudaLaunchKernel", fn_name="bare")
+    from otel_ebpf.bpf.links import attach_one
+
+    undo = attach_one(BPF(text="int bare(struct pt_regs *ctx) { return 0; }"), cudart(), "cudaLaunchKernel", "bare")
     try:
         return finish_loop(start_loop(loop, "launch", n))
     finally:
-        b.cleanup()
+        undo()
 
 
 CUDA_CONFIG: dict = {}  # --no-launch-context: {"launch_context": False}

@@ -58,6 +58,8 @@ def _loop(lib: str, n: int, exe: Path, env: dict[str, str], setup: Any = None) -
 def measure(t: Target, tmp: Path, budget: float) -> dict[str, Any]:
     from bcc import BPF
 
+    from otel_ebpf.bpf.links import attach_one
+
     from otel_ebpf.service import settings
     from otel_ebpf.service.agent import Agent
 
@@ -74,9 +76,9 @@ def measure(t: Target, tmp: Path, budget: float) -> dict[str, Any]:
     env = dict(t.workload_env)
 
     def bare(pid: int) -> Any:
-        b = BPF(text="int bare(void *ctx) { return 0; }")
-        b.attach_uprobe(name=lib, sym="cudaLaunchKernel", fn_name="bare")
-        return b.cleanup
+        # attached as the receivers attach theirs (a link where the kernel has them): BCC's own uprobe would be
+        # refused beside the links an earlier step's agent left to its closer (BCC's stray ref_ctr_offset)
+        return attach_one(BPF(text="int bare(struct pt_regs *ctx) { return 0; }"), lib, "cudaLaunchKernel", "bare")
 
     def agent(pid: int) -> Any:
         d = tempfile.mkdtemp(prefix="gpu-proof-agent-", dir=tmp)

@@ -32,9 +32,10 @@ import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["UprobeLinks", "supported"]
+__all__ = ["UprobeLinks", "attach_one", "supported"]
 
 log = logging.getLogger(__name__)
 
@@ -169,3 +170,16 @@ class UprobeLinks:
         with ThreadPoolExecutor(min(_CLOSE_THREADS, len(fds)), thread_name_prefix="otel-ebpf-detach") as pool:
             for fd in fds:
                 pool.submit(os.close, fd)
+
+
+def attach_one(bpf: Any, path: str, symbol: str, fn_name: str, ret: bool = False) -> Callable[[], None]:
+    """One uprobe the way the receivers attach theirs (a link, else BCC's), for a measurement or a check; returns
+    what detaches it and cleans ``bpf`` up."""
+    links = UprobeLinks(bpf)
+    if not links.attach(path, symbol, fn_name, ret):
+        (bpf.attach_uretprobe if ret else bpf.attach_uprobe)(name=path, sym=symbol, fn_name=fn_name)
+
+    def undo() -> None:
+        links.close()
+        bpf.cleanup()
+    return undo
