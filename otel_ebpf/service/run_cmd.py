@@ -176,6 +176,10 @@ def run(args: argparse.Namespace) -> int:
     child = PausedChild(command, env) if command else None
     targets = [child.pid] if child else _with_descendants(args.pid)
     started = time.monotonic()
+    # --pid/--all-processes: SIGINT/SIGTERM are ours from here, so one that comes while the probes attach (or
+    # just after "tracing started") detaches cleanly once the start is done instead of a KeyboardInterrupt
+    # traceback (CI, stop 32: SIGINT landed between that line and the handler's install)
+    stop = None if child else _StopOnSignal()
     deferred = bool(child) and cfg.service.deferred_start and not cfg.service.strict
     if deferred:  # a background compile redirects fd 2 (the loader's capture): our lines go to a copy of it
         sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)
@@ -202,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
             code = wait_child(child.pid, lambda s: log.info("signal %d: forwarding", s))
             ended = f"{_shown(command)} exited ({code})"
         else:
-            ended = _wait_targets(targets, wait_pids)
+            assert stop is not None
+            ended = _wait_targets(targets, wait_pids, stop)
     finally:
         progress.stop()
         print(f"otel-ebpf: {ended}; flushing what was collected...", file=sys.stderr, flush=True)
@@ -217,18 +222,23 @@ def _shown(command: Sequence[str], width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def _wait_targets(targets: Sequence[int], wait_pids: Any) -> str:
+class _StopOnSignal:
+    """SIGINT/SIGTERM set an event, from construction on; the first signal's name is kept."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.got: list[int] = []
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.got.append(signum)
+        self.event.set()
+
+
+def _wait_targets(targets: Sequence[int], wait_pids: Any, stop: _StopOnSignal) -> str:
     """Until SIGINT/SIGTERM, or every process of ``--pid`` has exited; what ended it, for the exit line."""
-    stop = threading.Event()
-    got: list[int] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        got.append(signum)
-        stop.set()
-
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, on_signal)
-    wait_pids(targets, stop) if targets else stop.wait()
-    if got:
-        return f"{signal.Signals(got[0]).name} received, detaching"
+    wait_pids(targets, stop.event) if targets else stop.event.wait()
+    if stop.got:
+        return f"{signal.Signals(stop.got[0]).name} received, detaching"
     return f"{'pid' if len(targets) == 1 else 'pids'} {', '.join(map(str, targets))} exited"

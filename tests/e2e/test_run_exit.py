@@ -111,6 +111,27 @@ def test_run_pid_says_what_it_does_on_sigint_and_exits_promptly(tmp_path: Path, 
         target.wait()
 
 
+def test_run_pid_sigint_while_probes_attach_detaches_once_started(tmp_path: Path, bpf_ready: Any) -> None:
+    """SIGINT before "tracing started" (here: after the first receiver is up) is held until the start is done,
+    then detaches as any SIGINT does: no KeyboardInterrupt traceback, exit 0 (stop 32's CI: one that came just
+    after the line, before the handler was installed, ended the agent with a traceback and -2)."""
+    target = subprocess.Popen([*WORKLOAD[:2], "--steps", "100000", "--step-sleep-ms", "20"])
+    try:
+        agent = PipedAgent("run", "--log-level", "info", "--pid", str(target.pid), "--output",
+                           str(tmp_path / "out"))
+        agent.wait_for("receiver cuda started", 120)
+        agent.proc.send_signal(signal.SIGINT)
+        code, _ = agent.finish()
+        out = agent.output()
+        assert code == 0, out
+        assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+        assert out.index("tracing started") < out.index(f"SIGINT received, detaching; {FLUSHING}"), out
+        assert target.poll() is None
+    finally:
+        target.kill()
+        target.wait()
+
+
 def test_a_command_that_ends_while_receivers_compile_leaves_no_error_after_the_summary(tmp_path: Path,
                                                                                        bpf_ready: Any) -> None:
     """A command that ends while the deferred start is still compiling (blockio, memory, sched, cuda, nccl,
