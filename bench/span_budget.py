@@ -44,7 +44,7 @@ def agent_for(pids: list[int], out_dir: str, budget: int, queue_size: int | None
     extra: dict = {"receivers": {"cuda": {"span_rate_limit": budget}}, "service": {
         "pipelines": {"default": {"receivers": ["cuda"], "processors": ["cuda"]}}, "metrics_interval": 1.0}}
     if queue_size:
-        extra["exporters"] = {"file": {"queue_size": queue_size}}
+        extra["exporters"] = {"file": {"batch": {"queue_size": queue_size}}}
     return Agent(settings.load(None, output=out_dir, extra=extra), target_pids=pids)
 
 
