@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -53,21 +54,55 @@ log = logging.getLogger(__name__)
 
 
 class _LineWriter:
-    def __init__(self, path: Path) -> None:
+    """Appends lines to one file. Each line is written and flushed to the kernel at once, so an agent that is
+    killed loses no line it wrote (the page cache holds it); the file is opened per line, so a file that was
+    moved or removed (log rotation) is made again. ``fsync`` runs at most every ``sync_interval_s`` (on the
+    first write after it has passed) and at :meth:`sync` (the exporters' flush and shutdown): a host that
+    crashes loses at most that much. Per line it cost ~0.4 ms of CPU on this project's VM (a 512-span batch:
+    ~0.8 us a span, bench/span_stages.py) for durability only a host crash needs; the OpenTelemetry
+    Collector's file exporter never fsyncs."""
+
+    def __init__(self, path: Path, sync_interval_s: float = 1.0) -> None:
         self.path = path.absolute()  # BCC changes the working directory while it compiles (deferred start)
         self._lock = threading.Lock()
+        self._sync_every = sync_interval_s
+        self._synced = time.monotonic()
+        self._dirty = False
 
     def write(self, line: str) -> bool:
         try:
             with self._lock:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 with open(self.path, "a", encoding="utf-8") as fh:
-                    fh.write(line + "\n")
+                    fh.write(line)
+                    fh.write("\n")
                     fh.flush()
-                    os.fsync(fh.fileno())
+                    now = time.monotonic()
+                    if now - self._synced >= self._sync_every:
+                        os.fsync(fh.fileno())
+                        self._synced, self._dirty = now, False
+                    else:
+                        self._dirty = True
             return True
         except OSError as exc:
             log.warning("cannot write %s: %s", self.path, exc)
+            return False
+
+    def sync(self) -> bool:
+        """``fsync`` what was written since the last one; False (logged) when it failed."""
+        try:
+            with self._lock:
+                if not self._dirty:
+                    return True
+                fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                self._synced, self._dirty = time.monotonic(), False
+            return True
+        except OSError as exc:
+            log.warning("cannot sync %s: %s", self.path, exc)
             return False
 
 
@@ -110,10 +145,10 @@ class JsonLinesSpanExporter(SpanExporter):
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
-        pass
+        self._writer.sync()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
+        return self._writer.sync()
 
 
 class JsonLinesMetricExporter(MetricExporter):
@@ -129,10 +164,10 @@ class JsonLinesMetricExporter(MetricExporter):
         return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
+        return self._writer.sync()
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        pass
+        self._writer.sync()
 
 
 class JsonLinesLogExporter(LogRecordExporter):
@@ -153,7 +188,7 @@ class JsonLinesLogExporter(LogRecordExporter):
         return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
 
     def shutdown(self) -> None:
-        pass
+        self._writer.sync()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
+        return self._writer.sync()
