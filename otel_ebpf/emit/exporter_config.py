@@ -50,10 +50,13 @@ def ensure_writable(directory: str | os.PathLike[str]) -> None:
 
 @dataclass
 class BatchConfig:
-    queue_size: int = doc(8192, "Most spans held per exporter (queued, or in the batch being sent or retried); "
-                                "beyond it new spans are dropped and counted (reason export_queue_full). The "
-                                "pipeline never waits for room. Log records have a queue of their own, of the "
-                                "same size (drops counted with signal=logs).", min=1)
+    queue_size: int = doc(32768, "Most spans held per exporter (queued, or in the batch being sent or retried); "
+                                 "beyond it new spans are dropped and counted (reason export_queue_full). The "
+                                 "pipeline never waits for room. Log records have a queue of their own, of the "
+                                 "same size (drops counted with signal=logs). A held CUDA call's span takes "
+                                 "~1.2 KB (~40 MB when full); the default holds the first second of eight "
+                                 "processes that reach the CUDA span budget together (docs/benchmarks.md).",
+                          min=1)
     batch_size: int = doc(512, "Most spans (log records) per export request.", min=1)
     batch_delay: float = doc(0.2, "Longest a span (log record) waits before its batch is sent (the OpenTelemetry "
                                   "Collector batch processor's default timeout; a straggler or desync record "
