@@ -2,8 +2,9 @@
 
 * ``file``: OTLP JSON lines in a directory (the default: useful with no server at all).
 * ``otlp``: the OTel SDK's OTLP exporters over gRPC or HTTP/protobuf, spans and log records
-  encoded by :mod:`otel_ebpf.emit.otlp_proto` (the same bytes). gRPC channels get a bounded
-  reconnect backoff (``reconnect_backoff_max``): docs/reliability.md, "Recovery stall".
+  encoded by :mod:`otel_ebpf.emit.otlp_proto` (the same bytes); gzip or not as
+  ``OtlpExporterConfig.wire_compression`` decides (``compression: auto``: none within the node).
+  gRPC channels get a bounded reconnect backoff (``reconnect_backoff_max``): docs/reliability.md, "Recovery stall".
 * ``prometheus``: a ``/metrics`` endpoint serving the same metrics (off unless a pipeline lists
   it; spans and log records are not sent there). See :mod:`otel_ebpf.emit.prometheus`.
 
@@ -14,6 +15,7 @@ never delays another, the pipeline, or metric collection.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from opentelemetry.sdk._logs.export import LogRecordExporter
@@ -36,12 +38,14 @@ from otel_ebpf.emit.sending import RetryConfig
 __all__ = ["EXPORTER_TYPES", "BatchConfig", "FileExporterConfig", "OtlpExporterConfig", "PrometheusExporterConfig",
            "RetryConfig", "build_exporters", "build_log_exporter", "check_output_directory", "unreachable_endpoints"]
 
+log = logging.getLogger(__name__)
+
 
 def _grpc_args(cfg: OtlpExporterConfig) -> dict[str, Any]:
     """The SDK gRPC exporters' arguments, the same for spans, metrics and logs."""
     from grpc import Compression as GrpcCompression
 
-    comp = GrpcCompression.Gzip if cfg.compression == "gzip" else GrpcCompression.NoCompression
+    comp = GrpcCompression.Gzip if cfg.wire_compression()[0] == "gzip" else GrpcCompression.NoCompression
     insecure = cfg.insecure and not cfg.endpoint.startswith("https://")
     headers = tuple((k.lower(), v) for k, v in cfg.headers.items()) or None
     # SDK 1.45 merges these with its own (user agent); typed as str pairs there, ints are what grpc takes
@@ -57,7 +61,7 @@ def _http_args(cfg: OtlpExporterConfig, path: str) -> dict[str, Any]:
     base = cfg.endpoint.rstrip("/")
     if "://" not in base:
         base = f"http://{base}"
-    hcomp = HttpCompression.Gzip if cfg.compression == "gzip" else HttpCompression.NoCompression
+    hcomp = HttpCompression.Gzip if cfg.wire_compression()[0] == "gzip" else HttpCompression.NoCompression
     return {"endpoint": f"{base}{path}", "headers": dict(cfg.headers), "timeout": cfg.timeout, "compression": hcomp}
 
 
@@ -65,6 +69,9 @@ def _otlp(cfg: OtlpExporterConfig) -> tuple[SpanExporter, MetricExporter]:
     """Spans: the SDK's OTLP exporter sending the direct encoder's bytes (otel_ebpf.emit.otlp_direct);
     metrics: the SDK's."""
     from otel_ebpf.emit.otlp_direct import DirectGrpcSpanExporter, DirectHttpSpanExporter
+
+    compression, why = cfg.wire_compression()
+    log.info("OTLP/%s exporter to %s: compression %s (%s)", cfg.protocol, cfg.endpoint, compression, why)
 
     if cfg.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
