@@ -17,7 +17,8 @@ oetp = Extension("otel_ebpf.tracepoints._oetp", sources=["otel_ebpf/tracepoints/
 # The OTLP span encoders, protobuf and JSON (otel_ebpf/emit/otlp_native.py; without them the same bytes are written
 # in Python).
 otlpenc = Extension("otel_ebpf.emit._otlpenc", sources=[f"otel_ebpf/emit/_otlpenc{part}.c" for part in
-                                                    ("", "_read", "_values", "_spans", "_jvalues", "_json")],
+                                                    ("", "_read", "_values", "_spans", "_jvalues", "_json",
+                                                     "_records")],
                     depends=["otel_ebpf/emit/_otlpenc.h"],
                     extra_compile_args=["-O2", "-fno-strict-aliasing", "-std=gnu11", "-fvisibility=hidden"], optional=True)
 

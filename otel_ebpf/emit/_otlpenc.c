@@ -18,9 +18,13 @@
  * ERROR), the API's SpanContext class (a tuple: its items are read directly) and the SDK's ReadableSpan (its
  * instances' fields are read from their __dict__: _otlpenc_spans.c).
  *
+ * A batch may also hold span items, the emitter's (SpanRecord, Resource, InstrumentationScope, trace id, span id)
+ * tuples: they are written as the ReadableSpan otel_ebpf.emit.spans would make of them (_otlpenc_records.c).
+ *
  * Files: _otlpenc.h (the buffer, shared declarations), _otlpenc_read.c (reading a span as the SDK does),
  * _otlpenc_values.c and _otlpenc_spans.c (protobuf: values and attributes; a span and the request),
- * _otlpenc_jvalues.c and _otlpenc_json.c (the same in OTLP/JSON), this one (grouping, the module).
+ * _otlpenc_jvalues.c and _otlpenc_json.c (the same in OTLP/JSON), _otlpenc_records.c (span items, both
+ * formats), this one (grouping, the module).
  */
 #include "_otlpenc.h"
 
@@ -148,13 +152,19 @@ static int encode(PyObject *fast, Buf *out, const Format *f)
     int r = g.resources == NULL || g.held == NULL ? FAIL : OK;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast) && !r; i++) {
         Span span = {PySequence_Fast_GET_ITEM(fast, i), NULL};
-        if (PyObject_TypeCheck(span.span, readable_span_type)) { /* its fields are the SDK's */
+        int item = PyTuple_CheckExact(span.span); /* a span item (_otlpenc_records.c) */
+        if (item && PyTuple_GET_SIZE(span.span) != 5) {
+            r = SLOW;
+            break;
+        }
+        if (!item && PyObject_TypeCheck(span.span, readable_span_type)) { /* its fields are the SDK's */
             span.dict = PyObject_GenericGetDict(span.span, NULL);
             if (span.dict == NULL)
                 PyErr_Clear();
         }
-        PyObject *resource = member(&span, s__resource, s_resource);
-        PyObject *scope = resource ? member(&span, s__instrumentation_scope, s_instrumentation_scope) : NULL;
+        PyObject *resource = item ? Py_NewRef(PyTuple_GET_ITEM(span.span, 1)) : member(&span, s__resource, s_resource);
+        PyObject *scope = !resource ? NULL : item ? Py_NewRef(PyTuple_GET_ITEM(span.span, 2))
+                                                  : member(&span, s__instrumentation_scope, s_instrumentation_scope);
         if (scope == NULL) {
             Py_XDECREF(resource);
             Py_XDECREF(span.dict);
@@ -175,7 +185,7 @@ static int encode(PyObject *fast, Buf *out, const Format *f)
         Py_DECREF(resource);
         Py_DECREF(scope);
         one.len = 0;
-        if (!r && !(r = f->span(&one, &span)))
+        if (!r && !(r = item ? f->record(&one, span.span) : f->span(&one, &span)))
             r = f->join(&last->spans, &one);
         Py_XDECREF(span.dict);
     }
@@ -302,5 +312,15 @@ PyMODINIT_FUNC PyInit__otlpenc(void)
     INTERN(s__status, "_status");
     INTERN(s__resource, "_resource");
     INTERN(s__instrumentation_scope, "_instrumentation_scope");
+    INTERN(s_start_ns, "start_ns");
+    INTERN(s_end_ns, "end_ns");
+    INTERN(s_parent_span_id, "parent_span_id");
+    INTERN(s_error, "error");
+    INTERN(s_time_ns, "time_ns");
+    INTERN(record_kinds[0], "internal"); /* SpanRecord.kind, in proto SpanKind order (1..5) */
+    INTERN(record_kinds[1], "server");
+    INTERN(record_kinds[2], "client");
+    INTERN(record_kinds[3], "producer");
+    INTERN(record_kinds[4], "consumer");
     return PyModule_Create(&module);
 }

@@ -154,6 +154,7 @@ int put_jstring_attr(Buf *b, const char *name, size_t len, PyObject *obj, PyObje
 int put_jattributes(Buf *b, PyObject *attributes, int *first);
 int put_jattributes_attr(Buf *b, PyObject *obj, int *first);
 int put_jid(Buf *b, const char *name, size_t len, PyObject *context, Py_ssize_t i, PyObject *attr, size_t size);
+int put_jid_of(Buf *b, const char *name, size_t len, PyObject *id, size_t size);
 
 /* _otlpenc_read.c: a span's members as the SDK's encoder reads them. dict: the span's __dict__ when it is a
  * ReadableSpan, else NULL */
@@ -197,12 +198,18 @@ static inline Group *group_at(Groups *g, PyObject *indexes, Py_ssize_t i)
     return &g->groups[PyLong_AsSsize_t(PyList_GET_ITEM(indexes, i))];
 }
 
-/* An output format: one span, how a group joins its spans, the request around the groups. */
+/* An output format: one span, one span item, how a group joins its spans, the request around the groups. */
 typedef struct {
     int (*span)(Buf *b, const Span *s);
+    int (*record)(Buf *b, PyObject *item);
     int (*join)(Buf *group, const Buf *span);
     int (*request)(Buf *b, Groups *g);
 } Format;
+
+/* _otlpenc_records.c: a span item (SpanBuilder.item's tuple) in each format, and the names it reads */
+extern PyObject *s_start_ns, *s_end_ns, *s_parent_span_id, *s_error, *s_time_ns, *record_kinds[5];
+int put_record(Buf *b, PyObject *item);
+int put_jrecord(Buf *b, PyObject *item);
 
 extern const Format PROTO; /* _otlpenc_spans.c: ExportTraceServiceRequest bytes */
 extern const Format JSON;  /* _otlpenc_json.c: its OTLP/JSON line */

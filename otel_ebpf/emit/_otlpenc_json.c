@@ -193,4 +193,4 @@ static int put_jrequest(Buf *b, Groups *g)
     return PUTS(b, "]}");
 }
 
-const Format JSON = {put_jspan, join, put_jrequest};
+const Format JSON = {put_jspan, put_jrecord, join, put_jrequest};

@@ -246,19 +246,26 @@ int put_jattributes_attr(Buf *b, PyObject *obj, int *first)
 int put_jid(Buf *b, const char *name, size_t len, PyObject *context, Py_ssize_t i, PyObject *attr,
                    size_t size)
 {
-    static const char hex[] = "0123456789abcdef";
-    Buf raw = {NULL, 0, 0};
     PyObject *o = context_item(context, i, attr);
     if (o == NULL)
         return FAIL;
-    int r = put_id(&raw, 0, o, size); /* tag, size, then the bytes big-endian */
+    int r = put_jid_of(b, name, len, o, size);
     Py_DECREF(o);
+    return r;
+}
+
+/* The same from the id itself. */
+int put_jid_of(Buf *b, const char *name, size_t len, PyObject *id, size_t size)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char bytes[32];
+    Buf raw = {bytes, 0, sizeof bytes}; /* tag, size, then at most 16 bytes big-endian: never grows */
+    int r = put_id(&raw, 0, id, size);
     if (!r && (put(b, name, len) || put_byte(b, '"') || grow(b, 2 * size + 1)))
         r = FAIL;
     for (size_t k = 0; !r && k < size; k++) {
         b->data[b->len++] = (unsigned char)hex[raw.data[2 + k] >> 4];
         b->data[b->len++] = (unsigned char)hex[raw.data[2 + k] & 0xF];
     }
-    PyMem_Free(raw.data);
     return r ? r : put_byte(b, '"');
 }

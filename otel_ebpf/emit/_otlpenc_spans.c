@@ -236,4 +236,4 @@ static int put_request(Buf *b, Groups *g)
     return OK;
 }
 
-const Format PROTO = {put_span, join, put_request};
+const Format PROTO = {put_span, put_record, join, put_request};

@@ -55,7 +55,7 @@ from otel_ebpf.emit.process_meters import ProcessMeters
 from otel_ebpf.emit.prometheus import NoSpanExporter
 from otel_ebpf.emit.sdklog import quiet_sdk_export_logs
 from otel_ebpf.emit.sending import SendingQueue
-from otel_ebpf.emit.spans import SpanBuilder
+from otel_ebpf.emit.spans import SpanBuilder, SpanItem, readable_spans
 from otel_ebpf.core.events import LogRecord, MetricRecord, ProcessExit, SpanRecord
 from otel_ebpf.core.telemetry import Telemetry
 
@@ -101,8 +101,12 @@ QUEUE_METRICS = {
 }
 
 
-def _span_sender(spec: ExporterSpec) -> Callable[[list[ReadableSpan]], bool]:
-    return lambda batch: spec.spans.export(batch) == SpanExportResult.SUCCESS
+def _span_sender(spec: ExporterSpec) -> Callable[[list[ReadableSpan | SpanItem]], bool]:
+    """The queue's batches as they are to an exporter of ours (``takes_span_items``: the file and OTLP exporters
+    write span items in C); any other SDK exporter gets the ReadableSpans made of them, on the queue's thread."""
+    if getattr(spec.spans, "takes_span_items", False):
+        return lambda batch: spec.spans.export(batch) == SpanExportResult.SUCCESS  # type: ignore[arg-type]
+    return lambda batch: spec.spans.export(readable_spans(batch)) == SpanExportResult.SUCCESS
 
 
 def _log_sender(exporter: LogRecordExporter) -> Callable[[list[ReadableLogRecord]], bool]:
@@ -151,7 +155,7 @@ class Emitter:
         self._base_resource = Resource.create({})
         self._agent = ProcessMeters.on(self._base_resource.merge(Resource(dict(agent_attributes))))
         # Prometheus has no spans: no span queue (and no thread) for it
-        self.span_queues: list[SendingQueue[ReadableSpan]] = [
+        self.span_queues: list[SendingQueue[ReadableSpan | SpanItem]] = [
             SendingQueue(e.name, "spans", _span_sender(e), e.spans.shutdown, telemetry, capacity=e.queue_size,
                          batch_size=e.batch_size, batch_delay=e.batch_delay, retry=e.retry)
             for e in self._exporters if not isinstance(e.spans, NoSpanExporter)]
@@ -218,7 +222,7 @@ class Emitter:
         """Build spans, metrics and log records from ``events``; spans and log records go to
         every exporter's queue without waiting (a full queue counts them dropped). Never raises
         for a bad record."""
-        spans: list[ReadableSpan] = []
+        spans: list[ReadableSpan | SpanItem] = []
         logs: list[ReadableLogRecord] = []
         with self._lock:
             for ev in events:
@@ -226,7 +230,7 @@ class Emitter:
                     if isinstance(ev, SpanRecord):
                         if not (0 <= ev.start_ns < 1 << 64 and ev.end_ns < 1 << 64):  # OTLP's fixed64: one such
                             raise ValueError(f"span times {ev.start_ns}..{ev.end_ns}")  # span fails its whole batch
-                        spans.append(self._spans.build(ev, self._proc(ev.pid, ev.comm).resource))
+                        spans.append(self._spans.item(ev, self._proc(ev.pid, ev.comm).resource))
                     elif isinstance(ev, LogRecord):
                         logs.append(self._logs.build(ev, self._proc(ev.pid, ev.comm).resource))
                     elif isinstance(ev, MetricRecord):
@@ -244,8 +248,9 @@ class Emitter:
         self.export_spans(spans)
         self.export_logs(logs)
 
-    def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
-        """Put finished SDK spans on every exporter's span queue. Never waits; thread-safe."""
+    def export_spans(self, spans: Sequence[ReadableSpan | SpanItem]) -> None:
+        """Put finished spans (SDK spans, or span items: otel_ebpf.emit.spans) on every exporter's span queue.
+        Never waits; thread-safe."""
         if spans:
             for q in self.span_queues:
                 q.put(spans)

@@ -44,6 +44,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_ebpf.core.otlpjson import to_otlp_json
 from otel_ebpf.emit.exporter_config import FILES, ensure_writable
 from otel_ebpf.emit.otlp_json import Unencodable, logs_to_otlp_json, spans_to_otlp_json
+from otel_ebpf.emit.spans import SpanItem, readable_spans
 
 T = TypeVar("T")
 
@@ -128,6 +129,11 @@ class _Fallbacks:
 
 
 class JsonLinesSpanExporter(SpanExporter):
+    """Takes span items as well as SDK spans (``takes_span_items``: the emitter hands it its queue's batches as
+    they are, otel_ebpf.emit.spans)."""
+
+    takes_span_items = True
+
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self._writer = _LineWriter(Path(directory) / FILES[0])
         self._fallback = _Fallbacks("traces.jsonl")
@@ -137,10 +143,10 @@ class JsonLinesSpanExporter(SpanExporter):
         """Batches encoded the SDK's way because :mod:`.otlp_json` could not write them exactly."""
         return self._fallback.count
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    def export(self, spans: Sequence[ReadableSpan | SpanItem]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
-        line = self._fallback.encode(spans, spans_to_otlp_json, lambda b: to_otlp_json(encode_spans(b)))
+        line = self._fallback.encode(spans, spans_to_otlp_json, lambda b: to_otlp_json(encode_spans(readable_spans(b))))
         ok = self._writer.write(line)
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 

@@ -33,6 +33,7 @@ from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATU
 
 from .otlp_common import Unencodable
 from .otlp_proto import logs_to_otlp_proto, spans_to_otlp_proto
+from .spans import readable_spans
 
 __all__ = ["DirectGrpcLogExporter", "DirectGrpcSpanExporter", "DirectHttpLogExporter", "DirectHttpSpanExporter"]
 
@@ -124,7 +125,9 @@ class _DirectGrpc(_Direct):
 class DirectGrpcSpanExporter(_DirectGrpc, GrpcSpanExporter):
     """``OTLPSpanExporter`` (gRPC), sending :func:`.otlp_proto.spans_to_otlp_proto`'s bytes."""
 
-    _codec = ("OTLP/gRPC spans", lambda b: spans_to_otlp_proto(b), lambda b: encode_spans(b).SerializeToString())
+    _codec = ("OTLP/gRPC spans", lambda b: spans_to_otlp_proto(b),
+              lambda b: encode_spans(readable_spans(b)).SerializeToString())
+    takes_span_items = True  # the emitter's span items as they are (otel_ebpf.emit.spans)
     _method = _TRACES
 
 
@@ -178,7 +181,9 @@ class _DirectHttp(_Direct):
 class DirectHttpSpanExporter(_DirectHttp, HttpSpanExporter):
     """``OTLPSpanExporter`` (HTTP/protobuf), posting :func:`.otlp_proto.spans_to_otlp_proto`'s bytes."""
 
-    _codec = ("OTLP/HTTP spans", lambda b: spans_to_otlp_proto(b), lambda b: encode_spans(b).SerializeToString())
+    _codec = ("OTLP/HTTP spans", lambda b: spans_to_otlp_proto(b),
+              lambda b: encode_spans(readable_spans(b)).SerializeToString())
+    takes_span_items = True  # the emitter's span items as they are (otel_ebpf.emit.spans)
     _noun, _results = "span", (SpanExportResult.SUCCESS, SpanExportResult.FAILURE)
 
 

@@ -49,6 +49,7 @@ from .otlp_common import I64 as _I64
 from .otlp_common import U32 as _U32
 from .otlp_common import U64 as _U64
 from .otlp_common import U128 as _U128
+from .spans import SpanItem, readable_spans
 from .otlp_common import Unencodable, checked, enum_number, grouped, int64, span_id, trace_id, unsigned
 
 __all__ = ["Unencodable", "logs_to_otlp_json", "python_spans_to_otlp_json", "spans_to_otlp_json"]
@@ -326,7 +327,7 @@ def _encode(items: Sequence[_T], encode: Callable[[_T], str], top: str, middle: 
     return '{"' + top + '":[' + ",".join(blocks) + "]}"
 
 
-def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> str:
+def spans_to_otlp_json(spans: Sequence[ReadableSpan | SpanItem]) -> str:
     """The ExportTraceServiceRequest of ``spans`` as one OTLP/JSON line (no newline); raises
     :class:`Unencodable` when it cannot be written exactly as ``to_otlp_json(encode_spans(spans))``.
     The C encoder (otlp_native) writes it first; a batch it hands back is written here."""
@@ -334,7 +335,7 @@ def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> str:
         out = otlp_native.SPANS_JSON(spans)
         if out is not None:
             return out
-    return python_spans_to_otlp_json(spans)
+    return python_spans_to_otlp_json(readable_spans(spans))  # span items: as their SDK spans
 
 
 def python_spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> str:

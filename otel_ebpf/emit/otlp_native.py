@@ -9,14 +9,15 @@ maps by position. ``NATIVE`` says whether they are in use.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 
 __all__ = ["NATIVE", "SPANS_JSON", "SPANS_PROTO"]
 
-Encoder = Callable[[Sequence[ReadableSpan]], bytes | None]
-TextEncoder = Callable[[Sequence[ReadableSpan]], str | None]
+Encoder = Callable[[Sequence[Any]], bytes | None]  # SDK spans and span items (otel_ebpf.emit.spans)
+TextEncoder = Callable[[Sequence[Any]], str | None]
 
 
 def _load() -> tuple[Encoder, TextEncoder] | None:

@@ -44,6 +44,7 @@ from . import otlp_native
 from .otlp_common import I64 as _I64
 from .otlp_common import U32 as _U32
 from .otlp_common import U64 as _U64
+from .spans import SpanItem, readable_spans
 from .otlp_common import Unencodable, checked, enum_number, grouped, int64, span_id, trace_id, unsigned
 
 __all__ = ["logs_to_otlp_proto", "python_spans_to_otlp_proto", "spans_to_otlp_proto"]
@@ -316,14 +317,14 @@ def _encode(items: Sequence[_T], encode: Callable[[_T], bytes]) -> bytes:
     return b"".join(blocks)
 
 
-def spans_to_otlp_proto(spans: Sequence[ReadableSpan]) -> bytes:
+def spans_to_otlp_proto(spans: Sequence[ReadableSpan | SpanItem]) -> bytes:
     """The serialized ExportTraceServiceRequest of ``spans``; raises :class:`~.otlp_common.Unencodable`
     when it cannot be written exactly as ``encode_spans(spans).SerializeToString()``."""
     if otlp_native.SPANS_PROTO is not None:
         out = otlp_native.SPANS_PROTO(spans)
         if out is not None:
             return out
-    return python_spans_to_otlp_proto(spans)
+    return python_spans_to_otlp_proto(readable_spans(spans))  # span items: as their SDK spans
 
 
 def python_spans_to_otlp_proto(spans: Sequence[ReadableSpan]) -> bytes:

@@ -1,6 +1,11 @@
-"""SpanRecord -> the SDK's ``ReadableSpan``, built directly (0.6 µs each, against 2.3 µs through
-``ReadableSpan.__init__`` and ~13 µs through ``Tracer.start_span``, whose sampler and context machinery have
-nothing to decide here).
+"""SpanRecord -> what the exporters get: a span item (:data:`SpanItem`), or the SDK's ``ReadableSpan``.
+
+The emitter queues span items: the record with its resource, scope and ids, nothing more (issue 19: building
+the SDK span cost ~1-1.5 us a span on the pipeline thread, and a queued one held ~1.2 KB). The file and OTLP
+exporters hand them to the C encoders, which write each item exactly as the SDK writes the ReadableSpan
+:func:`readable` makes of it (otel_ebpf/emit/_otlpenc_records.c; tests/unit/emit/test_span_items.py compares
+the bytes); everything else (another SDK exporter, a batch the C path hands back) gets that span
+(:func:`readable_spans`).
 
 The span is the SDK's own class with the instance fields ``ReadableSpan.__init__`` sets
 (opentelemetry-sdk 1.45, ``sdk/trace/__init__.py``), written in one dict instead of fifteen stores, and its
@@ -9,13 +14,15 @@ trace id, span id, is_remote, flags, trace state, validity) without its Python-l
 encoders, ``to_json``, the in-memory exporter, our C encoder) sees the same span as the constructors would give:
 tests/unit/emit/test_spans.py compares the instances' fields and their encoded bytes.
 
-Every span is sampled; a record without ids gets random ones (the SDK's ``RandomIdGenerator``: 128 and 64 random
-bits, never 0), a record with ids keeps them exactly (derived ids the collective join relies on). Not thread-safe
-(one scope cache): the :class:`~otel_ebpf.emit.emitter.Emitter` calls it under its lock.
+Every span is sampled; a record without ids gets random ones when its item is made (the SDK's
+``RandomIdGenerator``: 128 and 64 random bits, never 0), so every exporter writes the same ids; a record with ids
+keeps them exactly (derived ids the collective join relies on). :class:`SpanBuilder` is not thread-safe (one scope
+cache): the :class:`~otel_ebpf.emit.emitter.Emitter` calls it under its lock; :func:`readable` is.
 """
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -27,7 +34,13 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from otel_ebpf.core.events import SpanRecord
 
-__all__ = ["SpanBuilder"]
+__all__ = ["SpanBuilder", "SpanItem", "readable", "readable_spans"]
+
+#: What the emitter queues for a span: (record, its process's resource, its scope, trace id, span id), the ids
+#: drawn once so that every exporter writes the same span. The C encoders write it as the ReadableSpan
+#: :func:`readable` makes of it (otel_ebpf/emit/_otlpenc_records.c), without making it; anything else gets that
+#: span (:func:`readable_spans`).
+SpanItem = tuple[SpanRecord, Resource, InstrumentationScope, int, int]
 
 _KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT, "server": SpanKind.SERVER,
           "producer": SpanKind.PRODUCER, "consumer": SpanKind.CONSUMER}
@@ -61,28 +74,43 @@ class SpanBuilder:
 
     def build(self, rec: SpanRecord, resource: Resource) -> ReadableSpan:
         """The span of ``rec`` on ``resource``; raises KeyError for an unknown kind."""
-        kind = _KINDS[rec.kind]
-        trace_id = rec.trace_id or _id(128)
-        parent = rec.parent_span_id
+        return readable(self.item(rec, resource))
+
+    def item(self, rec: SpanRecord, resource: Resource) -> SpanItem:
+        """The :data:`SpanItem` of ``rec`` on ``resource``, its missing ids drawn now; raises KeyError for an
+        unknown kind."""
+        _KINDS[rec.kind]
         scope = self._scopes.get(rec.scope)
         if scope is None:
             scope = self._scopes[rec.scope] = InstrumentationScope(rec.scope)
-        span = _new_span(ReadableSpan)
-        fields: dict[str, Any] = {  # ReadableSpan.__init__'s fields, in its order
-            "_name": rec.name,
-            "_context": _context(trace_id, rec.span_id or _id(64), False),
-            "_kind": kind,
-            "_instrumentation_info": None,
-            "_instrumentation_scope": scope,
-            "_parent": _context(trace_id, parent, True) if parent is not None else None,
-            "_start_time": rec.start_ns,
-            "_end_time": max(rec.end_ns, rec.start_ns),
-            "_attributes": rec.attributes,
-            "_events": [Event(e.name, e.attributes, e.time_ns) for e in rec.events] if rec.events else [],
-            "_links": [Link(_context(lk.trace_id, lk.span_id, True), lk.attributes) for lk in rec.links]
-            if rec.links else [],
-            "_resource": resource,
-            "_status": _OK if rec.error is None else Status(StatusCode.ERROR, rec.error),
-        }
-        span.__dict__ = fields
-        return span
+        return (rec, resource, scope, rec.trace_id or _id(128), rec.span_id or _id(64))
+
+
+def readable(item: SpanItem) -> ReadableSpan:
+    """The SDK span of a span item. Thread-safe."""
+    rec, resource, scope, trace_id, span_id = item
+    parent = rec.parent_span_id
+    span = _new_span(ReadableSpan)
+    fields: dict[str, Any] = {  # ReadableSpan.__init__'s fields, in its order
+        "_name": rec.name,
+        "_context": _context(trace_id, span_id, False),
+        "_kind": _KINDS[rec.kind],
+        "_instrumentation_info": None,
+        "_instrumentation_scope": scope,
+        "_parent": _context(trace_id, parent, True) if parent is not None else None,
+        "_start_time": rec.start_ns,
+        "_end_time": max(rec.end_ns, rec.start_ns),
+        "_attributes": rec.attributes,
+        "_events": [Event(e.name, e.attributes, e.time_ns) for e in rec.events] if rec.events else [],
+        "_links": [Link(_context(lk.trace_id, lk.span_id, True), lk.attributes) for lk in rec.links]
+        if rec.links else [],
+        "_resource": resource,
+        "_status": _OK if rec.error is None else Status(StatusCode.ERROR, rec.error),
+    }
+    span.__dict__ = fields
+    return span
+
+
+def readable_spans(batch: Sequence[SpanItem | ReadableSpan]) -> list[ReadableSpan]:
+    """``batch`` with each span item made its SDK span (:func:`readable`); SDK spans as they are."""
+    return [readable(x) if isinstance(x, tuple) else x for x in batch]
