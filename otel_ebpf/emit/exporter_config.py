@@ -54,7 +54,7 @@ class BatchConfig:
                                  "beyond it new spans are dropped and counted (reason export_queue_full). The "
                                  "pipeline never waits for room. Log records have a queue of their own, of the "
                                  "same size (drops counted with signal=logs). A held CUDA call's span takes "
-                                 "~1.2 KB (~40 MB when full); the default holds the first second of eight "
+                                 "~0.7 KB (~23 MB when full); the default holds the first second of eight "
                                  "processes that reach the CUDA span budget together (docs/benchmarks.md).",
                           min=1)
     batch_size: int = doc(512, "Most spans (log records) per export request.", min=1)
