@@ -59,9 +59,10 @@ class _LineWriter:
     killed loses no line it wrote (the page cache holds it); the file is opened per line, so a file that was
     moved or removed (log rotation) is made again. ``fsync`` runs at most every ``sync_interval_s`` (on the
     first write after it has passed) and at :meth:`sync` (the exporters' flush and shutdown): a host that
-    crashes loses at most that much. Per line it cost ~0.4 ms of CPU on this project's VM (a 512-span batch:
-    ~0.8 us a span, bench/span_stages.py) for durability only a host crash needs; the OpenTelemetry
-    Collector's file exporter never fsyncs."""
+    crashes loses at most that much. An fsync after every line held the export thread while the disk wrote
+    (8 ranks x 7,500 spans/s: half the spans lost to its full queue, docs/benchmarks.md) and cost it ~0.25 us
+    a span (bench/span_stages.py), for durability only a host crash needs; the OpenTelemetry Collector's file
+    exporter never fsyncs."""
 
     def __init__(self, path: Path, sync_interval_s: float = 1.0) -> None:
         self.path = path.absolute()  # BCC changes the working directory while it compiles (deferred start)
