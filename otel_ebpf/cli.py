@@ -21,7 +21,8 @@ Exit codes: the traced command's own code for ``run -- CMD`` (0 for ``run --pid/
 when an exporter delivered nothing and lost something (an unreachable collector for the whole run: the
 summary names the exporter, what it lost, and the command's own code); 0 for ``gateway`` stopped by
 SIGINT/SIGTERM (after flushing); 0 for a ``demo`` that ran as asked (an injected crash is
-reported, not an error), 130 when it is interrupted; 2 for configuration (or option) errors;
+reported, not an error), 130 when it is interrupted (and for ``run --pid`` stopped by a second
+SIGINT/SIGTERM while its probes attach); 2 for configuration (or option) errors;
 3 when the host cannot run eBPF (``check`` explains why); 1 for other agent errors (for
 ``demo``: a node, agent, rank or the gateway failed, named in the message). ``twin``: 0 when every rank
 exited 0, 1 when one failed (or the job timed out), 2 bad options, 3 the host cannot run it.
@@ -328,6 +329,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OtelEbpfError as exc:
         print(f"otel-ebpf: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # e.g. run --pid's second Ctrl+C during the start: no traceback
+        print("otel-ebpf: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

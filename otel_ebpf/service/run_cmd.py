@@ -223,21 +223,37 @@ def _shown(command: Sequence[str], width: int = 60) -> str:
 
 
 class _StopOnSignal:
-    """SIGINT/SIGTERM set an event, from construction on; the first signal's name is kept."""
+    """SIGINT/SIGTERM set an event, from construction on; the first signal's name is kept. One that comes before
+    the wait (the probes still attaching) says it is held till then; a second one there stops the start at once
+    (KeyboardInterrupt), so a start that takes long can still be left."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.got: list[int] = []
+        self.waiting = False
+        # the terminal as it is now: the handler may run inside the loader's capture of fd 2 (a compile's output)
+        self._say_fd = os.dup(sys.stderr.fileno())
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, self._on_signal)
+
+    def wait(self) -> None:
+        """From now on a signal only ends the wait."""
+        self.waiting = True
+        os.close(self._say_fd)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.got.append(signum)
         self.event.set()
+        if not self.waiting and len(self.got) == 1:
+            os.write(self._say_fd, f"otel-ebpf: {signal.Signals(signum).name} received: detaching once the start is "
+                                   "done (again to stop now)\n".encode())
+        elif not self.waiting:
+            raise KeyboardInterrupt
 
 
 def _wait_targets(targets: Sequence[int], wait_pids: Any, stop: _StopOnSignal) -> str:
     """Until SIGINT/SIGTERM, or every process of ``--pid`` has exited; what ended it, for the exit line."""
+    stop.wait()
     wait_pids(targets, stop.event) if targets else stop.event.wait()
     if stop.got:
         return f"{signal.Signals(stop.got[0]).name} received, detaching"

@@ -132,6 +132,35 @@ def test_run_pid_sigint_while_probes_attach_detaches_once_started(tmp_path: Path
         target.wait()
 
 
+def test_run_pid_second_sigint_while_probes_attach_stops_at_once_and_the_target_goes_on(tmp_path: Path,
+                                                                                         bpf_ready: Any) -> None:
+    """A second SIGINT during the start does not wait for it: exit 130 with one line, no traceback; the traced
+    process is left running (not stopped by a pause the agent held)."""
+    target = subprocess.Popen([*WORKLOAD[:2], "--steps", "100000", "--step-sleep-ms", "20"])
+    try:
+        agent = PipedAgent("run", "--log-level", "info", "--pid", str(target.pid), "--output",
+                           str(tmp_path / "out"))
+        agent.wait_for("receiver cuda started", 120)
+        agent.proc.send_signal(signal.SIGINT)
+        agent.wait_for("SIGINT received: detaching once the start is done (again to stop now)", 10)
+        agent.proc.send_signal(signal.SIGINT)
+        code, _ = agent.finish()
+        out = agent.output()
+        assert "Traceback" not in out, out
+        print(f"\nexit {code}; {'during' if 'tracing started' not in out else 'after'} the start")
+        if "tracing started" not in out:  # the second one came during the start, as meant
+            assert code == 130 and "otel-ebpf: interrupted" in out, out
+        else:  # the start was done by then: stopped at once, or detached by the first one (the second ignored)
+            assert (code, "otel-ebpf: interrupted" in out) in ((130, True), (0, False)), out
+        time.sleep(0.5)
+        assert target.poll() is None
+        state = Path(f"/proc/{target.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state != "T", "the traced process was left stopped"
+    finally:
+        target.kill()
+        target.wait()
+
+
 def test_a_command_that_ends_while_receivers_compile_leaves_no_error_after_the_summary(tmp_path: Path,
                                                                                        bpf_ready: Any) -> None:
     """A command that ends while the deferred start is still compiling (blockio, memory, sched, cuda, nccl,
