@@ -148,6 +148,7 @@ int comma(Buf *b, int *first);
 int put_jstr(Buf *b, PyObject *o);
 int put_decimal(Buf *b, uint64_t v, int negative);
 int put_jtime(Buf *b, const char *name, size_t len, PyObject *o, int *first);
+int put_jtime_u64(Buf *b, const char *name, size_t len, uint64_t v, int *first);
 int put_jcount(Buf *b, const char *name, size_t len, PyObject *obj, PyObject *attr, int *first);
 int put_jstring(Buf *b, const char *name, size_t len, PyObject *o, int *first);
 int put_jstring_attr(Buf *b, const char *name, size_t len, PyObject *obj, PyObject *attr, int *first);
@@ -205,6 +206,9 @@ typedef struct {
     int (*join)(Buf *group, const Buf *span);
     int (*request)(Buf *b, Groups *g);
 } Format;
+
+/* _otlpenc_spans.c: a repeated message field from a sequence (events, links), one() writing each body */
+int put_sequence(Buf *b, unsigned char tag, PyObject *seq, int (*one)(Buf *, PyObject *));
 
 /* _otlpenc_records.c: a span item (SpanBuilder.item's tuple) in each format, and the names it reads */
 extern PyObject *s_start_ns, *s_end_ns, *s_parent_span_id, *s_error, *s_time_ns, *record_kinds[5];

@@ -119,8 +119,14 @@ int put_jtime(Buf *b, const char *name, size_t len, PyObject *o, int *first)
     if (o == Py_None)
         return OK;
     int r = as_u64(o, &v);
-    if (r || !v)
-        return r;
+    return r ? r : put_jtime_u64(b, name, len, v, first);
+}
+
+/* The same from the time itself. */
+int put_jtime_u64(Buf *b, const char *name, size_t len, uint64_t v, int *first)
+{
+    if (!v)
+        return OK;
     return comma(b, first) || put(b, name, len) || put_byte(b, '"') || put_decimal(b, v, 0) || put_byte(b, '"')
         ? FAIL : OK;
 }

@@ -139,21 +139,6 @@ static int put_rec_link(Buf *b, PyObject *link)
     return r;
 }
 
-static int put_rec_sequence(Buf *b, unsigned char tag, PyObject *tuple, int (*one)(Buf *, PyObject *))
-{
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); i++) {
-        size_t mark;
-        int r;
-        if (open_field(b, tag, &mark))
-            return FAIL;
-        if ((r = one(b, PyTuple_GET_ITEM(tuple, i))))
-            return r;
-        if (close_field(b, mark))
-            return FAIL;
-    }
-    return OK;
-}
-
 int put_record(Buf *b, PyObject *item)
 {
     Rec s;
@@ -169,8 +154,8 @@ int put_record(Buf *b, PyObject *item)
         r = FAIL;
         goto done;
     }
-    if ((r = put_attributes(b, 0x4a, s.attributes)) || (r = put_rec_sequence(b, 0x5a, s.events, put_rec_event))
-        || (r = put_rec_sequence(b, 0x6a, s.links, put_rec_link)))
+    if ((r = put_attributes(b, 0x4a, s.attributes)) || (r = put_sequence(b, 0x5a, s.events, put_rec_event))
+        || (r = put_sequence(b, 0x6a, s.links, put_rec_link)))
         goto done;
     size_t mark;
     if (open_field(b, 0x7a, &mark)) { /* the status, written even when empty */
@@ -188,14 +173,6 @@ done:
 }
 
 /* ---- OTLP/JSON (as _otlpenc_json.c: put_jspan, put_jevent, put_jlink, put_jstatus) ---- */
-
-static int put_jtime_u64(Buf *b, const char *name, size_t len, uint64_t v, int *first)
-{
-    if (!v)
-        return OK;
-    return comma(b, first) || put(b, name, len) || put_byte(b, '"') || put_decimal(b, v, 0) || put_byte(b, '"')
-        ? FAIL : OK;
-}
 
 static int put_rec_jevent(Buf *b, PyObject *e)
 {

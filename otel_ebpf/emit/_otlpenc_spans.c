@@ -44,7 +44,7 @@ static int put_link(Buf *b, PyObject *link)
 }
 
 /* A repeated message field from a sequence (events, links). */
-static int put_sequence(Buf *b, unsigned char tag, PyObject *seq, int (*one)(Buf *, PyObject *))
+int put_sequence(Buf *b, unsigned char tag, PyObject *seq, int (*one)(Buf *, PyObject *))
 {
     PyObject *fast = PySequence_Fast(seq, "not a sequence");
     if (fast == NULL)

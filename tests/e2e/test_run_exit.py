@@ -7,6 +7,7 @@ of the agent's fds but the probes: before, it inherited stdout/stderr and held t
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,18 @@ def _probes(output: str) -> int:
     return int(m.group(1))
 
 
+@contextlib.contextmanager
+def _traced_pid(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, PipedAgent]]:
+    """A long-running workload and ``run --pid`` on it (INFO log); the workload is killed after."""
+    target = subprocess.Popen([*WORKLOAD[:2], "--steps", "100000", "--step-sleep-ms", "20"])
+    try:
+        yield target, PipedAgent("run", "--log-level", "info", "--pid", str(target.pid), "--output",
+                                 str(tmp_path / "out"))
+    finally:
+        target.kill()
+        target.wait()
+
+
 def test_run_says_it_is_flushing_and_its_pipe_ends_with_it(tmp_path: Path, bpf_ready: Any) -> None:
     agent = PipedAgent("run", "--output", str(tmp_path / "out"), "--", *WORKLOAD)
     code, exited = agent.finish()
@@ -89,10 +103,7 @@ def test_run_says_it_is_flushing_and_its_pipe_ends_with_it(tmp_path: Path, bpf_r
 
 
 def test_run_pid_says_what_it_does_on_sigint_and_exits_promptly(tmp_path: Path, bpf_ready: Any) -> None:
-    target = subprocess.Popen([*WORKLOAD[:2], "--steps", "100000", "--step-sleep-ms", "20"])
-    try:
-        agent = PipedAgent("run", "--log-level", "info", "--pid", str(target.pid), "--output",
-                           str(tmp_path / "out"))
+    with _traced_pid(tmp_path) as (target, agent):
         agent.wait_for("tracing started", 120)
         sent = time.monotonic()
         agent.proc.send_signal(signal.SIGINT)
@@ -106,19 +117,13 @@ def test_run_pid_says_what_it_does_on_sigint_and_exits_promptly(tmp_path: Path, 
         assert said - sent < 2.0
         assert exited - sent < 5.0 and agent.eof - exited < 1.0
         assert target.poll() is None  # the traced process goes on
-    finally:
-        target.kill()
-        target.wait()
 
 
 def test_run_pid_sigint_while_probes_attach_detaches_once_started(tmp_path: Path, bpf_ready: Any) -> None:
     """SIGINT before "tracing started" (here: after the first receiver is up) is held until the start is done,
     then detaches as any SIGINT does: no KeyboardInterrupt traceback, exit 0 (stop 32's CI: one that came just
     after the line, before the handler was installed, ended the agent with a traceback and -2)."""
-    target = subprocess.Popen([*WORKLOAD[:2], "--steps", "100000", "--step-sleep-ms", "20"])
-    try:
-        agent = PipedAgent("run", "--log-level", "info", "--pid", str(target.pid), "--output",
-                           str(tmp_path / "out"))
+    with _traced_pid(tmp_path) as (target, agent):
         agent.wait_for("receiver cuda started", 120)
         agent.proc.send_signal(signal.SIGINT)
         code, _ = agent.finish()
@@ -127,19 +132,13 @@ def test_run_pid_sigint_while_probes_attach_detaches_once_started(tmp_path: Path
         assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
         assert out.index("tracing started") < out.index(f"SIGINT received, detaching; {FLUSHING}"), out
         assert target.poll() is None
-    finally:
-        target.kill()
-        target.wait()
 
 
 def test_run_pid_second_sigint_while_probes_attach_stops_at_once_and_the_target_goes_on(tmp_path: Path,
                                                                                          bpf_ready: Any) -> None:
     """A second SIGINT during the start does not wait for it: exit 130 with one line, no traceback; the traced
     process is left running (not stopped by a pause the agent held)."""
-    target = subprocess.Popen([*WORKLOAD[:2], "--steps", "100000", "--step-sleep-ms", "20"])
-    try:
-        agent = PipedAgent("run", "--log-level", "info", "--pid", str(target.pid), "--output",
-                           str(tmp_path / "out"))
+    with _traced_pid(tmp_path) as (target, agent):
         agent.wait_for("receiver cuda started", 120)
         agent.proc.send_signal(signal.SIGINT)
         agent.wait_for("SIGINT received: detaching once the start is done (again to stop now)", 10)
@@ -156,9 +155,6 @@ def test_run_pid_second_sigint_while_probes_attach_stops_at_once_and_the_target_
         assert target.poll() is None
         state = Path(f"/proc/{target.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         assert state != "T", "the traced process was left stopped"
-    finally:
-        target.kill()
-        target.wait()
 
 
 def test_a_command_that_ends_while_receivers_compile_leaves_no_error_after_the_summary(tmp_path: Path,
