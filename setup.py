@@ -33,6 +33,15 @@ otlpdec = Extension("otel_ebpf.emit._otlpdec", sources=["otel_ebpf/emit/_otlpdec
 ringread = Extension("otel_ebpf.bpf._ringread", sources=["otel_ebpf/bpf/_ringread.c"],
                      extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"], optional=True)
 
+# Ring-buffer records decoded in C into the receivers' typed events (otel_ebpf/bpf/records.py; without it each record
+# is decoded by its receiver's Python decode).
+recdec = Extension("otel_ebpf.bpf._recdec", sources=["otel_ebpf/bpf/_recdec.c"],
+                   extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"], optional=True)
+
+# Frozen records made from positional values in C (otel_ebpf/core/frozen.py maker; without it the class is called).
+frozen = Extension("otel_ebpf.core._frozen", sources=["otel_ebpf/core/_frozen.c"],
+                   extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"], optional=True)
+
 # The NCCL profiler plugin (docs/nccl-profiler.md): a plain shared library NCCL dlopens, not a Python module, so it
 # keeps NCCL's file name libnccl-profiler-otel_ebpf.so (NCCL_PROFILER_PLUGIN=otel_ebpf finds it on the loader path)
 # next to otel_ebpf/nccl_profiler/__init__.py, which locates it. Also needs sys/sdt.h; without it plugin_path() is None.
@@ -62,4 +71,4 @@ class BuildExt(build_ext):
         return [] if ext is nccl_plugin else super().get_export_symbols(ext)
 
 
-setup(packages=packages, ext_modules=[oetp, otlpenc, otlpdec, ringread, nccl_plugin], cmdclass={"build_ext": BuildExt})
+setup(packages=packages, ext_modules=[oetp, otlpenc, otlpdec, ringread, recdec, frozen, nccl_plugin], cmdclass={"build_ext": BuildExt})

@@ -347,6 +347,9 @@ def main() -> int:
     ap.add_argument("--bcc-rings", action="store_true",
                     help="receivers read their ring buffers through BCC's per-record callbacks, not the C reader "
                          "(otel_ebpf.bpf.ringread)")
+    ap.add_argument("--python-decode", action="store_true",
+                    help="receivers decode every record in Python, not their hot record types in C "
+                         "(otel_ebpf.bpf.records)")
     ap.add_argument("--python-encoders", action="store_true",
                     help="spans encoded by the Python writers, not the C extension (otel_ebpf.emit.otlp_native): "
                          "what the encoder costs the whole agent")
@@ -359,6 +362,10 @@ def main() -> int:
         from otel_ebpf.bpf import ringread
 
         ringread.use_native = False
+    if a.python_decode:
+        from otel_ebpf.bpf import records
+
+        records.use_native = False
     if a.python_encoders:
         from otel_ebpf.emit import otlp_native
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import bench.run as br  # noqa: E402
-from otel_ebpf.bpf import ringread  # noqa: E402
+from otel_ebpf.bpf import records, ringread  # noqa: E402
 from otel_ebpf.core import gctune, pipeline, processing  # noqa: E402
 from otel_ebpf.emit import emitter, jsonfile, sending  # noqa: E402
 
@@ -57,7 +57,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rate", type=float, default=40000, help="cudaMemcpy calls/s")
     ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--python-decode", action="store_true",
+                    help="the receiver decodes every record in Python (otel_ebpf.bpf.records.use_native = False)")
     a = ap.parse_args()
+    records.use_native = not a.python_decode
     if os.geteuid() != 0:
         sys.exit("bench: needs root (BPF)")
     for cls, name, row in STAGES:

@@ -24,6 +24,7 @@ from typing import Any
 
 from otel_ebpf.bpf import clock as kernel_clock
 from otel_ebpf.bpf import paused as paused_map
+from otel_ebpf.bpf import records
 from otel_ebpf.bpf import threadctx
 from otel_ebpf.bpf.attach import claim_library
 from otel_ebpf.bpf.links import UprobeLinks
@@ -99,6 +100,9 @@ class BpfReceiver:
     lib_pattern: str | None = None
     probes: Sequence[Probe] = ()
     thread_context = False  # uses oe_thread_ctx (common.bpf.c, otel_ebpf.bpf.threadctx): cuda, python, torch
+    # Its hot record types decoded in C (otel_ebpf.bpf.records.RecordDecoders): the same events as decode() makes,
+    # which still decodes every other record (and any the C decoders hand back). None: decode() decodes all.
+    record_decoders: records.RecordDecoders | None = None
     start_early = False  # loaded before `run -- CMD` starts the command even with a deferred start (service.deferred)
 
     def __init__(self, ctx: Context, next_: Consumer, *, ringbuf_pages: int = 256,
@@ -300,7 +304,10 @@ class BpfReceiver:
                 traced[ct.c_uint32(pid)] = ct.c_uint8(1)
         for lib in self.initial_libraries():
             self.attach_library(lib)
-        self._rings = Rings(self._bpf, ("events", "lifecycle"), self._on_raw, self.ctx.telemetry, self.name)
+        decoders = self.record_decoders
+        on_records = self._on_records if decoders is not None and decoders.native and records.use_native else None
+        self._rings = Rings(self._bpf, ("events", "lifecycle"), self._on_raw, self.ctx.telemetry, self.name,
+                            on_records=on_records)
         self._pauses.renew()  # the poll loop starts now: a library opened from here on is paused
         self._thread = threading.Thread(target=self._run, name=f"otel-ebpf-{self.name}", daemon=True)
         self._thread.start()
@@ -322,6 +329,42 @@ class BpfReceiver:
                     self._flush(with_maps=False)
         except Exception:  # hot path: count, never raise into the reader
             self.ctx.telemetry.dropped(self.name, "decode_error")
+
+    def _on_records(self, records: list[bytes]) -> None:
+        """A poll's records (otel_ebpf.bpf.ringread), :data:`_CHUNK` at a time through the C decoders: a chunk
+        they decoded whole is handed on as it is (its new pids read first, as :meth:`_on_raw` reads each); a
+        chunk with records they handed back goes record by record in order, those through :meth:`_on_raw`.
+        Never raises."""
+        decoders = self.record_decoders
+        assert decoders is not None
+        for start in range(0, len(records), _CHUNK):
+            chunk = records[start:start + _CHUNK] if len(records) > _CHUNK else records
+            try:
+                items, back, pids = decoders.decode(chunk, self.clock.offset_ns, self._seen_pids)
+            except Exception:  # hot path: never raise into the reader; each record is decoded in Python instead
+                log.debug("%s: C decode failed", self.name, exc_info=True)
+                items, back, pids = list(chunk), len(chunk), []
+            if back:
+                self._mixed(items)
+                continue
+            for pid in pids:
+                self._snapshot(pid)
+            self._batch.extend(items)
+            if len(self._batch) >= _CHUNK:
+                self._flush(with_maps=False)
+
+    def _mixed(self, items: list[object]) -> None:
+        """Decoded events and handed-back records, in their order, as :meth:`_on_raw` takes them one by one."""
+        for item in items:
+            if type(item) is bytes:
+                self._on_raw(item)
+                continue
+            pid = getattr(item, "pid", None)
+            if pid is not None and pid not in self._seen_pids:
+                self._snapshot(pid)
+            self._batch.append(item)
+            if len(self._batch) >= _CHUNK:
+                self._flush(with_maps=False)
 
     def _lifecycle(self, etype: int, raw: bytes) -> None:
         """exec (3): read the process's identity now; library open (2): attach, resume;

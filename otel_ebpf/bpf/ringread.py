@@ -44,14 +44,15 @@ def _entry_points() -> tuple[int, ...]:
 
 
 class Rings:
-    """The ring buffer maps ``tables`` of the BCC program ``bpf``, read into ``on_raw(bytes)``.
-
-    ``receiver`` names the owner in the drop counter. The C reader reads them when it is built and
+    """The ring buffer maps ``tables`` of the BCC program ``bpf``, read into ``on_raw(bytes)``, or, with the C
+    reader and ``on_records``, into ``on_records(list of bytes)`` a call's records at a time (in the same order;
+    never an empty list). ``receiver`` names the owner in the drop counter. The C reader reads them when it is built and
     :data:`use_native` is true."""
 
     def __init__(self, bpf: Any, tables: Sequence[str], on_raw: Callable[[bytes], object], telemetry: Telemetry,
-                 receiver: str) -> None:
+                 receiver: str, on_records: Callable[[list[bytes]], object] | None = None) -> None:
         self._bpf, self._on_raw, self._telemetry, self._receiver = bpf, on_raw, telemetry, receiver
+        self._on_records = on_records
         self._reader: Any = None
         self._lost = 0
         if use_native and _ringread is not None:
@@ -74,9 +75,13 @@ class Rings:
         return 0
 
     def _hand_on(self, records: list[bytes]) -> None:
-        on_raw = self._on_raw
-        for raw in records:
-            on_raw(raw)
+        if self._on_records is not None:
+            if records:
+                self._on_records(records)
+        else:
+            on_raw = self._on_raw
+            for raw in records:
+                on_raw(raw)
         lost = self._reader.lost
         if lost != self._lost:
             self._telemetry.dropped(self._receiver, "ringread_no_memory", lost - self._lost)

@@ -12,7 +12,6 @@ gcc is a test dependency (scripts/setup.sh installs it): without it the checks f
 """
 from __future__ import annotations
 
-import re
 import shutil
 import struct
 import subprocess
@@ -21,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from otel_ebpf.bpf.records import format_offsets
 
 __all__ = ["SHIM", "CLayout", "assert_members", "assert_mirror", "format_offsets", "measure"]
 
@@ -36,25 +37,6 @@ class CLayout:
     sizes: dict[str, int]
     members: dict[tuple[str, str], tuple[int, int]]
     values: dict[str, int]
-
-
-def format_offsets(fmt: struct.Struct) -> list[tuple[int, int]]:
-    """(offset, size) of each value a little-endian, padding-explicit format unpacks: ``x`` is
-    padding, ``16s`` one value of 16 bytes, ``3I`` three values."""
-    assert fmt.format.startswith("<"), f"{fmt.format}: mirrors are little-endian with explicit padding"
-    out, pos = [], 0
-    for count, code in re.findall(r"(\d*)([a-zA-Z?])", fmt.format[1:]):
-        n = int(count or 1)
-        if code in "xs":
-            if code == "s":
-                out.append((pos, n))
-            pos += n
-            continue
-        size = struct.calcsize("<" + code)
-        for _ in range(n):
-            out.append((pos, size))
-            pos += size
-    return out
 
 
 def measure(folder: Path, header: str, workdir: Path, *, structs: Mapping[str, Sequence[str]] | None = None,

@@ -24,7 +24,7 @@ from otel_ebpf.bpf import threadctx
 from otel_ebpf.bpf.loader import all_pids
 from otel_ebpf.bpf.maps import MapDeltas
 from otel_ebpf.bpf.receiver import BpfReceiver, Probe
-from otel_ebpf.bpf.records import Mirror
+from otel_ebpf.bpf.records import Mirror, RecordDecoders, call, decoder, epoch, flag, index, uint
 from otel_ebpf.core.buckets import bounds_for_unit
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.host.libraries import mapped_libraries
@@ -82,6 +82,30 @@ _CALL_EVENTS: dict[int, tuple[struct.Struct, type]] = {
     GRAPH.etype: (GRAPH.fmt, GraphLaunchCall),
 }
 
+
+
+def _enclosing_call(kind: int, start_ns: int, root_ns: int) -> EnclosingCall:
+    return EnclosingCall(CTX_KINDS[kind], start_ns, root_ns)
+
+
+def _call_decoders() -> RecordDecoders:
+    """The completed calls' records decoded in C (otel_ebpf.bpf.records): the events :meth:`CudaReceiver.decode`
+    makes of them (tests/unit/receivers/test_cuda_decode.py compares the two). Launches (sampled) and kernel
+    names (learned, no event) stay in Python."""
+    common = {"pid": uint("call.pid"), "tid": uint("call.tid"), "api": index("call.api", _SYMBOLS),
+              "device": uint("call.device"), "start_ns": epoch("call.start_ns"), "end_ns": epoch("call.end_ns"),
+              "rc": uint("call.rc"), "captured": flag("call.captured"),
+              "enclosing": call(_enclosing_call, "call.ctx_kind", "call.ctx_start", "call.ctx_root")}
+    by_type = {}
+    for mirror, cls in ((MEMCPY, MemcpyCall), (ALLOC, AllocCall), (FREE, FreeCall), (SYNC, SyncCall),
+                        (SET_DEVICE, SetDeviceCall), (GRAPH, GraphLaunchCall)):
+        rest = {name: uint(name) for name in mirror.fields if not name.startswith("call.")}
+        made = decoder(mirror, cls, **common, **rest)
+        if made is not None:
+            by_type[mirror.etype] = made
+    return RecordDecoders(by_type)
+
+
 LaunchKey = tuple[int, int, int, int, int, int, int, int]  # pid, device, grid, block, operator, api id, func, captured
 CallKey = tuple[int, int, int, int, int, int]  # pid, device, rc, api id, kind, captured
 # The in-kernel call histograms use the emitter's own bounds, so their buckets merge as they are.
@@ -130,6 +154,7 @@ class CudaReceiver(BpfReceiver):
         self._evicted_seen = 0
         self._gone: list[int] = []
 
+    record_decoders = _call_decoders()
     thread_context = True  # oe_thread_ctx: it keeps each thread's open stream captures there (the nccl program reads)
 
     @property

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import struct
 import subprocess
 from pathlib import Path
 
@@ -32,30 +31,11 @@ from otel_ebpf.receivers.cuda.receiver import (
     SET_DEVICE,
     CudaReceiver,
 )
-from otel_ebpf.bpf.records import Mirror
+from otel_ebpf.bpf.records import Mirror, format_offsets
 from otel_ebpf.core.telemetry import DROPPED
 
 CUDA_DIR = Path(cuda_receiver.__file__).resolve().parent
 SHIM = "typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32; typedef int s32; typedef unsigned long long u64;\n"
-
-
-def _offsets(fmt: struct.Struct) -> list[tuple[int, int]]:
-    """(offset, size) of each value a little-endian, padding-explicit format unpacks."""
-    out, pos = [], 0
-    for count, code in re.findall(r"(\d*)([a-zA-Z?])", fmt.format.lstrip("<")):
-        n = int(count or 1)
-        if code == "x":
-            pos += n
-            continue
-        if code == "s":  # a char array: one value
-            out.append((pos, n))
-            pos += n
-            continue
-        size = struct.calcsize("<" + code)
-        for _ in range(n):
-            out.append((pos, size))
-            pos += size
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +80,7 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
 def test_mirror_matches_c_layout(mirror: Mirror, c_layout: dict[str, int]) -> None:
     assert mirror.fmt.format.startswith("<")
     assert mirror.fmt.size == c_layout[f"sizeof {mirror.c_struct}"]
-    offsets = _offsets(mirror.fmt)
+    offsets = format_offsets(mirror.fmt)
     assert len(offsets) == len(mirror.fields)
     for (offset, size), field in zip(offsets, mirror.fields, strict=True):
         key = f"offsetof {mirror.c_struct} {field}"
@@ -109,7 +89,7 @@ def test_mirror_matches_c_layout(mirror: Mirror, c_layout: dict[str, int]) -> No
 
 @pytest.mark.parametrize("mirror", MIRRORS, ids=lambda m: m.c_struct)
 def test_records_start_with_their_type_byte(mirror: Mirror, c_layout: dict[str, int]) -> None:
-    assert mirror.fields[0].endswith("type") and _offsets(mirror.fmt)[0] == (0, 1)
+    assert mirror.fields[0].endswith("type") and format_offsets(mirror.fmt)[0] == (0, 1)
     name = {"cuda_memcpy_rec": "MEMCPY", "cuda_alloc_rec": "ALLOC", "cuda_free_rec": "FREE",
             "cuda_sync_rec": "SYNC", "cuda_set_device_rec": "SET_DEVICE",
             "cuda_launch_rec": "LAUNCH", "cuda_graph_rec": "GRAPH", "cuda_kernel_rec": "KERNEL"}[mirror.c_struct]
