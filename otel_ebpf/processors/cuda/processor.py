@@ -63,10 +63,12 @@ Threading: single-threaded (the pipeline worker calls ``consume``); ``consume`` 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from otel_ebpf.core.events import ProcessExit, SpanRecord
+from otel_ebpf.core.frozen import maker
 from otel_ebpf.core.ids import call_ids, op_ids
 from otel_ebpf.core.pipeline import Consumer, Context
 from otel_ebpf.core.processing import EventProcessor, handles
@@ -95,9 +97,18 @@ SCOPE = "otel_ebpf.cuda"
 TELEMETRY_NAME = "cuda"
 
 
+_new_span = maker(SpanRecord)  # SpanRecord(*values) made in C (otel_ebpf.core.frozen)
+_BASES: dict[str, str] = {}  # _base_api's answers: the receiver's symbols, a few dozen (bounded below)
+
+
 def _base_api(api: str) -> str:
     """cudaMemcpyAsync_ptsz -> cudaMemcpyAsync."""
-    return api.removesuffix("_ptsz").removesuffix("_ptds")
+    base = _BASES.get(api)
+    if base is None:
+        base = api.removesuffix("_ptsz").removesuffix("_ptds")
+        if len(_BASES) < 1024:
+            _BASES[api] = base
+    return base
 
 
 def _enclosing_ids(pid: int, tid: int, enc: EnclosingCall) -> tuple[int, int]:
@@ -141,6 +152,17 @@ class CudaProcessor(EventProcessor[Config]):
         self._allocs: dict[int, dict[int, _Alloc]] = {}  # pid -> ptr -> allocation
         self._tracked = 0
         self._kernels = KernelLabels(config.kernel_name_limit)
+        # The span attributes _where gives, per (pid, device, captured), for one batch (consume): issue 19's
+        # enrichment per batch, not per record; a batch is bounded, and the next one asks the GPU table again.
+        self._wheres: dict[tuple[int, int, bool], dict[str, Any]] = {}
+        self._fast = True  # memcpy, synchronize and graph-launch spans take _counted_call_span (tests: False)
+
+    def consume(self, events: Sequence[object]) -> None:
+        self._wheres.clear()
+        try:
+            super().consume(events)
+        finally:
+            self._wheres.clear()
 
     @property
     def tracked_allocations(self) -> int:
@@ -174,6 +196,31 @@ class CudaProcessor(EventProcessor[Config]):
                                   trace_id=parent[0] if parent else None,
                                   parent_span_id=parent[1] if parent else None))
 
+    def _counted_call_span(self, ev: _Call, out: list[object], extra: tuple[tuple[str, Any], ...] = ()) -> None:
+        """The span of a memcpy, synchronize or graph-launch call (whose metrics and errors come from the kernel's
+        counts: :meth:`_call_stats`) with span attributes ``extra`` after the common ones: what
+        :meth:`_call_span` makes of it with ``count_error=False``, the call's (pid, device, captured) attributes
+        from this batch's :attr:`_wheres`, the record made in C (:func:`otel_ebpf.core.frozen.maker`). The hot
+        path: a span per call."""
+        key = (ev.pid, ev.device, ev.captured)
+        where = self._wheres.get(key)
+        if where is None:
+            where = self._wheres[key] = self._where(ev.pid, ev.device, ev.captured)
+        attrs = {"cuda.api": ev.api, "cuda.return_code": ev.rc, "thread.id": ev.tid, **where}
+        error = None
+        if ev.rc != 0:
+            error = attrs["error.type"] = error_name(ev.rc, ev.api)
+        for k, v in extra:
+            attrs[k] = v
+        parent = None
+        if ev.enclosing is not None or self.ctx.app_context is not None:
+            parent = self._parent(ev.pid, ev.tid, ev.start_ns, ev.enclosing)
+        if parent is None and error is None:
+            out.append(_new_span(ev.pid, ev.api, ev.start_ns, ev.end_ns, attrs, SCOPE))
+        else:  # SpanRecord's fields in order: ..., scope, kind, trace_id, span_id, parent_span_id, error
+            out.append(_new_span(ev.pid, ev.api, ev.start_ns, ev.end_ns, attrs, SCOPE, "internal",
+                                 parent[0] if parent else None, None, parent[1] if parent else None, error))
+
     def _parent(self, pid: int, tid: int, time_ns: int, enc: EnclosingCall | None) -> tuple[int, int] | None:
         """(trace id, parent span id): the enclosing Python/PyTorch call, else the app span."""
         if enc is not None:
@@ -184,9 +231,14 @@ class CudaProcessor(EventProcessor[Config]):
     # ---- handlers --------------------------------------------------------------------
     @handles(MemcpyCall)
     def _memcpy(self, ev: MemcpyCall, out: list[object]) -> None:
-        kind = MEMCPY_KINDS.get(ev.kind, f"cudaMemcpyKind({ev.kind})")
+        kind = MEMCPY_KINDS.get(ev.kind) or f"cudaMemcpyKind({ev.kind})"
+        stream = _base_api(ev.api) in ASYNC_MEMCPY_APIS
+        if self._fast and self.config.spans:
+            copy = (("cuda.bytes", ev.bytes), ("cuda.memcpy.kind", kind))
+            self._counted_call_span(ev, out, (*copy, ("cuda.stream", hex(ev.stream))) if stream else copy)
+            return
         extra: dict[str, Any] = {"cuda.bytes": ev.bytes, "cuda.memcpy.kind": kind}
-        if _base_api(ev.api) in ASYNC_MEMCPY_APIS:
+        if stream:
             extra["cuda.stream"] = hex(ev.stream)
         self._call_span(ev, extra, out, count_error=False)  # metrics: _call_stats
 
@@ -249,17 +301,20 @@ class CudaProcessor(EventProcessor[Config]):
     @handles(SyncCall)
     def _sync(self, ev: SyncCall, out: list[object]) -> None:
         base = _base_api(ev.api)
-        extra: dict[str, Any] = {}
-        if base == "cudaStreamSynchronize":
-            extra["cuda.stream"] = hex(ev.handle)
-        elif base == "cudaEventSynchronize":
-            extra["cuda.event"] = hex(ev.handle)
-        self._call_span(ev, extra, out, count_error=False)  # metrics: _call_stats
+        handle = {"cudaStreamSynchronize": "cuda.stream", "cudaEventSynchronize": "cuda.event"}.get(base)
+        extra = ((handle, hex(ev.handle)),) if handle else ()
+        if self._fast and self.config.spans:
+            self._counted_call_span(ev, out, extra)
+            return
+        self._call_span(ev, dict(extra), out, count_error=False)  # metrics: _call_stats
 
     @handles(GraphLaunchCall)
     def _graph(self, ev: GraphLaunchCall, out: list[object]) -> None:
-        self._call_span(ev, {"cuda.graph.exec": hex(ev.exec), "cuda.stream": hex(ev.stream)}, out,
-                        count_error=False)  # metrics: _call_stats
+        extra = (("cuda.graph.exec", hex(ev.exec)), ("cuda.stream", hex(ev.stream)))
+        if self._fast and self.config.spans:
+            self._counted_call_span(ev, out, extra)
+            return
+        self._call_span(ev, dict(extra), out, count_error=False)  # metrics: _call_stats
 
     @handles(CallStats)
     def _call_stats(self, ev: CallStats, out: list[object]) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 import otel_ebpf
 from otel_ebpf.core.events import SpanEventRecord, SpanRecord
-from otel_ebpf.core.frozen import fast_init
+from otel_ebpf.core.frozen import fast_init, maker
 
 
 def decorated() -> list[type]:
@@ -108,3 +108,47 @@ def test_classes_it_cannot_serve_are_refused():
     for cls in (NoSlots, NotFrozen, WithPost, WithInitVar, KwOnly):
         with pytest.raises(TypeError, match="fast_init"):
             fast_init(cls)
+
+
+MAKEABLE = [c for c in CLASSES if all(f.default_factory is dataclasses.MISSING for f in dataclasses.fields(c))]
+
+
+@pytest.mark.parametrize("cls", MAKEABLE, ids=lambda c: f"{c.__module__}.{c.__name__}")
+def test_maker_makes_what_the_class_makes_from_positional_values(cls: type):
+    make = maker(cls)
+    assert make is not cls, "the C extension is built by scripts/setup.sh"
+    fields = dataclasses.fields(cls)
+    required = sum(1 for f in fields if f.default is dataclasses.MISSING)
+    for seed in range(3):
+        args = sample_args(cls, seed)
+        for n in range(required, len(fields) + 1):  # every number of defaults taken
+            got, want = make(*args[:n]), cls(*args[:n])
+            assert type(got) is cls and got == want and repr(got) == repr(want)
+            assert [getattr(got, f.name) for f in fields] == [getattr(want, f.name) for f in fields]
+            assert all(getattr(got, f.name) is getattr(want, f.name) for f in fields[n:])  # the defaults themselves
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                setattr(got, fields[0].name, 1)
+            assert dataclasses.replace(got) == got and pickle.loads(pickle.dumps(got)) == got
+    with pytest.raises(TypeError, match="values"):
+        make(*range(len(fields) + 1))
+    if required:
+        with pytest.raises(TypeError, match="values"):
+            make(*range(required - 1))
+    with pytest.raises(TypeError, match="positional"):
+        make(*sample_args(cls, 0)[:required], **{fields[-1].name: 1})
+
+
+def test_maker_refuses_what_it_cannot_make_as_the_class_does():
+    @dataclass(frozen=True, slots=True)
+    class Plain:
+        x: int
+
+    @fast_init
+    @dataclass(frozen=True, slots=True)
+    class Fresh:
+        x: list[int] = field(default_factory=list)
+
+    with pytest.raises(TypeError, match="fast_init"):
+        maker(Plain)
+    with pytest.raises(TypeError, match="default_factory"):
+        maker(Fresh)

@@ -23,6 +23,7 @@ from otel_ebpf.processors.cuda.errors import CUDA_ERRORS
 from otel_ebpf.receivers.cuda.events import (
     AllocCall,
     CallStats,
+    EnclosingCall,
     FreeCall,
     GraphLaunchCall,
     KernelLaunch,
@@ -577,3 +578,67 @@ def test_captured_calls_mark_their_spans_and_metrics() -> None:
     begin = call_stats("cudaStreamBeginCapture", sizes=(0,))
     (counted,) = metrics(Rig().run(begin), "gpu.cuda.api.calls")
     assert counted.attributes["cuda.api"] == "cudaStreamBeginCapture" and counted.value == 1
+
+
+# ---- memcpy, synchronize and graph-launch spans take the batch path: the same spans as the general one ----------
+class _Gpus:
+    """A GPU table that answers for device 1 only, and counts its lookups."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def hw_id(self, pid: int, ordinal: int) -> str | None:
+        self.asked += 1
+        return "GPU-1111" if ordinal == 1 else None
+
+    def forget(self, pid: int) -> None:
+        pass
+
+
+def _calls() -> list[object]:
+    enc = EnclosingCall("torch", T0 - 100, T0 - 200)
+    out: list[object] = []
+    for i, api in enumerate(("cudaMemcpyAsync", "cudaMemcpy", "cudaMemcpyAsync_ptsz", "cuMemcpyHtoD_v2")):
+        for device in (-1, 0, 1):
+            out.append(MemcpyCall(PID + i % 2, TID, api, device, T0 + i, T0 + i + 9, 0, 1, 2, 64 << i, 0xAB, i % 5,
+                                  enclosing=enc if i % 2 else None, captured=device == 0))
+    for api in ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize_ptsz"):
+        out.append(SyncCall(PID, TID, api, 1, T0, T0 + 5, 0, 0xCD, enclosing=enc))
+    out.append(GraphLaunchCall(PID, TID, "cudaGraphLaunch", 1, T0, T0 + 5, 0, 0xEF, 0x12))
+    out.append(MemcpyCall(PID, TID, "cudaMemcpy", 1, T0, T0 + 5, 0, 1, 2, 3, 0, 77))  # a kind CUDA has no name for
+    for rc in (35, 700, 999999):  # failed: insufficient driver, illegal address, a code CUDA has no name for
+        out.append(MemcpyCall(PID, TID, "cudaMemcpyAsync", 1, T0, T0 + 5, rc, 1, 2, 3, 0xAB, 1))
+        out.append(SyncCall(PID, TID, "cudaStreamSynchronize", 0, T0, T0 + 5, rc, 0xCD, enclosing=enc))
+        out.append(GraphLaunchCall(PID, TID, "cudaGraphLaunch", 1, T0, T0 + 5, rc, 0xEF, 0x12))
+    return out
+
+
+@pytest.mark.parametrize("app_store", [False, True], ids=["no_app_spans", "app_spans"])
+def test_counted_calls_make_the_spans_the_general_path_makes_attribute_for_attribute(app_store: bool) -> None:
+    class Store:
+        def lookup(self, pid: int, tid: int, time_ns: int) -> tuple[int, int] | None:
+            return (0xA11, 0xB22) if pid == PID else None
+
+    made = []
+    for fast in (True, False):
+        rig = Rig()
+        rig.ctx.gpus = gpus = _Gpus()
+        rig.ctx.app_context = Store() if app_store else None  # type: ignore[assignment]
+        rig.proc = CudaProcessor(Config(), rig.ctx, rig.out)
+        rig.proc._fast = fast
+        made.append((spans(rig.run(*_calls())), gpus.asked))
+    (fast_spans, fast_asked), (general, general_asked) = made
+    assert len(fast_spans) == len(general) == len(_calls()) and sum(1 for x in general if x.error) == 9
+    for a, b in zip(fast_spans, general, strict=True):
+        assert list(a.attributes.items()) == list(b.attributes.items())  # the same attributes in the same order
+        assert a == b
+    assert fast_asked == 7 < general_asked  # one GPU lookup per (pid, device, captured) in the batch
+
+
+def test_the_gpu_table_is_asked_again_in_the_next_batch() -> None:
+    rig = Rig()
+    rig.ctx.gpus = gpus = _Gpus()
+    rig.proc = CudaProcessor(Config(), rig.ctx, rig.out)
+    rig.run(memcpy(), memcpy())
+    rig.run(memcpy())
+    assert gpus.asked == 2
