@@ -224,16 +224,22 @@ class Emitter:
         for a bad record."""
         spans: list[ReadableSpan | SpanItem] = []
         logs: list[ReadableLogRecord] = []
+        item = self._spans.item
+        last_pid, resource = -1, None  # the resource of the last span's process: spans come in runs of one process
         with self._lock:
             for ev in events:
                 try:
                     if isinstance(ev, SpanRecord):
                         if not (0 <= ev.start_ns < 1 << 64 and ev.end_ns < 1 << 64):  # OTLP's fixed64: one such
                             raise ValueError(f"span times {ev.start_ns}..{ev.end_ns}")  # span fails its whole batch
-                        spans.append(self._spans.item(ev, self._proc(ev.pid, ev.comm).resource))
+                        if ev.pid != last_pid or resource is None:
+                            resource, last_pid = self._proc(ev.pid, ev.comm).resource, ev.pid
+                        spans.append(item(ev, resource))
                     elif isinstance(ev, LogRecord):
+                        resource = None  # another _proc call may retire the last span's process
                         logs.append(self._logs.build(ev, self._proc(ev.pid, ev.comm).resource))
                     elif isinstance(ev, MetricRecord):
+                        resource = None
                         if not self._proc(ev.pid, ev.comm).record(ev):
                             self._telemetry.dropped("emit", "histogram_series_limit")
                     elif isinstance(ev, ProcessExit):

@@ -84,7 +84,8 @@ class SpanBuilder:
         scope = self._scopes.get(rec.scope)
         if scope is None:
             scope = self._scopes[rec.scope] = InstrumentationScope(rec.scope)
-        return (rec, resource, scope, rec.trace_id or _id(128), rec.span_id or _id(64))
+        # _id's draws, its call saved when the first is not 0 (nearly always): the same ids from the same generator
+        return (rec, resource, scope, rec.trace_id or _bits(128) or _id(128), rec.span_id or _bits(64) or _id(64))
 
 
 def readable(item: SpanItem) -> ReadableSpan:
