@@ -420,10 +420,11 @@ def _run(a: argparse.Namespace, loop: Path) -> int:
 
 def _pipeline_rows(a: argparse.Namespace, best: dict[str, float] | None, runs: list[dict]) -> list[tuple[str, str]]:
     to = f"OTLP/{a.otlp} to a null collector" if a.otlp else "the JSON-lines file"
-    rows = [(f"cudaMemcpy at {r['rate']:.0f}/s for {a.seconds:.0f} s, whole agent, to {to}",
+    rows = [(f"cudaMemcpy at {r['rate']:.0f}/s (loop achieved {r['achieved']:.0f}/s) for {a.seconds:.0f} s, "
+             f"whole agent, to {to}",
              f"{r['spans']:.0f} of {r['calls']:.0f} calls became spans, {r['dropped']:.0f} lost, counted"
              f"{' (' + ', '.join(f'{k} {v}' for k, v in sorted(r['lost'].items())) + ')' if r['lost'] else ''}; "
-             f"{r['cpu_us_per_span']:.0f} us agent CPU per span, {r['gc_us_per_span']:.1f} us of it in the garbage "
+             f"{r['cpu_us_per_span']:.1f} us agent CPU per span, {r['gc_us_per_span']:.1f} us of it in the garbage "
              f"collector ({'/'.join(map(str, r['gc_passes']))} passes by generation)") for r in runs]
     return [*rows, ("**highest zero-loss rate tried**", f"**{best['rate']:.0f} spans/s**" if best else "none")]
 
