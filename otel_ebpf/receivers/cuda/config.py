@@ -35,14 +35,15 @@ class Config:
               "watching it sees a stop. Set false to never stop processes and accept missing the "
               "calls made while probes attach.")
     span_rate_limit: int = doc(
-        5000, "Most spans per second per process for cudaMemcpy* and cuda*Synchronize calls (a "
-              "token bucket in the kernel, burst one second's worth). Every call is still counted "
-              "in the kernel: their metrics (gpu.cuda.memory.copies, gpu.cuda.memory.copy.duration, "
-              "gpu.cuda.synchronize.duration, gpu.cuda.*.synchronize.calls, gpu.cuda.api.errors) stay "
-              "exact, and calls left without a span are counted in "
-              "otel_ebpf.spans.rate_limited{receiver=cuda}. Each span costs the agent ~10-15 us of "
-              "CPU: eight processes at the default, 40,000 spans/s, took 0.5-0.8 of a core with no "
-              "loss on a 2-core VM, where the whole agent holds ~60,000 spans/s (docs/benchmarks.md). "
+        10000, "Most spans per second per process for cudaMemcpy* and cuda*Synchronize calls (a "
+               "token bucket in the kernel, burst one second's worth). Every call is still counted "
+               "in the kernel: their metrics (gpu.cuda.memory.copies, gpu.cuda.memory.copy.duration, "
+               "gpu.cuda.synchronize.duration, gpu.cuda.*.synchronize.calls, gpu.cuda.api.errors) stay "
+               "exact, and calls left without a span are counted in "
+               "otel_ebpf.spans.rate_limited{receiver=cuda}. Each span costs the agent ~6-8 us of "
+               "CPU: eight processes at the default, 80,000 spans/s, took 0.7-0.8 of a core with no "
+               "loss on a 2-core VM, where the whole agent holds ~120,000 spans/s; sixteen lost a quarter "
+               "of their spans at the exporter's queue, counted (docs/benchmarks.md). "
               "0: a span for every call (beyond that rate records are dropped, counted). Allocation, "
               "free and cudaSetDevice calls always get a span (the allocation table needs every one).",
         min=0, max=1_000_000_000)
