@@ -36,10 +36,12 @@ ringread = Extension("otel_ebpf.bpf._ringread", sources=["otel_ebpf/bpf/_ringrea
 # Ring-buffer records decoded in C into the receivers' typed events (otel_ebpf/bpf/records.py; without it each record
 # is decoded by its receiver's Python decode).
 recdec = Extension("otel_ebpf.bpf._recdec", sources=["otel_ebpf/bpf/_recdec.c"],
+                   depends=["otel_ebpf/core/_slots.h"],
                    extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"], optional=True)
 
 # Frozen records made from positional values in C (otel_ebpf/core/frozen.py maker; without it the class is called).
 frozen = Extension("otel_ebpf.core._frozen", sources=["otel_ebpf/core/_frozen.c"],
+                   depends=["otel_ebpf/core/_slots.h"],
                    extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"], optional=True)
 
 # The NCCL profiler plugin (docs/nccl-profiler.md): a plain shared library NCCL dlopens, not a Python module, so it

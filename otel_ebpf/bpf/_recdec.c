@@ -28,6 +28,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include "../core/_slots.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -149,23 +150,6 @@ static void Decoder_dealloc(Decoder *d)
     PyMem_Free(d->fields);
     Py_XDECREF(d->cls);
     Py_TYPE(d)->tp_free((PyObject *)d);
-}
-
-/* The byte offset of ``cls``'s slot ``name``: its member descriptor, an object slot (T_OBJECT_EX). */
-static Py_ssize_t slot_offset(PyTypeObject *cls, PyObject *name)
-{
-    PyObject *desc = PyDict_GetItemWithError(cls->tp_dict, name);
-    if (desc == NULL || !Py_IS_TYPE(desc, &PyMemberDescr_Type)) {
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_TypeError, "%s has no slot %R", cls->tp_name, name);
-        return -1;
-    }
-    PyMemberDef *m = ((PyMemberDescrObject *)desc)->d_member;
-    if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
-        PyErr_Format(PyExc_TypeError, "%s.%U is not a writable object slot", cls->tp_name, name);
-        return -1;
-    }
-    return m->offset;
 }
 
 static int read_field(Decoder *d, field_t *f, PyObject *spec)

@@ -321,12 +321,7 @@ class BpfReceiver:
                 return
             ev = self.decode(etype, raw)  # the hot path: one receiver record
             if ev is not None:
-                pid = getattr(ev, "pid", None)
-                if pid is not None and pid not in self._seen_pids:
-                    self._snapshot(pid)
-                self._batch.append(ev)
-                if len(self._batch) >= _CHUNK:
-                    self._flush(with_maps=False)
+                self._take(ev)
         except Exception:  # hot path: count, never raise into the reader
             self.ctx.telemetry.dropped(self.name, "decode_error")
 
@@ -358,13 +353,17 @@ class BpfReceiver:
         for item in items:
             if type(item) is bytes:
                 self._on_raw(item)
-                continue
-            pid = getattr(item, "pid", None)
-            if pid is not None and pid not in self._seen_pids:
-                self._snapshot(pid)
-            self._batch.append(item)
-            if len(self._batch) >= _CHUNK:
-                self._flush(with_maps=False)
+            else:
+                self._take(item)
+
+    def _take(self, ev: object) -> None:
+        """One decoded event into the batch: its process read first when new, the batch handed on when full."""
+        pid = getattr(ev, "pid", None)
+        if pid is not None and pid not in self._seen_pids:
+            self._snapshot(pid)
+        self._batch.append(ev)
+        if len(self._batch) >= _CHUNK:
+            self._flush(with_maps=False)
 
     def _lifecycle(self, etype: int, raw: bytes) -> None:
         """exec (3): read the process's identity now; library open (2): attach, resume;

@@ -14,6 +14,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include "_slots.h"
 
 typedef struct {
     PyObject_HEAD
@@ -57,22 +58,6 @@ static void Maker_dealloc(Maker *m)
     PyMem_Free(m->offsets);
     Py_XDECREF(m->cls);
     Py_TYPE(m)->tp_free((PyObject *)m);
-}
-
-static Py_ssize_t slot_offset(PyTypeObject *cls, PyObject *name)
-{
-    PyObject *desc = PyDict_GetItemWithError(cls->tp_dict, name);
-    if (desc == NULL || !Py_IS_TYPE(desc, &PyMemberDescr_Type)) {
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_TypeError, "%s has no slot %R", cls->tp_name, name);
-        return -1;
-    }
-    PyMemberDef *d = ((PyMemberDescrObject *)desc)->d_member;
-    if (d->type != T_OBJECT_EX || (d->flags & READONLY)) {
-        PyErr_Format(PyExc_TypeError, "%s.%U is not a writable object slot", cls->tp_name, name);
-        return -1;
-    }
-    return d->offset;
 }
 
 /* Maker(cls, slots, defaults): ``defaults`` a tuple as long as ``slots`` whose first entries may be a sentinel
