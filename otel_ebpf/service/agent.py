@@ -47,6 +47,7 @@ __all__ = ["Agent", "PausedChild", "exit_status"]
 
 log = logging.getLogger(__name__)
 TICK_INTERVAL_S = 1.0  # how often every pipeline gets a Tick (nccl_watch's silence checks)
+_WAIT_SLICE_S = 1.0  # the longest the main thread sleeps in a wait: a missed wakeup costs at most this
 CACHE_EVICTIONS = "otel_ebpf.cache.evictions"  # {cache, reason=full}: host caches' entries dropped for room
 
 
@@ -390,7 +391,15 @@ def _quietly(fn: Callable[[], None], what: str) -> None:
 def wait_child(pid: int, on_signal: Callable[[int], None]) -> int:
     """Wait for ``pid`` while forwarding SIGTERM/SIGHUP to it; Ctrl+C reaches it through the
     terminal. A second Ctrl+C stops waiting (the command goes on untraced). Returns the
-    shell-style exit code."""
+    shell-style exit code.
+
+    The kernel may hand a signal sent to the agent to any of its threads, and Python runs the handler only
+    on the main thread, once that thread runs bytecode: a main thread blocked in ``waitpid`` never saw a
+    SIGTERM taken by a compile thread, so the command was not told and the run never ended (CI, stop 32).
+    The main thread therefore waits on the child's pidfd and on a ``signal.set_wakeup_fd`` pipe, which the
+    C-level handler writes on whichever thread took the signal."""
+    import select
+
     interrupts = 0
 
     def handler(signum: int, _frame: Any) -> None:
@@ -406,15 +415,31 @@ def wait_child(pid: int, on_signal: Callable[[int], None]) -> int:
             except OSError:
                 pass
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        _, status = os.waitpid(pid, 0)
-        return exit_status(status)
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # no pidfd (Linux < 5.3): the wakeup pipe and a bounded wait still see every signal
+        pidfd = -1
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return exit_status(status)
+            # the handlers run when select returns (or inside it, for a signal the main thread took)
+            select.select([fd for fd in (pidfd, wake_r) if fd >= 0], [], [], _WAIT_SLICE_S)
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 512)
     except KeyboardInterrupt:
         return 130
     finally:
+        signal.set_wakeup_fd(old_wakeup)
         for s, h in old.items():
             signal.signal(s, h)
+        for fd in (pidfd, wake_r, wake_w):
+            if fd >= 0:
+                os.close(fd)
 
 
 def wait_pids(pids: Sequence[int], stop: threading.Event) -> None:

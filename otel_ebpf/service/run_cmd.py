@@ -254,7 +254,11 @@ class _StopOnSignal:
 def _wait_targets(targets: Sequence[int], wait_pids: Any, stop: _StopOnSignal) -> str:
     """Until SIGINT/SIGTERM, or every process of ``--pid`` has exited; what ended it, for the exit line."""
     stop.wait()
-    wait_pids(targets, stop.event) if targets else stop.event.wait()
+    if targets:
+        wait_pids(targets, stop.event)
+    else:  # bounded waits: the handler runs on the main thread, even when another thread took the signal
+        while not stop.event.wait(0.5):
+            pass
     if stop.got:
         return f"{signal.Signals(stop.got[0]).name} received, detaching"
     return f"{'pid' if len(targets) == 1 else 'pids'} {', '.join(map(str, targets))} exited"

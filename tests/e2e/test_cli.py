@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -168,13 +169,18 @@ def test_not_root_gets_a_clear_message(bpf_ready, tmp_path):
 def test_sigterm_flushes_and_forwards(bpf_ready, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "otel_ebpf", "run", "--output", str(tmp_path), "--",
                           *WORKLOAD[:2], "--steps", "100000", "--step-sleep-ms", "5"],
-                         cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    traces = tmp_path / "traces.jsonl"  # made empty at start: wait for the first spans in it
-    while time.time() < deadline and not (traces.exists() and traces.stat().st_size > 0):
-        time.sleep(0.2)
-    p.terminate()
-    _, err = p.communicate(timeout=60)
+                         cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        traces = tmp_path / "traces.jsonl"  # made empty at start: wait for the first spans in it
+        while time.time() < deadline and not (traces.exists() and traces.stat().st_size > 0):
+            time.sleep(0.2)
+        p.terminate()
+        _, err = p.communicate(timeout=60)
+    finally:  # a run that did not end leaves neither it nor its command running into the next tests
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
     assert p.returncode == 128 + 15, err
     assert "cudaMemcpyAsync" in span_names(spans_from_jsonl(tmp_path / "traces.jsonl"))
 
