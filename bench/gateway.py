@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/gateway.py [--ranks 1024] [--collectives 200] [--batch 512]
 
+Run with the collector settings the gateway sets (otel_ebpf.core.gctune; ``--default-gc``: CPython's).
 Spans are pre-built SDK ReadableSpans, as the gateway's OTLP receiver makes them (the agent's
 ids and attributes; 8 ranks per host resource), so only ``CollectiveJoin.consume`` is timed,
 including building the output spans (every rank span with nccl.wait_ns, one root per
@@ -34,6 +35,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, TraceFlags
 
+from otel_ebpf.core import gctune
 from otel_ebpf.core.events import Tick
 from otel_ebpf.core.pipeline import Context
 from otel_ebpf.processors.collective_join import CollectiveJoin, Config
@@ -122,7 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=1024)
     p.add_argument("--collectives", type=int, default=200)
     p.add_argument("--batch", type=int, default=512, help="spans per consume() call (an OTLP request)")
+    p.add_argument("--default-gc", action="store_true",
+                   help="CPython's collector settings, not the ones otel-ebpf gateway sets (otel_ebpf.core.gctune)")
     args = p.parse_args(argv)
+    if not args.default_gc:
+        gctune.tune()
     logging.getLogger("otel_ebpf.processors.collective_join").setLevel(logging.ERROR)
     base = rss_mib()
     rows = build(args.ranks, args.collectives)
@@ -133,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.collect()
     hung = build(args.ranks, args.collectives, skip_rank=args.ranks - 1)
     results.append(run("one rank hung (released at timeout)", [s for r in hung for s in r], args.batch, True))
-    print(f"collective_join, {args.ranks} ranks x {args.collectives} collectives, batches of {args.batch}; "
+    gcs = "CPython's default collector settings" if args.default_gc else "the gateway's collector settings"
+    print(f"collective_join, {args.ranks} ranks x {args.collectives} collectives, batches of {args.batch}, {gcs}; "
           f"Python {sys.version.split()[0]}; input spans took {built - base:.0f} MiB to build\n")
     print("| scenario | rank spans | spans out | join seconds | rank spans/s | pending before timeout | "
           "RSS growth, peak (MiB) | RSS growth, after (MiB) |")
