@@ -2,8 +2,9 @@
  *
  * The same spans as otel_ebpf/emit/otlp_in.py's spans_from_request builds from the parsed request, function for
  * function (_resource, _scope, _span, _links, _id, _is_remote, decode_attributes, _value; opentelemetry-proto
- * 1.45's trace.proto and common.proto for the fields): a Resource per ResourceSpans and an InstrumentationScope
- * per ScopeSpans made by their own constructors, each span's fields written as ReadableSpan.__init__ writes them
+ * 1.45's trace.proto and common.proto for the fields): a Resource per ResourceSpans (one object for every
+ * ResourceSpans of the same bytes: resource_of) and an InstrumentationScope per ScopeSpans made by their own
+ * constructors, each span's fields written as ReadableSpan.__init__ writes them
  * (the way otel_ebpf.emit.spans.SpanBuilder writes them), its SpanContexts as SpanContext.__new__ makes them, every
  * context SAMPLED, Events, Links and an ERROR Status with a message made by their constructors. A span whose ids
  * are not 16 and 8 non-zero bytes is left out and counted (malformed_span), a link likewise (malformed_link).
@@ -763,23 +764,92 @@ static int scope_spans(Rd r, PyObject *resource, PyObject *unused, PyObject *out
     return st;
 }
 
+/* The Resources made so far, by their bytes: the Resource message's length (4 bytes), bytes and the schema URL.
+ * Agents send the same few resources (one a process) in every request, and a Resource made anew per request cost
+ * its constructor (~2 us) and, in every batch the gateway encodes, a hash of its own (the SDK's Resource.__hash__
+ * JSON-dumps the attributes; otlp_in.ReceivedResource keeps it): bench/gateway_wire.py. Equal bytes decode to equal
+ * Resources, which are immutable, so one object serves them all. At most RESOURCE_CACHE_MAX entries: a full cache
+ * is emptied (counted in resource_cache_clears) and fills again. Held with the GIL, like every call here. */
+#define RESOURCE_CACHE_MAX 4096
+static PyObject *resource_cache;
+static Py_ssize_t resource_cache_clears;
+
+static PyObject *resource_key(Rd head, PyObject *schema)
+{
+    Py_ssize_t n = head.p != NULL ? (Py_ssize_t)(head.end - head.p) : 0, m = 0;
+    const char *url = "";
+    if (schema != NULL && (url = PyUnicode_AsUTF8AndSize(schema, &m)) == NULL)
+        return NULL;
+    if ((size_t)n > UINT32_MAX) { /* never from the server (max_request_bytes), but the length must fit */
+        PyErr_SetString(PyExc_OverflowError, "a Resource message over 4 GiB");
+        return NULL;
+    }
+    PyObject *key = PyBytes_FromStringAndSize(NULL, 4 + n + m);
+    if (key == NULL)
+        return NULL;
+    char *k = PyBytes_AS_STRING(key);
+    uint32_t len = (uint32_t)n;
+    memcpy(k, &len, 4);
+    if (n)
+        memcpy(k + 4, head.p, (size_t)n);
+    if (m)
+        memcpy(k + 4 + n, url, (size_t)m);
+    return key;
+}
+
+/* The Resource of a ResourceSpans (otlp_in._resource): the cached one of the same bytes, else made and cached. */
+static PyObject *resource_of(Rd head, PyObject *schema, int *st)
+{
+    PyObject *key = resource_key(head, schema), *resource = NULL, *attrs = NULL;
+    if (key == NULL || (resource = PyDict_GetItemWithError(resource_cache, key)) != NULL || PyErr_Occurred()) {
+        *st = resource != NULL ? OK : FAIL;
+        Py_XINCREF(resource);
+        Py_XDECREF(key);
+        return resource;
+    }
+    if ((attrs = PyDict_New()) == NULL) {
+        *st = FAIL;
+    } else if (head.p == NULL || !(*st = attributes_of(head, 1, attrs, 0))) {
+        resource = call2(resource_cls, attrs, schema != NULL && PyUnicode_GET_LENGTH(schema) ? schema : Py_None);
+        *st = resource == NULL ? FAIL : OK;
+    }
+    if (resource != NULL) {
+        if (PyDict_GET_SIZE(resource_cache) >= RESOURCE_CACHE_MAX) {
+            PyDict_Clear(resource_cache);
+            resource_cache_clears++;
+        }
+        if (PyDict_SetItem(resource_cache, key, resource) < 0) {
+            Py_CLEAR(resource);
+            *st = FAIL;
+        }
+    }
+    Py_XDECREF(attrs);
+    Py_DECREF(key);
+    return resource;
+}
+
 static int resource_spans(Rd r, PyObject *unused1, PyObject *unused2, PyObject *out, Counts *counts)
 {
     (void)unused1;
     (void)unused2;
     Rd head;
-    PyObject *schema = NULL, *attrs = PyDict_New(), *resource = NULL;
-    int st = attrs == NULL ? FAIL : head_of(r, &head, &schema);
-    if (!st && head.p != NULL)
-        st = attributes_of(head, 1, attrs, 0);
-    if (!st) {
-        resource = call2(resource_cls, attrs, schema != NULL && PyUnicode_GET_LENGTH(schema) ? schema : Py_None);
-        st = resource == NULL ? FAIL : each_second(r, scope_spans, resource, NULL, out, counts);
-    }
+    PyObject *schema = NULL, *resource = NULL;
+    int st = head_of(r, &head, &schema);
+    if (!st)
+        resource = resource_of(head, schema, &st);
+    if (!st)
+        st = each_second(r, scope_spans, resource, NULL, out, counts);
     Py_XDECREF(schema);
-    Py_XDECREF(attrs);
     Py_XDECREF(resource);
     return st;
+}
+
+static PyObject *resource_cache_info(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return Py_BuildValue("(nnn)", resource_cache != NULL ? PyDict_GET_SIZE(resource_cache) : 0,
+                         (Py_ssize_t)RESOURCE_CACHE_MAX, resource_cache_clears);
 }
 
 static PyObject *decode_spans(PyObject *self, PyObject *arg)
@@ -835,6 +905,7 @@ static PyObject *setup(PyObject *self, PyObject *args)
     Py_XSETREF(readable_span, Py_NewRef(objs[0]));
     Py_XSETREF(span_context, Py_NewRef(objs[1]));
     Py_XSETREF(resource_cls, Py_NewRef(objs[2]));
+    PyDict_Clear(resource_cache); /* made by the class given before */
     Py_XSETREF(scope_cls, Py_NewRef(objs[3]));
     Py_XSETREF(event_cls, Py_NewRef(objs[4]));
     Py_XSETREF(link_cls, Py_NewRef(objs[5]));
@@ -852,6 +923,8 @@ static PyObject *setup(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"decode_spans", decode_spans, METH_O,
      "decode_spans(data) -> (spans, malformed spans, malformed links), or None when the request is off the fast path."},
+    {"resource_cache_info", resource_cache_info, METH_NOARGS,
+     "resource_cache_info() -> (Resources cached, the most it holds, times it was full and emptied)."},
     {"setup", setup, METH_VARARGS,
      "setup(ReadableSpan, SpanContext, Resource, InstrumentationScope, Event, Link, kinds, statuses, Status, ERROR, "
      "SAMPLED, DEFAULT_TRACE_STATE)"},
@@ -880,5 +953,7 @@ PyMODINIT_FUNC PyInit__otlpdec(void)
     INTERN(k_resource, "_resource");
     INTERN(k_status, "_status");
     INTERN(empty, "");
+    if ((resource_cache = PyDict_New()) == NULL)
+        return NULL;
     return PyModule_Create(&module);
 }

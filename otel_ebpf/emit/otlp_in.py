@@ -27,7 +27,9 @@ functions, thread-safe.
 
 Spans are decoded in C from the request's bytes when the extension is built (``otel_ebpf.emit._otlpdec``: the
 same spans, fields and drops as :func:`_spans_in_python` makes of the parsed request, tests/unit/emit/
-test_otlpdec.py); a request off its fast path (a trace state...) goes the Python way. The gateway's
+test_otlpdec.py); a request off its fast path (a trace state...) goes the Python way. The C decoder makes one
+:class:`ReceivedResource` for each distinct resource it has seen (by its bytes; at most 4,096, then it starts over)
+and gives it to every request that carries that resource. The gateway's
 per-span cost: bench/gateway_wire.py, docs/benchmarks.md.
 """
 from __future__ import annotations
@@ -64,7 +66,7 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from otel_ebpf.emit.logs import log_context
 
-__all__ = ["Drops", "decode_attributes", "logs_from_request", "metrics_from_request", "spans_from_request"]
+__all__ = ["Drops", "ReceivedResource", "decode_attributes", "logs_from_request", "metrics_from_request", "spans_from_request"]
 
 Drops = Counter[str]  # reason -> items left out
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -98,8 +100,21 @@ def decode_attributes(key_values: Any) -> dict[str, Any]:
     return {kv.key: _value(kv.value) for kv in key_values}
 
 
+class ReceivedResource(Resource):
+    """The ``Resource`` of received spans: the SDK's, with its hash kept. An SDK ``Resource`` never changes, and its
+    ``__hash__`` JSON-dumps the attributes each time (~2 us); the encoders group every batch's spans by resource
+    equality, so a gateway that sends a thousand ranks' spans paid it for each host in each batch
+    (bench/gateway_wire.py). Equal to, and hashed as, an SDK ``Resource`` of the same attributes and schema URL."""
+
+    def __hash__(self) -> int:
+        h: int | None = self.__dict__.get("_oe_hash")
+        if h is None:
+            h = self.__dict__["_oe_hash"] = super().__hash__()
+        return h
+
+
 def _resource(pb: Any, schema_url: str) -> Resource:
-    return Resource(decode_attributes(pb.attributes), schema_url or None)
+    return ReceivedResource(decode_attributes(pb.attributes), schema_url or None)
 
 
 def _scope(pb: Any, schema_url: str) -> InstrumentationScope:
@@ -161,7 +176,7 @@ def _load_decoder() -> Any:
     except ImportError:  # the optional extension is not built (no C compiler)
         return None
     statuses = tuple(Status(code) for code in (StatusCode.UNSET, StatusCode.OK, StatusCode.ERROR))
-    _otlpdec.setup(ReadableSpan, SpanContext, Resource, InstrumentationScope, Event, Link,
+    _otlpdec.setup(ReadableSpan, SpanContext, ReceivedResource, InstrumentationScope, Event, Link,
                    tuple(_KINDS[k] for k in range(6)), statuses, Status, StatusCode.ERROR, _SAMPLED,
                    DEFAULT_TRACE_STATE)
     return _otlpdec.decode_spans

@@ -170,3 +170,41 @@ def test_remote_and_local_parents_and_links_keep_is_remote():
     same_as_python(request)
     got = decode(request)[0]
     assert [s.parent.is_remote for s in got] == [True, False]
+
+
+def _request(resource: dict[str, Any], schema: str = "", span_id: int = 1) -> ExportTraceServiceRequest:
+    from opentelemetry.sdk.resources import Resource
+
+    span = ReadableSpan("op", context=SpanContext(7, span_id, is_remote=False), resource=Resource(resource, schema),
+                        start_time=1, end_time=2)
+    return encode_spans([span])
+
+
+def test_a_resource_sent_again_is_the_same_object_equal_and_hashed_as_the_sdks():
+    """Agents send the same resource in every request: one ReceivedResource serves them (its constructor and hash once)."""
+    from opentelemetry.sdk.resources import Resource
+
+    a = decode(_request({"host.name": "n1", "process.pid": 1}))[0][0].resource
+    b = decode(_request({"host.name": "n1", "process.pid": 1}, span_id=2))[0][0].resource
+    other = decode(_request({"host.name": "n1", "process.pid": 2}))[0][0].resource
+    schema = decode(_request({"host.name": "n1", "process.pid": 1}, "https://opentelemetry.io/schemas/1.30.0"))[0][0]
+    assert a is b
+    assert other is not a and other != a
+    assert schema.resource is not a and schema.resource.schema_url == "https://opentelemetry.io/schemas/1.30.0"
+    sdk = Resource({"host.name": "n1", "process.pid": 1})
+    assert type(a) is otlp_in.ReceivedResource
+    assert a == sdk and sdk == a and hash(a) == hash(sdk) == hash(a)
+
+
+def test_the_resource_cache_is_bounded_and_starts_over_when_full():
+    from otel_ebpf.emit import _otlpdec  # type: ignore[attr-defined]
+
+    _, most, clears = _otlpdec.resource_cache_info()
+    first = decode(_request({"host.name": "first"}))[0][0].resource
+    for i in range(most + 1):
+        decode(_request({"host.name": f"h{i}"}))
+        size, _, _ = _otlpdec.resource_cache_info()
+        assert size <= most
+    assert _otlpdec.resource_cache_info()[2] > clears  # emptied at least once
+    again = decode(_request({"host.name": "first"}))[0][0].resource
+    assert again == first and again is not first  # made anew once it had been cleared out
