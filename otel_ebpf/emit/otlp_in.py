@@ -66,7 +66,8 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from otel_ebpf.emit.logs import log_context
 
-__all__ = ["Drops", "ReceivedResource", "decode_attributes", "logs_from_request", "metrics_from_request", "spans_from_request"]
+__all__ = ["Drops", "ReceivedResource", "decode_attributes", "logs_from_request", "metrics_from_request",
+           "spans_from_request"]
 
 Drops = Counter[str]  # reason -> items left out
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -186,13 +187,16 @@ _DECODE = _load_decoder()
 NATIVE = _DECODE is not None  # whether spans are decoded in C
 
 
-def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[ReadableSpan], Drops]:
-    """Every convertible span of ``request`` (request order) and what was left out, by reason.
+def spans_from_request(request: ExportTraceServiceRequest,
+                       raw: bytes | None = None) -> tuple[list[ReadableSpan], Drops]:
+    """Every convertible span of ``request`` (request order) and what was left out, by reason. ``raw``: the bytes
+    ``request`` was parsed from, if the caller has them (the C decoder reads them instead of the request serialized
+    again).
 
     Spans of one ``ResourceSpans`` share one ``Resource`` object, those of one ``ScopeSpans``
     one ``InstrumentationScope``."""
     if _DECODE is not None:
-        got = _DECODE(request.SerializeToString())
+        got = _DECODE(request.SerializeToString() if raw is None else raw)
         if got is not None:
             spans, malformed_spans, malformed_links = got
             drops: Drops = Counter()

@@ -31,7 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otel_ebpf.core.telemetry import RECEIVED, REFUSED, Telemetry
 from otel_ebpf.emit.otlp_in import logs_from_request, metrics_from_request, spans_from_request
 from otel_ebpf.gateway.losses import AgentLossLedger
-from otel_ebpf.receivers.otlp import count_items
+from otel_ebpf.receivers.otlp import count_items, received_bytes
 
 __all__ = ["OtlpIngest", "Queue"]
 
@@ -77,7 +77,7 @@ class OtlpIngest:
             self._telemetry.dropped(self.name, reason, n)
 
     def _traces(self, request: ExportTraceServiceRequest, block_s: float) -> bool:
-        spans, drops = spans_from_request(request)
+        spans, drops = spans_from_request(request, received_bytes(request))  # the bytes as received, if at hand
         if not self._spans.offer(spans, block_s=block_s):
             self._telemetry.add(REFUSED, len(spans), receiver=self.name, signal="traces")
             return False

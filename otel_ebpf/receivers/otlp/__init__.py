@@ -19,6 +19,7 @@ from .server import (
     count_items,
     parse_endpoint,
     parse_otlp_json,
+    received_bytes,
     to_otlp_json,
 )
 
@@ -36,6 +37,7 @@ __all__ = [
     "factory",
     "parse_endpoint",
     "parse_otlp_json",
+    "received_bytes",
     "to_otlp_json",
 ]
 

@@ -181,7 +181,7 @@ def _request(resource: dict[str, Any], schema: str = "", span_id: int = 1) -> Ex
 
 
 def test_a_resource_sent_again_is_the_same_object_equal_and_hashed_as_the_sdks():
-    """Agents send the same resource in every request: one ReceivedResource serves them (its constructor and hash once)."""
+    """Agents send the same resource in every request: one ReceivedResource serves them (made and hashed once)."""
     from opentelemetry.sdk.resources import Resource
 
     a = decode(_request({"host.name": "n1", "process.pid": 1}))[0][0].resource

@@ -279,3 +279,44 @@ def test_request_roundtrips_through_otlp_json():
     assert TRACE_ID_HEX in text and '"kind":2' in text
     from otel_ebpf.receivers.otlp import parse_otlp_json
     assert parse_otlp_json(text, ExportTraceServiceRequest) == request
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http", "http-gzip", "http-json"])
+def test_a_callback_reads_the_bytes_its_request_was_parsed_from(transport):
+    """received_bytes: the protobuf body as it came (gzip undone), only for the request in hand and only while its
+    callback runs; JSON has none. Bytes no serializer would write (fields in reverse order) come back as sent."""
+    from otel_ebpf.receivers.otlp import received_bytes
+
+    def field(tag: int, payload: bytes) -> bytes:  # length-delimited, payloads under 128 bytes
+        return bytes([tag, len(payload)]) + payload
+
+    trace_id, span_id = bytes.fromhex(TRACE_ID_HEX), bytes.fromhex(SPAN_ID_HEX)
+    span = field(0x2a, b"a") + field(0x12, span_id) + field(0x0a, trace_id)  # name 5, span id 2, trace id 1
+    body = field(0x0a, field(0x12, field(0x12, span)))  # resource_spans 1 > scope_spans 2 > spans 2
+    pb = ExportTraceServiceRequest(resource_spans=[{"scope_spans": [{"spans": [
+        {"trace_id": trace_id, "span_id": span_id, "name": "a"}]}]}])
+    assert ExportTraceServiceRequest.FromString(body) == pb and body != pb.SerializeToString()
+    seen: list[tuple[object, bytes | None]] = []
+
+    def on_traces(request):
+        seen.append((request, received_bytes(request)))
+        assert received_bytes(ExportTraceServiceRequest()) is None  # another request: not its bytes
+
+    server = OtlpServer(grpc_endpoint="127.0.0.1:0", http_endpoint="127.0.0.1:0", on_traces=on_traces)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.http_port}/v1/traces"
+        if transport == "grpc":
+            assert grpc_raw_export(server.grpc_port, body) is grpc.StatusCode.OK
+        elif transport == "http":
+            assert post(url, body)[0] == 200
+        elif transport == "http-gzip":
+            assert post(url, gzip.compress(body), encoding="gzip")[0] == 200
+        else:
+            assert post(url, to_otlp_json(pb).encode(), "application/json")[0] == 200
+    finally:
+        server.shutdown()
+    (request, raw), = seen
+    assert request == pb
+    assert raw == (None if transport == "http-json" else body)
+    assert received_bytes(request) is None  # after the callback
