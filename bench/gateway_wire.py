@@ -171,9 +171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=512, help="rank spans per OTLP request")
     p.add_argument("--senders", type=int, default=2, help="sending threads (agents' exporters)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--only", choices=("in-order", "interleaved"), help="run one scenario (e.g. under a profiler)")
     args = p.parse_args(argv)
     rows = build(args.ranks, args.collectives)
     scenarios = {"in order": [s for r in rows for s in r], "interleaved (8 in flight)": arrival(rows, 8)}
+    if args.only:
+        scenarios = {k: v for k, v in scenarios.items() if k.split(" (")[0].replace(" ", "-") == args.only}
     rank_spans = args.ranks * args.collectives
     expected = rank_spans + args.collectives
     results: dict[str, list[dict[str, float]]] = {name: [] for name in scenarios}
