@@ -97,6 +97,7 @@ def bare_uprobe(loop: Path, n: int) -> float:
 CUDA_CONFIG: dict = {}  # --no-launch-context: {"launch_context": False}
 DEFAULT_GC = False  # --default-gc
 EXPORT: dict[str, str] = {}  # --otlp: the null collector's {"endpoint": ..., "protocol": ...}
+EXPORTER: dict[str, object] = {}  # --gzip: the otlp exporter's settings beside them
 
 
 def null_collector(protocol: str) -> subprocess.Popen:
@@ -118,6 +119,8 @@ def agent_for(pid: int | list[int], out_dir: str, receivers: list[str], **cuda: 
     procs = [r for r in receivers]
     extra = {"receivers": {"cuda": CUDA_CONFIG | cuda}, "service": {
         "pipelines": {"default": {"receivers": receivers, "processors": procs}}, "metrics_interval": 1.0}}
+    if EXPORTER:
+        extra["exporters"] = {"otlp": dict(EXPORTER)}
     cfg = settings.load(None, output=None if EXPORT else out_dir, extra=extra, **EXPORT)
     return Agent(cfg, target_pids=pid if isinstance(pid, list) else [pid])
 
@@ -339,6 +342,9 @@ def main() -> int:
     ap.add_argument("--pipeline-only", action="store_true", help="only the pipeline rows")
     ap.add_argument("--otlp", choices=("grpc", "http"),
                     help="pipeline rows export over OTLP to a null collector in another process (default: the file)")
+    ap.add_argument("--gzip", action="store_true",
+                    help="with --otlp: the exporter compresses with gzip (compression: gzip; auto sends a loopback "
+                         "endpoint uncompressed)")
     ap.add_argument("--no-launch-context", action="store_true",
                     help="CUDA receiver with launch_context: false (no per-thread op lookup on launches)")
     ap.add_argument("--default-gc", action="store_true",
@@ -356,6 +362,10 @@ def main() -> int:
     a = ap.parse_args()
     global DEFAULT_GC
     DEFAULT_GC = a.default_gc
+    if a.gzip:
+        if not a.otlp:
+            ap.error("--gzip needs --otlp")
+        EXPORTER["compression"] = "gzip"
     if not DEFAULT_GC:
         gctune.tune()
     if a.bcc_rings:
@@ -419,7 +429,7 @@ def _run(a: argparse.Namespace, loop: Path) -> int:
 
 
 def _pipeline_rows(a: argparse.Namespace, best: dict[str, float] | None, runs: list[dict]) -> list[tuple[str, str]]:
-    to = f"OTLP/{a.otlp} to a null collector" if a.otlp else "the JSON-lines file"
+    to = (f"OTLP/{a.otlp}{' gzip' if a.gzip else ''} to a null collector") if a.otlp else "the JSON-lines file"
     rows = [(f"cudaMemcpy at {r['rate']:.0f}/s (loop achieved {r['achieved']:.0f}/s) for {a.seconds:.0f} s, "
              f"whole agent, to {to}",
              f"{r['spans']:.0f} of {r['calls']:.0f} calls became spans, {r['dropped']:.0f} lost, counted"
