@@ -51,7 +51,10 @@ Metrics (gateway resource, scope ``otel_ebpf.collective_join``): ``nccl.collecti
 
 Sharding by trace id (the Collector's ``loadbalancing`` exporter, ``routing_key: traceID``)
 gives the same spans as one instance: every span of one collective shares its trace id.
-Single-threaded (one pipeline worker); ``shutdown`` releases what is pending, as partial.
+Single-threaded (one pipeline worker); ``shutdown`` releases what is pending, as partial. A rank span given to
+``consume`` becomes the join's: released, it is passed on with ``nccl.wait_ns`` added to its own attribute dict
+(an SDK ``ReadableSpan`` whose attributes are a plain dict, as otlp_in and core.readable make them; a copy
+cost the gateway ~15 % of its CPU, bench/gateway_wire.py under py-spy), so a caller must not reuse it.
 """
 from __future__ import annotations
 
@@ -322,9 +325,15 @@ class CollectiveJoin(EventProcessor[Config]):
         if ranks:
             start, last, last_rank, end = entry.arrivals()
             for span in ranks.values():
-                attrs = dict(_attributes(span))
-                attrs["nccl.wait_ns"] = last - _times(span)[0]
-                out.append(with_changes(span, attrs))
+                wait = last - _times(span)[0]
+                own = span._attributes if type(span) is ReadableSpan else None
+                if type(own) is dict:  # the join's own span (module doc): nccl.wait_ns added in place
+                    own["nccl.wait_ns"] = wait
+                    out.append(span)
+                else:
+                    attrs = dict(_attributes(span))
+                    attrs["nccl.wait_ns"] = wait
+                    out.append(with_changes(span, attrs))
             join["nccl.skew_ns"] = last - start
             self._skew(entry, ranks[last_rank], (last - start) / 1e9)
             if len(ranks) == entry.nranks:
