@@ -2,9 +2,8 @@
  *
  * The same spans as otel_ebpf/emit/otlp_in.py's spans_from_request builds from the parsed request, function for
  * function (_resource, _scope, _span, _links, _id, _is_remote, decode_attributes, _value; opentelemetry-proto
- * 1.45's trace.proto and common.proto for the fields): a Resource per ResourceSpans (one object for every
- * ResourceSpans of the same bytes: resource_of) and an InstrumentationScope per ScopeSpans made by their own
- * constructors, each span's fields written as ReadableSpan.__init__ writes them
+ * 1.45's trace.proto and common.proto for the fields): a Resource per ResourceSpans and an InstrumentationScope
+ * per ScopeSpans made by their own constructors (one object for all of the same bytes: Cache), each span's fields written as ReadableSpan.__init__ writes them
  * (the way otel_ebpf.emit.spans.SpanBuilder writes them), its SpanContexts as SpanContext.__new__ makes them, every
  * context SAMPLED, Events, Links and an ERROR Status with a message made by their constructors. A span whose ids
  * are not 16 and 8 non-zero bytes is left out and counted (malformed_span), a link likewise (malformed_link).
@@ -704,6 +703,59 @@ static int each_second(Rd r, int (*one)(Rd, PyObject *, PyObject *, PyObject *, 
     }
 }
 
+/* The Resources and InstrumentationScopes made so far, by their bytes: the message's length (4 bytes), its bytes
+ * and the schema URL. Agents send the same few resources (one a process) and scopes in every request; made anew
+ * per request, a Resource cost its constructor (~2 us) and, in every batch the gateway encodes, a hash of its own
+ * (the SDK's Resource.__hash__ JSON-dumps the attributes; otlp_in.ReceivedResource keeps it), and a scope its
+ * constructor (BoundedAttributes: ~5 % of the gateway's CPU): bench/gateway_wire.py under py-spy. Equal bytes
+ * decode to equal objects, which are immutable, so one object serves them all. At most CACHE_MAX entries each: a
+ * full cache is emptied (counted in its clears) and fills again. Held with the GIL, like every call here. */
+#define CACHE_MAX 4096
+typedef struct {
+    PyObject *made; /* dict: key -> object */
+    Py_ssize_t clears;
+} Cache;
+static Cache resources, scopes;
+
+static PyObject *cache_key(Rd head, PyObject *schema)
+{
+    Py_ssize_t n = head.p != NULL ? (Py_ssize_t)(head.end - head.p) : 0, m = 0;
+    const char *url = "";
+    if (schema != NULL && (url = PyUnicode_AsUTF8AndSize(schema, &m)) == NULL)
+        return NULL;
+    if ((size_t)n > UINT32_MAX) { /* never from the server (max_request_bytes), but the length must fit */
+        PyErr_SetString(PyExc_OverflowError, "a message over 4 GiB");
+        return NULL;
+    }
+    PyObject *key = PyBytes_FromStringAndSize(NULL, 4 + n + m);
+    if (key == NULL)
+        return NULL;
+    char *k = PyBytes_AS_STRING(key);
+    uint32_t len = (uint32_t)n;
+    memcpy(k, &len, 4);
+    if (n)
+        memcpy(k + 4, head.p, (size_t)n);
+    if (m)
+        memcpy(k + 4 + n, url, (size_t)m);
+    return key;
+}
+
+/* The object cached under ``key`` (a new reference), or NULL: absent (no error set) or an error. */
+static PyObject *cache_get(Cache *c, PyObject *key)
+{
+    PyObject *got = PyDict_GetItemWithError(c->made, key);
+    return Py_XNewRef(got);
+}
+
+static int cache_put(Cache *c, PyObject *key, PyObject *value)
+{
+    if (PyDict_GET_SIZE(c->made) >= CACHE_MAX) {
+        PyDict_Clear(c->made);
+        c->clears++;
+    }
+    return PyDict_SetItem(c->made, key, value) < 0 ? FAIL : OK;
+}
+
 /* InstrumentationScope(name, version or None, schema_url or None, attributes or None) of a ScopeSpans. */
 static PyObject *scope_of(Rd r, PyObject *schema, int *st)
 {
@@ -753,57 +805,30 @@ static int scope_spans(Rd r, PyObject *resource, PyObject *unused, PyObject *out
     Rd head;
     PyObject *schema = NULL, *scope = NULL;
     int st = head_of(r, &head, &schema);
-    if (!st) {
+    PyObject *key = st ? NULL : cache_key(head, schema);
+    if (!st && key == NULL)
+        st = FAIL;
+    if (!st && (scope = cache_get(&scopes, key)) == NULL) {
         Rd none = {NULL, NULL};
-        scope = scope_of(head.p != NULL ? head : none, schema, &st);
+        if (PyErr_Occurred())
+            st = FAIL;
+        else if ((scope = scope_of(head.p != NULL ? head : none, schema, &st)) != NULL)
+            st = cache_put(&scopes, key, scope);
     }
     if (!st)
         st = each_second(r, span_of, resource, scope, out, counts);
+    Py_XDECREF(key);
     Py_XDECREF(schema);
     Py_XDECREF(scope);
     return st;
 }
 
-/* The Resources made so far, by their bytes: the Resource message's length (4 bytes), bytes and the schema URL.
- * Agents send the same few resources (one a process) in every request, and a Resource made anew per request cost
- * its constructor (~2 us) and, in every batch the gateway encodes, a hash of its own (the SDK's Resource.__hash__
- * JSON-dumps the attributes; otlp_in.ReceivedResource keeps it): bench/gateway_wire.py. Equal bytes decode to equal
- * Resources, which are immutable, so one object serves them all. At most RESOURCE_CACHE_MAX entries: a full cache
- * is emptied (counted in resource_cache_clears) and fills again. Held with the GIL, like every call here. */
-#define RESOURCE_CACHE_MAX 4096
-static PyObject *resource_cache;
-static Py_ssize_t resource_cache_clears;
-
-static PyObject *resource_key(Rd head, PyObject *schema)
-{
-    Py_ssize_t n = head.p != NULL ? (Py_ssize_t)(head.end - head.p) : 0, m = 0;
-    const char *url = "";
-    if (schema != NULL && (url = PyUnicode_AsUTF8AndSize(schema, &m)) == NULL)
-        return NULL;
-    if ((size_t)n > UINT32_MAX) { /* never from the server (max_request_bytes), but the length must fit */
-        PyErr_SetString(PyExc_OverflowError, "a Resource message over 4 GiB");
-        return NULL;
-    }
-    PyObject *key = PyBytes_FromStringAndSize(NULL, 4 + n + m);
-    if (key == NULL)
-        return NULL;
-    char *k = PyBytes_AS_STRING(key);
-    uint32_t len = (uint32_t)n;
-    memcpy(k, &len, 4);
-    if (n)
-        memcpy(k + 4, head.p, (size_t)n);
-    if (m)
-        memcpy(k + 4 + n, url, (size_t)m);
-    return key;
-}
-
-/* The Resource of a ResourceSpans (otlp_in._resource): the cached one of the same bytes, else made and cached. */
+/* The Resource of a ResourceSpans (otlp_in._resource), made or from the cache. */
 static PyObject *resource_of(Rd head, PyObject *schema, int *st)
 {
-    PyObject *key = resource_key(head, schema), *resource = NULL, *attrs = NULL;
-    if (key == NULL || (resource = PyDict_GetItemWithError(resource_cache, key)) != NULL || PyErr_Occurred()) {
+    PyObject *key = cache_key(head, schema), *resource = NULL, *attrs = NULL;
+    if (key == NULL || (resource = cache_get(&resources, key)) != NULL || PyErr_Occurred()) {
         *st = resource != NULL ? OK : FAIL;
-        Py_XINCREF(resource);
         Py_XDECREF(key);
         return resource;
     }
@@ -811,17 +836,9 @@ static PyObject *resource_of(Rd head, PyObject *schema, int *st)
         *st = FAIL;
     } else if (head.p == NULL || !(*st = attributes_of(head, 1, attrs, 0))) {
         resource = call2(resource_cls, attrs, schema != NULL && PyUnicode_GET_LENGTH(schema) ? schema : Py_None);
-        *st = resource == NULL ? FAIL : OK;
-    }
-    if (resource != NULL) {
-        if (PyDict_GET_SIZE(resource_cache) >= RESOURCE_CACHE_MAX) {
-            PyDict_Clear(resource_cache);
-            resource_cache_clears++;
-        }
-        if (PyDict_SetItem(resource_cache, key, resource) < 0) {
+        *st = resource == NULL ? FAIL : cache_put(&resources, key, resource);
+        if (*st)
             Py_CLEAR(resource);
-            *st = FAIL;
-        }
     }
     Py_XDECREF(attrs);
     Py_DECREF(key);
@@ -844,12 +861,13 @@ static int resource_spans(Rd r, PyObject *unused1, PyObject *unused2, PyObject *
     return st;
 }
 
-static PyObject *resource_cache_info(PyObject *self, PyObject *unused)
+static PyObject *cache_info(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    return Py_BuildValue("(nnn)", resource_cache != NULL ? PyDict_GET_SIZE(resource_cache) : 0,
-                         (Py_ssize_t)RESOURCE_CACHE_MAX, resource_cache_clears);
+    return Py_BuildValue("{s(nnn)s(nnn)}", "resources", PyDict_GET_SIZE(resources.made), (Py_ssize_t)CACHE_MAX,
+                         resources.clears, "scopes", PyDict_GET_SIZE(scopes.made), (Py_ssize_t)CACHE_MAX,
+                         scopes.clears);
 }
 
 static PyObject *decode_spans(PyObject *self, PyObject *arg)
@@ -905,7 +923,8 @@ static PyObject *setup(PyObject *self, PyObject *args)
     Py_XSETREF(readable_span, Py_NewRef(objs[0]));
     Py_XSETREF(span_context, Py_NewRef(objs[1]));
     Py_XSETREF(resource_cls, Py_NewRef(objs[2]));
-    PyDict_Clear(resource_cache); /* made by the class given before */
+    PyDict_Clear(resources.made); /* made by the classes given before */
+    PyDict_Clear(scopes.made);
     Py_XSETREF(scope_cls, Py_NewRef(objs[3]));
     Py_XSETREF(event_cls, Py_NewRef(objs[4]));
     Py_XSETREF(link_cls, Py_NewRef(objs[5]));
@@ -923,8 +942,9 @@ static PyObject *setup(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"decode_spans", decode_spans, METH_O,
      "decode_spans(data) -> (spans, malformed spans, malformed links), or None when the request is off the fast path."},
-    {"resource_cache_info", resource_cache_info, METH_NOARGS,
-     "resource_cache_info() -> (Resources cached, the most it holds, times it was full and emptied)."},
+    {"cache_info", cache_info, METH_NOARGS,
+     "cache_info() -> {'resources' and 'scopes': (objects cached, the most it holds, times it was full and "
+     "emptied)}."},
     {"setup", setup, METH_VARARGS,
      "setup(ReadableSpan, SpanContext, Resource, InstrumentationScope, Event, Link, kinds, statuses, Status, ERROR, "
      "SAMPLED, DEFAULT_TRACE_STATE)"},
@@ -953,7 +973,7 @@ PyMODINIT_FUNC PyInit__otlpdec(void)
     INTERN(k_resource, "_resource");
     INTERN(k_status, "_status");
     INTERN(empty, "");
-    if ((resource_cache = PyDict_New()) == NULL)
+    if ((resources.made = PyDict_New()) == NULL || (scopes.made = PyDict_New()) == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

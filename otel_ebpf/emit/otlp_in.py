@@ -28,8 +28,8 @@ functions, thread-safe.
 Spans are decoded in C from the request's bytes when the extension is built (``otel_ebpf.emit._otlpdec``: the
 same spans, fields and drops as :func:`_spans_in_python` makes of the parsed request, tests/unit/emit/
 test_otlpdec.py); a request off its fast path (a trace state...) goes the Python way. The C decoder makes one
-:class:`ReceivedResource` for each distinct resource it has seen (by its bytes; at most 4,096, then it starts over)
-and gives it to every request that carries that resource. The gateway's
+:class:`ReceivedResource` (and one ``InstrumentationScope``) for each distinct resource (scope) it has seen, by its
+bytes (at most 4,096 of each, then it starts over), and gives it to every request that carries it. The gateway's
 per-span cost: bench/gateway_wire.py, docs/benchmarks.md.
 """
 from __future__ import annotations
@@ -194,7 +194,7 @@ def spans_from_request(request: ExportTraceServiceRequest,
     again).
 
     Spans of one ``ResourceSpans`` share one ``Resource`` object, those of one ``ScopeSpans``
-    one ``InstrumentationScope``."""
+    one ``InstrumentationScope`` (and so do those of others of the same bytes)."""
     if _DECODE is not None:
         got = _DECODE(request.SerializeToString() if raw is None else raw)
         if got is not None:
@@ -209,13 +209,19 @@ def spans_from_request(request: ExportTraceServiceRequest,
 
 
 def _spans_in_python(request: ExportTraceServiceRequest) -> tuple[list[ReadableSpan], Drops]:
-    """:func:`spans_from_request` in Python, from the parsed request."""
+    """:func:`spans_from_request` in Python, from the parsed request. Resources (and scopes) of the same bytes share
+    one object, as the C decoder's do (it keeps them across requests too)."""
     spans: list[ReadableSpan] = []
     drops: Drops = Counter()
+    made: dict[tuple[str, bytes, str], Any] = {}
     for rs in request.resource_spans:
-        resource = _resource(rs.resource, rs.schema_url)
+        key = ("resource", rs.resource.SerializeToString(), rs.schema_url)
+        if (resource := made.get(key)) is None:
+            resource = made[key] = _resource(rs.resource, rs.schema_url)
         for ss in rs.scope_spans:
-            scope = _scope(ss.scope, ss.schema_url)
+            key = ("scope", ss.scope.SerializeToString(), ss.schema_url)
+            if (scope := made.get(key)) is None:
+                scope = made[key] = _scope(ss.scope, ss.schema_url)
             for pb in ss.spans:
                 try:
                     spans.append(_span(pb, resource, scope, drops))

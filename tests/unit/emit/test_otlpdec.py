@@ -199,12 +199,41 @@ def test_a_resource_sent_again_is_the_same_object_equal_and_hashed_as_the_sdks()
 def test_the_resource_cache_is_bounded_and_starts_over_when_full():
     from otel_ebpf.emit import _otlpdec  # type: ignore[attr-defined]
 
-    _, most, clears = _otlpdec.resource_cache_info()
+    _, most, clears = _otlpdec.cache_info()["resources"]
     first = decode(_request({"host.name": "first"}))[0][0].resource
     for i in range(most + 1):
         decode(_request({"host.name": f"h{i}"}))
-        size, _, _ = _otlpdec.resource_cache_info()
+        size, _, _ = _otlpdec.cache_info()["resources"]
         assert size <= most
-    assert _otlpdec.resource_cache_info()[2] > clears  # emptied at least once
+    assert _otlpdec.cache_info()["resources"][2] > clears  # emptied at least once
     again = decode(_request({"host.name": "first"}))[0][0].resource
     assert again == first and again is not first  # made anew once it had been cleared out
+
+
+def test_a_scope_sent_again_is_the_same_object():
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    def request(version: str, host: str) -> ExportTraceServiceRequest:
+        span = ReadableSpan("op", context=SpanContext(7, 1, is_remote=False), resource=Resource({"host.name": host}),
+                            instrumentation_scope=InstrumentationScope("otel_ebpf.nccl", version), start_time=1,
+                            end_time=2)
+        return encode_spans([span])
+
+    a, b = decode(request("1", "n1"))[0][0], decode(request("1", "n2"))[0][0]
+    c = decode(request("2", "n1"))[0][0]
+    assert a.instrumentation_scope is b.instrumentation_scope and a.resource is not b.resource
+    assert c.instrumentation_scope is not a.instrumentation_scope and c.instrumentation_scope.version == "2"
+
+
+def test_resource_spans_of_the_same_bytes_share_objects_in_both_paths():
+    """Two ResourceSpans with the same resource and scope (what two agents' requests merged would give): C and
+    Python alike give their spans one Resource and one scope."""
+    one = _request({"host.name": "n1"})
+    request = ExportTraceServiceRequest()
+    request.MergeFrom(one)
+    request.MergeFrom(_request({"host.name": "n1"}, span_id=2))
+    assert len(request.resource_spans) == 2
+    same_as_python(request)
+    spans = decode(request)[0]
+    assert spans[0].resource is spans[1].resource and spans[0].instrumentation_scope is spans[1].instrumentation_scope
