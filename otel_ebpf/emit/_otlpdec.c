@@ -3,10 +3,11 @@
  * The same spans as otel_ebpf/emit/otlp_in.py's spans_from_request builds from the parsed request, function for
  * function (_resource, _scope, _span, _links, _id, _is_remote, decode_attributes, _value; opentelemetry-proto
  * 1.45's trace.proto and common.proto for the fields): a Resource per ResourceSpans and an InstrumentationScope
- * per ScopeSpans made by their own constructors (one object for all of the same bytes: Cache), each span's fields written as ReadableSpan.__init__ writes them
- * (the way otel_ebpf.emit.spans.SpanBuilder writes them), its SpanContexts as SpanContext.__new__ makes them, every
- * context SAMPLED, Events, Links and an ERROR Status with a message made by their constructors. A span whose ids
- * are not 16 and 8 non-zero bytes is left out and counted (malformed_span), a link likewise (malformed_link).
+ * per ScopeSpans made by their own constructors (one object for all of the same bytes: Cache), each span's fields
+ * written as ReadableSpan.__init__ writes them (the way otel_ebpf.emit.spans.SpanBuilder writes them), its
+ * SpanContexts as SpanContext.__new__ makes them, every context SAMPLED, Events, Links and an ERROR Status with a
+ * message made by their constructors. A span whose ids are not 16 and 8 non-zero bytes is left out and counted
+ * (malformed_span), a link likewise (malformed_link).
  *
  * decode_spans(data) returns (spans, malformed spans, malformed links), or None for a request off its fast path:
  * a trace state, a singular message field given twice (protobuf merges them), an AnyValue with more than one
