@@ -176,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = build(args.ranks, args.collectives)
     scenarios = {"in order": [s for r in rows for s in r], "interleaved (8 in flight)": arrival(rows, 8)}
     if args.only:
-        scenarios = {k: v for k, v in scenarios.items() if k.split(" (")[0].replace(" ", "-") == args.only}
+        name = {"in-order": "in order", "interleaved": "interleaved (8 in flight)"}[args.only]
+        scenarios = {name: scenarios[name]}
     rank_spans = args.ranks * args.collectives
     expected = rank_spans + args.collectives
     results: dict[str, list[dict[str, float]]] = {name: [] for name in scenarios}

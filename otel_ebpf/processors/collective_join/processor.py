@@ -53,8 +53,9 @@ Sharding by trace id (the Collector's ``loadbalancing`` exporter, ``routing_key:
 gives the same spans as one instance: every span of one collective shares its trace id.
 Single-threaded (one pipeline worker); ``shutdown`` releases what is pending, as partial. A rank span given to
 ``consume`` becomes the join's: released, it is passed on with ``nccl.wait_ns`` added to its own attribute dict
-(an SDK ``ReadableSpan`` whose attributes are a plain dict, as otlp_in and core.readable make them; a copy
-cost the gateway ~15 % of its CPU, bench/gateway_wire.py under py-spy), so a caller must not reuse it.
+(an SDK ``ReadableSpan`` whose attributes are a plain dict, as otlp_in and core.readable make them), so a caller
+must not reuse it. Copying the span instead held the join to 367k rank spans/s against 589k (bench/gateway.py,
+1,024 ranks in order, docs/benchmarks.md session 25).
 """
 from __future__ import annotations
 
