@@ -30,7 +30,7 @@ enum { OK = 0, SLOW = 1, FAIL = -1 };
 static PyObject *readable_span, *span_context, *resource_cls, *scope_cls, *event_cls, *link_cls, *kinds[6],
     *statuses[3], *error_code, *status_cls, *sampled, *default_state;
 static PyObject *k_name, *k_context, *k_kind, *k_info, *k_scope, *k_parent, *k_start, *k_end, *k_attributes,
-    *k_events, *k_links, *k_resource, *k_status, *empty;
+    *k_events, *k_links, *k_resource, *k_status, *k_otlp_span, *empty;
 
 typedef struct {
     const unsigned char *p, *end;
@@ -535,7 +535,7 @@ static int span_head(Rd r, Head *h)
 }
 
 /* Pass 2: attributes (9), events (11), links (13) in wire order. */
-static int span_lists(Rd r, PyObject *attrs, PyObject *events, PyObject *links, Counts *counts)
+static int span_lists(Rd r, PyObject *attrs, PyObject *events, PyObject *links, Counts *counts, Py_ssize_t *kvs)
 {
     uint32_t field;
     int wire, st;
@@ -553,6 +553,7 @@ static int span_lists(Rd r, PyObject *attrs, PyObject *events, PyObject *links, 
         if ((st = delimited(&r, &sub)))
             return st;
         if (field == 9) {
+            ++*kvs;
             if ((st = key_value(sub, attrs, 0)))
                 return st;
             continue;
@@ -623,8 +624,9 @@ static int span_of(Rd r, PyObject *resource, PyObject *scope, PyObject *out, Cou
         st = v == NULL ? FAIL : set(fields, k_end, v);
         Py_CLEAR(v);
     }
+    Py_ssize_t kvs = 0, bad_links = counts->malformed_links;
     if (!st)
-        st = span_lists(r, attrs, events, links, counts);
+        st = span_lists(r, attrs, events, links, counts, &kvs);
     if (!st && !(st = set(fields, k_attributes, attrs)) && !(st = set(fields, k_events, events))
         && !(st = set(fields, k_links, links)) && !(st = set(fields, k_resource, resource))) {
         v = h.has_status ? status_of(h.status, &st) : Py_NewRef(statuses[0]);
@@ -632,6 +634,13 @@ static int span_of(Rd r, PyObject *resource, PyObject *scope, PyObject *out, Cou
             st = set(fields, k_status, v);
         else if (!st)
             st = FAIL;
+        Py_CLEAR(v);
+    }
+    /* the bytes as received, for the encoder to send on (otlp_in's _received): unless a key came twice or a link
+     * was left out, where they would say more than the span does */
+    if (!st && kvs == PyDict_GET_SIZE(attrs) && counts->malformed_links == bad_links) {
+        v = PyBytes_FromStringAndSize((const char *)r.p, r.end - r.p);
+        st = v == NULL ? FAIL : set(fields, k_otlp_span, v);
         Py_CLEAR(v);
     }
     Py_DECREF(events);
@@ -973,6 +982,7 @@ PyMODINIT_FUNC PyInit__otlpdec(void)
     INTERN(k_links, "_links");
     INTERN(k_resource, "_resource");
     INTERN(k_status, "_status");
+    INTERN(k_otlp_span, "_otlp_span");
     INTERN(empty, "");
     if ((resources.made = PyDict_New()) == NULL || (scopes.made = PyDict_New()) == NULL)
         return NULL;

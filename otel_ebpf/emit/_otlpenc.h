@@ -25,7 +25,7 @@ extern PyObject *s_get_span_context, *s_parent, *s_name, *s_kind, *s_start_time,
     *s_span_id, *s_trace_state, *s_is_remote, *s_timestamp, *s_context, *s_status_code, *s_description,
     *s_resource, *s_instrumentation_scope, *s_schema_url, *s_version, *s__attributes, *s__context, *s__parent,
     *s__name, *s__kind, *s__start_time, *s__end_time, *s__events, *s__links, *s__status, *s__resource,
-    *s__instrumentation_scope;
+    *s__instrumentation_scope, *s__otlp_span;
 
 static inline int grow(Buf *b, size_t more)
 {

@@ -161,10 +161,103 @@ static int put_links(Buf *b, unsigned char tag, PyObject *links)
     return put_sequence(b, tag, links, put_link);
 }
 
-/* One Span message body, as _span. */
+/* ---- a span as received (otel_ebpf.emit.otlp_in's ``_otlp_span``): its bytes, attributes added since spliced in ---- */
+
+/* The end of the field at *p (its tag read into *field), or NULL for bytes that end inside it. */
+static const unsigned char *field_end(const unsigned char *p, const unsigned char *end, uint32_t *field)
+{
+    uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+        if (p >= end || shift > 63)
+            return NULL;
+        v |= (uint64_t)(*p & 0x7F) << shift;
+        if (!(*p++ & 0x80))
+            break;
+    }
+    *field = (uint32_t)(v >> 3);
+    uint64_t n = 0;
+    switch (v & 7) {
+    case 0:
+        while (p < end && (*p & 0x80))
+            p++;
+        return p < end ? p + 1 : NULL;
+    case 1: n = 8; break;
+    case 5: n = 4; break;
+    case 2:
+        for (int shift = 0;; shift += 7) {
+            if (p >= end || shift > 63)
+                return NULL;
+            n |= (uint64_t)(*p & 0x7F) << shift;
+            if (!(*p++ & 0x80))
+                break;
+        }
+        break;
+    default: return NULL;
+    }
+    return n <= (uint64_t)(end - p) ? p + n : NULL;
+}
+
+/* The Span message body ``raw`` (the bytes it was received as) with each attribute the span's own dict holds beyond
+ * the ones it was received with (added in place since: the collective join's nccl.wait_ns) written right after the
+ * last received one (with none, before the first field above 9, else at the end): where protobuf's serializer
+ * writes an added attribute, so a span received as the SDK encodes it leaves as the SDK would encode it changed;
+ * other bytes keep their order, unknown fields and dropped counts (sent on, as a collector forwards them). RECEIVED_STALE
+ * (nothing written) when the bytes cannot be the span's any more: fewer attributes than were received, or not a
+ * plain dict, or bytes that do not parse; the caller then writes the span from its fields. */
+#define RECEIVED_STALE 2
+static int put_received(Buf *b, const Span *s, PyObject *raw)
+{
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(raw), *end = p + PyBytes_GET_SIZE(raw);
+    const unsigned char *after_last = NULL, *first_above = end, *q = p;
+    Py_ssize_t received = 0;
+    while (q < end) {
+        uint32_t field;
+        const unsigned char *next = field_end(q, end, &field);
+        if (next == NULL)
+            return RECEIVED_STALE;
+        if (field == 9) {
+            received++;
+            after_last = next;
+        } else if (field > 9 && first_above == end) {
+            first_above = q;
+        }
+        q = next;
+    }
+    const unsigned char *at = after_last != NULL ? after_last : first_above;
+    PyObject *attrs = PyDict_GetItemWithError(s->dict, s__attributes);
+    if (attrs == NULL)
+        return PyErr_Occurred() ? FAIL : RECEIVED_STALE;
+    if (!PyDict_CheckExact(attrs) || PyDict_GET_SIZE(attrs) < received)
+        return RECEIVED_STALE;
+    if (put(b, p, (size_t)(at - p)))
+        return FAIL;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0, i = 0;
+    while (PyDict_Next(attrs, &pos, &key, &value)) /* insertion order: the received ones first */
+        if (i++ >= received) {
+            int r = put_key_value(b, 0x4a, key, value);
+            if (r)
+                return r;
+        }
+    return put(b, at, (size_t)(end - at));
+}
+
+/* One Span message body, as _span; a span with its received bytes (``_otlp_span``) as put_received. */
 int put_span(Buf *b, const Span *sp)
 {
     const Span s = *sp;
+    if (s.dict != NULL) {
+        PyObject *raw = PyDict_GetItemWithError(s.dict, s__otlp_span);
+        if (raw == NULL && PyErr_Occurred())
+            return FAIL;
+        if (raw != NULL && PyBytes_CheckExact(raw)) {
+            size_t mark = b->len;
+            int r = put_received(b, &s, raw);
+            if (r != RECEIVED_STALE)
+                return r;
+            b->len = mark;
+        }
+    }
     PyObject *context = span_context(&s);
     int r = FAIL, remote_parent = 0;
     if (context != NULL) {

@@ -11,8 +11,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-__all__ = ["I32", "I64", "U32", "U64", "U128", "Groups", "Unencodable", "checked", "enum_number", "grouped", "int64",
-           "span_id", "trace_id", "unsigned"]
+__all__ = ["I32", "I64", "RECEIVED_SPAN", "U32", "U64", "U128", "Groups", "Unencodable", "checked", "enum_number",
+           "grouped", "int64", "span_id", "trace_id", "unsigned"]
 
 I64 = 1 << 63
 U64 = 1 << 64
@@ -22,6 +22,12 @@ I32 = 1 << 31
 T = TypeVar("T", ReadableSpan, ReadableLogRecord)
 E = TypeVar("E")
 Groups = dict[Resource, dict[InstrumentationScope | None, list[E]]]
+
+# The instance field of a ReadableSpan received over OTLP (otlp_in, _otlpdec.c) that holds its Span message as
+# received; the protobuf encoders (otlp_proto, _otlpenc_spans.c) send those bytes on, with the attributes added to
+# the span's own dict since. Such a span may only gain attributes in place (the collective join's nccl.wait_ns);
+# any other change makes a new span (core.readable.with_changes), which does not carry the field.
+RECEIVED_SPAN = "_otlp_span"
 
 
 class Unencodable(ValueError):

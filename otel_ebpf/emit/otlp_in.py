@@ -65,6 +65,7 @@ from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_ebpf.emit.logs import log_context
+from otel_ebpf.emit.otlp_common import RECEIVED_SPAN
 
 __all__ = ["Drops", "ReceivedResource", "decode_attributes", "logs_from_request", "metrics_from_request",
            "spans_from_request"]
@@ -165,10 +166,14 @@ def _span(pb: Any, resource: Resource, scope: InstrumentationScope, drops: Drops
     code = _STATUS.get(pb.status.code, StatusCode.UNSET)
     status = Status(code, pb.status.message if code is StatusCode.ERROR and pb.status.message else None)
     events = [Event(e.name, decode_attributes(e.attributes), e.time_unix_nano) for e in pb.events]
-    return ReadableSpan(
-        pb.name, context=context, parent=parent, resource=resource, attributes=decode_attributes(pb.attributes),
+    attributes, bad_links = decode_attributes(pb.attributes), drops["malformed_link"]
+    span = ReadableSpan(
+        pb.name, context=context, parent=parent, resource=resource, attributes=attributes,
         events=events, links=_links(pb, drops), kind=_KINDS.get(pb.kind, SpanKind.INTERNAL), status=status,
         start_time=pb.start_time_unix_nano, end_time=pb.end_time_unix_nano, instrumentation_scope=scope)
+    if len(attributes) == len(pb.attributes) and drops["malformed_link"] == bad_links:
+        span.__dict__[RECEIVED_SPAN] = pb.SerializeToString()  # no key twice, no link left out: the bytes say no more
+    return span
 
 
 def _load_decoder() -> Any:

@@ -45,7 +45,7 @@ from .otlp_common import I64 as _I64
 from .otlp_common import U32 as _U32
 from .otlp_common import U64 as _U64
 from .spans import SpanItem, readable_spans
-from .otlp_common import Unencodable, checked, enum_number, grouped, int64, span_id, trace_id, unsigned
+from .otlp_common import RECEIVED_SPAN, Unencodable, checked, enum_number, grouped, int64, span_id, trace_id, unsigned
 
 __all__ = ["logs_to_otlp_proto", "python_spans_to_otlp_proto", "spans_to_otlp_proto"]
 
@@ -243,8 +243,76 @@ def _span_head(span: ReadableSpan, context: SpanContext, parent: SpanContext | N
     return fields
 
 
+def _field_ends(body: bytes) -> list[tuple[int, int]]:
+    """(field number, end offset) of each top-level field of a message body; raises ValueError on bytes that end
+    inside a field or a wire type protobuf 3 does not write (groups)."""
+    out, i, n = [], 0, len(body)
+    while i < n:
+        tag, i = _read_varint(body, i)
+        wire = tag & 7
+        if wire == 0:
+            _, i = _read_varint(body, i)
+        elif wire == 2:
+            size, i = _read_varint(body, i)
+            i += size
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"wire type {wire}")
+        if i > n:
+            raise ValueError("a field past the end")
+        out.append((tag >> 3, i))
+    return out
+
+
+def _read_varint(body: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= len(body) or shift > 63:
+            raise ValueError("a varint past the end")
+        byte = body[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        shift += 7
+        if not byte & 0x80:
+            return value, i
+
+
+def _received(span: ReadableSpan) -> bytes | None:
+    """A span received over OTLP (``_otlp_span``: its Span message as received, kept by otel_ebpf.emit.otlp_in)
+    as those bytes, with each attribute added to its own dict since written right after the last received one
+    (with none, before the first field above 9, else at the end: where protobuf's serializer writes it). None when
+    the bytes cannot be the span's any more (fewer attributes than received, not a plain dict, bytes that do not
+    parse): the span is then written from its fields. The C encoder's put_received, line for line."""
+    own = span.__dict__
+    raw, attrs = own.get(RECEIVED_SPAN), own.get("_attributes")
+    if type(raw) is not bytes or type(attrs) is not dict:
+        return None
+    try:
+        ends = _field_ends(raw)
+    except ValueError:
+        return None
+    received = sum(1 for number, _ in ends if number == 9)
+    if len(attrs) < received:
+        return None
+    after_last, first_above, start = None, len(raw), 0
+    for number, end in ends:
+        if number == 9:
+            after_last = end
+        elif number > 9 and first_above == len(raw):
+            first_above = start
+        start = end
+    at = first_above if after_last is None else after_last
+    extra = [_key_value(k, v) for i, (k, v) in enumerate(attrs.items()) if i >= received]
+    if not extra:
+        return raw
+    return b"".join([raw[:at], *(_field(b"\x4a", kv) for kv in extra), raw[at:]])
+
+
 def _span(span: ReadableSpan) -> bytes:
-    """One Span message body (the SDK's ``_encode_span``)."""
+    """One Span message body (the SDK's ``_encode_span``); a span received over OTLP as :func:`_received`."""
+    if isinstance(span, ReadableSpan) and (body := _received(span)) is not None:
+        return body
     context, parent = span.get_span_context(), span.parent
     if context is None:
         raise Unencodable("a span without a context")
