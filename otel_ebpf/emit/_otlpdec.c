@@ -325,18 +325,17 @@ static int is_remote(uint64_t flags)
     return (flags & 0x100) && (flags & 0x200); /* SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK, _IS_REMOTE_MASK */
 }
 
-/* SpanContext(trace_id, span_id, is_remote, SAMPLED) as SpanContext.__new__ makes it (ids non-zero: valid). */
+/* SpanContext(trace_id, span_id, is_remote, SAMPLED) as SpanContext.__new__ makes it (ids non-zero: valid): what
+ * tuple.__new__(SpanContext, items) makes, the tuple subclass's own allocation filled in place. */
 static PyObject *context(PyObject *trace_id, PyObject *span_id, int remote)
 {
-    PyObject *items = PyTuple_Pack(6, trace_id, span_id, remote ? Py_True : Py_False, sampled, default_state, Py_True);
-    if (items == NULL)
+    PyTypeObject *type = (PyTypeObject *)span_context;
+    PyObject *out = type->tp_alloc(type, 6);
+    if (out == NULL)
         return NULL;
-    PyObject *args = PyTuple_Pack(1, items);
-    Py_DECREF(items);
-    if (args == NULL)
-        return NULL;
-    PyObject *out = PyTuple_Type.tp_new((PyTypeObject *)span_context, args, NULL); /* tuple.__new__(SpanContext, items) */
-    Py_DECREF(args);
+    PyObject *items[6] = {trace_id, span_id, remote ? Py_True : Py_False, sampled, default_state, Py_True};
+    for (Py_ssize_t i = 0; i < 6; i++)
+        PyTuple_SET_ITEM(out, i, Py_NewRef(items[i]));
     return out;
 }
 
@@ -481,6 +480,7 @@ typedef struct {
     Rd trace, span, parent, status;
     int has_status;
     uint64_t kind, start, end, flags;
+    Py_ssize_t kvs; /* attributes (field 9) sent */
     PyObject *name;
 } Head;
 
@@ -526,6 +526,7 @@ static int span_head(Rd r, Head *h)
         } else if (field == 9 || field == 11 || field == 13) { /* attributes, events, links: pass 2 */
             if (wire != 2 || (st = delimited(&r, &sub)))
                 return wire != 2 ? SLOW : st;
+            h->kvs += field == 9;
         } else if (field <= 16 && field != 10 && field != 12 && field != 14) {
             return SLOW; /* a known field with another wire type */
         } else if ((st = skip(&r, wire))) {
@@ -579,7 +580,7 @@ static int set(PyObject *d, PyObject *k, PyObject *v)
 /* One Span as _span builds it, appended to ``out``; a malformed one is counted instead. */
 static int span_of(Rd r, PyObject *resource, PyObject *scope, PyObject *out, Counts *counts)
 {
-    Head h = {{NULL, NULL}, {NULL, NULL}, {NULL, NULL}, {NULL, NULL}, 0, 0, 0, 0, 0, NULL};
+    Head h = {{NULL, NULL}, {NULL, NULL}, {NULL, NULL}, {NULL, NULL}, 0, 0, 0, 0, 0, 0, NULL};
     int st = span_head(r, &h), bad = 0;
     PyObject *tid = NULL, *sid = NULL, *pid = NULL, *fields = NULL, *v = NULL;
     if (st)
@@ -592,8 +593,9 @@ static int span_of(Rd r, PyObject *resource, PyObject *scope, PyObject *out, Cou
         counts->malformed_spans += bad;
         goto done;
     }
-    PyObject *events = PyList_New(0), *links = PyList_New(0), *attrs = PyDict_New();
-    fields = PyDict_New();
+    /* sized for what they will hold: a dict grown key by key resizes twice on the way to 13 */
+    PyObject *events = PyList_New(0), *links = PyList_New(0), *attrs = _PyDict_NewPresized(h.kvs);
+    fields = _PyDict_NewPresized(14);
     if (events == NULL || links == NULL || attrs == NULL || fields == NULL) {
         Py_XDECREF(events);
         Py_XDECREF(links);
