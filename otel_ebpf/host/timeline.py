@@ -45,8 +45,8 @@ from typing import Any
 
 from otel_ebpf.core.services import HostTimeline
 
-__all__ = ["HostStats", "StepTracker", "step_attribute_name", "straggler_attributes", "straggler_figures",
-           "why_late"]
+__all__ = ["HostStats", "StepTracker", "has_step_figures", "step_attribute_name", "straggler_attributes",
+           "straggler_figures", "why_late"]
 
 Key = tuple[int, int]  # (pid, tid); tid 0: the whole process
 _TELEMETRY_NAME = "host_stats"
@@ -266,6 +266,11 @@ def _attrs(thread: Mapping[str, float], process: Mapping[str, float], interval_n
 
 
 _STEP = "ml.step."
+
+
+def has_step_figures(attrs: Mapping[str, Any]) -> bool:
+    """Whether a span carries any ``ml.step.X`` figure (else :func:`straggler_attributes` of it is {})."""
+    return any(name.startswith(_STEP) for name in attrs)
 
 
 def straggler_attributes(rank_attrs: Mapping[int, Mapping[str, Any]], straggler: int) -> dict[str, float]:

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 from otel_ebpf.core.events import AttrValue
@@ -74,10 +73,12 @@ from otel_ebpf.core.readable import (
     SpanMaker,
     log_fields,
     resource_attribute,
+    span_attributes,
+    span_times,
     with_changes,
 )
 from otel_ebpf.host.identity import gateway_resource_attributes
-from otel_ebpf.host.timeline import straggler_attributes
+from otel_ebpf.host.timeline import has_step_figures, straggler_attributes
 
 from .config import Config
 from .desync import DesyncReports
@@ -93,6 +94,7 @@ __all__ = ["METRICS", "SCOPE", "CollectiveJoin", "create"]
 
 SCOPE = "otel_ebpf.collective_join"
 _SIG = ("nccl.op", "nccl.count", "nccl.datatype")
+_NAMED = frozenset({"ncclCommSplit", "ncclSend", "ncclRecv", "ncclGroup"})  # spans _any_span reads by name
 Out = list[object]
 
 
@@ -113,6 +115,7 @@ class CollectiveJoin(EventProcessor[Config]):
         self._clock = clock
         self._wall_ns = wall_ns
         self._timeout = config.timeout
+        self._max_ranks = config.max_ranks
         self._desync = config.effective_desync_timeout
         self._maker = SpanMaker(gateway_resource_attributes(), SCOPE)
         self.p2p = P2PJoin(config.max_pending, config.max_spans, config.timeout, self._maker,
@@ -187,8 +190,22 @@ class CollectiveJoin(EventProcessor[Config]):
 
     @handles(ReadableSpan)
     def _span(self, span: ReadableSpan, out: Out) -> None:
+        attrs = span_attributes(span)
+        get = attrs.get
+        rank, nranks = get("nccl.rank"), get("nccl.nranks")
+        # The common case first, in one test: a ranked collective call (what every rank sends for each), for which
+        # each check of _any_span below falls through to _ranked. A third of the join's own CPU went to those
+        # checks one by one (bench/gateway.py under py-spy, session 26).
+        if type(rank) is int and type(nranks) is int and 0 <= rank < nranks <= self._max_ranks \
+                and type(comm := get("nccl.comm.id")) is str and type(seq := get("nccl.seq")) is int \
+                and (span._name if type(span) is ReadableSpan else span.name) not in _NAMED \
+                and not get("nccl.captured") and get("nccl.timing") != "gpu" and "nccl.peer" not in attrs:
+            self._ranked(span, attrs, comm, seq, rank, nranks, out)
+            return
+        self._any_span(span, attrs, out)
+
+    def _any_span(self, span: ReadableSpan, attrs: Mapping[str, Any], out: Out) -> None:
         now = self._now
-        attrs = _attributes(span)
         if span.name == "ncclCommSplit" and (call := split_call(attrs)) is not None:
             out.append(span)
             for child in self.splits.record(call):
@@ -224,13 +241,18 @@ class CollectiveJoin(EventProcessor[Config]):
             self._unjoined("bad_rank")
             out.append(span)
             return
+        self._ranked(span, attrs, comm, seq, rank, nranks, out)
+
+    def _ranked(self, span: ReadableSpan, attrs: Mapping[str, Any], comm: str, seq: int, rank: int, nranks: int,
+                out: Out) -> None:
+        """A rank span of collective (comm, seq), 0 <= rank < nranks <= max_ranks: held, or passed on."""
         key = (comm, seq)
         entry = self.store.get(key)
         if entry is None:
             if self.store.was_released(key):
                 self._late(span, "rank", out)
                 return
-            entry = self._new(key, span.context.trace_id, nranks, now, out)
+            entry = self._new(key, span.context.trace_id, nranks, self._now, out)
         elif rank in entry.ranks or rank >= entry.nranks:
             self._unjoined("duplicate_rank" if rank in entry.ranks else "bad_rank")
             out.append(span)
@@ -270,7 +292,8 @@ class CollectiveJoin(EventProcessor[Config]):
             self._release(old, "evicted", out)
         entry.ranks[rank] = span
         self.store.spans += 1
-        self.store.advance(entry.key[0], rank, entry.key[1], span.resource)
+        self.store.advance(entry.key[0], rank, entry.key[1], span._resource if type(span) is ReadableSpan
+                           else span.resource)
         if len(entry.ranks) >= entry.nranks:
             self.hangs.progressed(*entry.key)
             self._release(self.store.pop(entry.key), "complete", out)
@@ -326,13 +349,13 @@ class CollectiveJoin(EventProcessor[Config]):
         if ranks:
             start, last, last_rank, end = entry.arrivals()
             for span in ranks.values():
-                wait = last - _times(span)[0]
+                wait = last - span_times(span)[0]
                 own = span._attributes if type(span) is ReadableSpan else None
                 if type(own) is dict:  # the join's own span (module doc): nccl.wait_ns added in place
                     own["nccl.wait_ns"] = wait
                     out.append(span)
                 else:
-                    attrs = dict(_attributes(span))
+                    attrs = dict(span_attributes(span))
                     attrs["nccl.wait_ns"] = wait
                     out.append(with_changes(span, attrs))
             join["nccl.skew_ns"] = last - start
@@ -341,7 +364,8 @@ class CollectiveJoin(EventProcessor[Config]):
                 host = resource_attribute(ranks[last_rank], "host.name")
                 join["nccl.straggler.rank"] = last_rank
                 join["nccl.straggler.host"] = "" if host is None else str(host)
-                why = straggler_attributes({r: _attributes(sp) for r, sp in ranks.items()}, last_rank)
+                why = straggler_attributes({r: span_attributes(sp) for r, sp in ranks.items()}, last_rank) \
+                    if has_step_figures(span_attributes(ranks[last_rank])) else {}
                 join.update(why)
                 if entry.nranks > 1:
                     dims: dict[str, AttrValue] = {"nccl.rank": last_rank, "host.name": str(host)}
@@ -360,7 +384,7 @@ class CollectiveJoin(EventProcessor[Config]):
     def _skew(self, entry: Collective, straggler: ReadableSpan, skew_s: float) -> None:
         if len(entry.ranks) < 2:
             return
-        attrs = _attributes(straggler)
+        attrs = span_attributes(straggler)
         dims = {"nccl.comm.id": entry.key[0], "nccl.op": str(attrs.get("nccl.op"))}
         self.metric(self._pending_metrics, None, "nccl.collective.skew", skew_s, dims)
 
@@ -368,13 +392,13 @@ class CollectiveJoin(EventProcessor[Config]):
                    end: int | None) -> ReadableSpan:
         root = entry.root
         if root is not None:
-            attrs = dict(_attributes(root))
+            attrs = dict(span_attributes(root))
             attrs.update(join)
-            root_start, root_end = _times(root)
+            root_start, root_end = span_times(root)
             return with_changes(root, attrs, start_ns=min(root_start, start or root_start),
                                 end_ns=max(root_end, end or root_end), events=entry.events)
         comm, seq = entry.key
-        model = _attributes(next(iter(entry.ranks.values())))  # no root: at least one rank span
+        model = span_attributes(next(iter(entry.ranks.values())))  # no root: at least one rank span
         attrs = {k: model[k] for k in COLLECTIVE_ROOT_ATTRIBUTES if k in model}
         attrs["nccl.join.synthesized"] = True
         attrs.update(join)
@@ -385,25 +409,6 @@ class CollectiveJoin(EventProcessor[Config]):
     # ---- metrics ---------------------------------------------------------------------
     def _count(self, name: str, **attrs: AttrValue) -> None:
         self.sums.add(None, name, 1, attrs)  # int sums, as before the shared Sums
-
-
-_NONE: Mapping[str, Any] = MappingProxyType({})
-
-
-def _attributes(span: ReadableSpan) -> Mapping[str, Any]:
-    """The span's attributes, to read only. An SDK ``ReadableSpan``'s own mapping: its ``attributes`` property
-    makes a new ``MappingProxyType`` on each read, and ``dict()`` of that proxy takes the slow mapping path
-    (together ~30 % of the join's CPU at 1,024 ranks, bench/gateway.py under py-spy)."""
-    if type(span) is ReadableSpan:
-        return span._attributes or _NONE
-    return span.attributes or _NONE
-
-
-def _times(span: ReadableSpan) -> tuple[int, int]:
-    """(start, end) epoch ns of a finished span (always set on one received over OTLP)."""
-    if type(span) is ReadableSpan:
-        return span._start_time or 0, span._end_time or 0
-    return span.start_time or 0, span.end_time or 0
 
 
 def create(config: Config, ctx: Context, next_: Consumer) -> CollectiveJoin:

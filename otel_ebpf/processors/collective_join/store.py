@@ -19,7 +19,7 @@ from collections import OrderedDict
 from typing import Any
 
 from otel_ebpf.core.events import SpanEventRecord
-from otel_ebpf.core.readable import ReadableSpan
+from otel_ebpf.core.readable import ReadableSpan, span_times
 
 __all__ = ["Collective", "Front", "Key", "Store"]
 
@@ -52,7 +52,7 @@ class Collective:
         first = last = end = None
         last_rank = -1
         for rank, span in self.ranks.items():
-            s, e = span.start_time or 0, span.end_time or 0
+            s, e = span_times(span)
             if first is None or s < first:
                 first = s
             if last is None or s > last or (s == last and rank > last_rank):

@@ -36,7 +36,7 @@ from typing import Any
 from otel_ebpf.core.events import AttrValue, LogRecord, SpanEventRecord
 from otel_ebpf.core.ids import collective_root_span_id
 from otel_ebpf.core.processing import MetricSpec, metric_record
-from otel_ebpf.core.readable import ReadableSpan
+from otel_ebpf.core.readable import ReadableSpan, span_attributes, span_times
 
 from .config import StragglerConfig
 from .straggler_window import CLEAR_STEPS, Decision, Entry, Window
@@ -246,12 +246,12 @@ class PersistentStragglers:
 def _entry(ranks: Mapping[int, ReadableSpan], figures: Mapping[str, Any], min_lead_ns: int) -> Entry:
     """The collective (>= 2 ``ranks``), its last rank (None when it led the next-to-last by less than
     ``min_lead_ns``) and each rank's start relative to the median one (by rank)."""
-    starts = [(span.start_time or 0, rank) for rank, span in sorted(ranks.items())]
+    starts = [(span_times(span)[0], rank) for rank, span in sorted(ranks.items())]
     (last, last_rank), (second, _) = heapq.nlargest(2, starts)
     first = min(starts)[0]
     lead = last - second
     meaningful = lead >= min_lead_ns
-    attrs = ranks[last_rank].attributes or {}
+    attrs = span_attributes(ranks[last_rank])
     op = attrs.get("nccl.op")
     middle = statistics.median_low(t for t, _ in starts)
     return Entry(last, last_rank if meaningful else None, lead, last - first, str(op), figures if meaningful else {},
