@@ -465,11 +465,15 @@ static PyObject *status_of(Rd r, int *st)
     uint32_t c = (uint32_t)code; /* the parse keeps an enum's low 32 bits */
     if (c > 2)                    /* outside 0..2: UNSET, as _STATUS.get */
         c = 0;
-    if (c != 2 || message.p == message.end)
+    if (message.p == message.end)
         return Py_NewRef(statuses[c]);
-    PyObject *msg = text(&message, st);
+    PyObject *msg = text(&message, st); /* read even when unused: UTF-8 or the parse would refuse the request */
     if (msg == NULL)
         return NULL;
+    if (c != 2) {
+        Py_DECREF(msg);
+        return Py_NewRef(statuses[c]);
+    }
     PyObject *out = call2(status_cls, error_code, msg);
     Py_DECREF(msg);
     *st = out == NULL ? FAIL : OK;
@@ -835,9 +839,33 @@ static int scope_spans(Rd r, PyObject *resource, PyObject *unused, PyObject *out
     return st;
 }
 
-/* The Resource of a ResourceSpans (otlp_in._resource), made or from the cache. */
+/* Whether message r has field ``want``; SLOW for bytes that do not parse. */
+static int has_field(Rd r, uint32_t want, int *found)
+{
+    uint32_t field;
+    int wire, st;
+    *found = 0;
+    for (;;) {
+        if ((st = tag(&r, &field, &wire)) || field == 0)
+            return st;
+        if (field == want) {
+            *found = 1;
+            return OK;
+        }
+        if ((st = skip(&r, wire)))
+            return st;
+    }
+}
+
+/* The Resource of a ResourceSpans (otlp_in._resource), made or from the cache; SLOW for one with entity_refs
+ * (resource.proto field 3: strings this decoder does not read, so not check, and otlp_in does not keep). */
 static PyObject *resource_of(Rd head, PyObject *schema, int *st)
 {
+    int refs = 0;
+    if (head.p != NULL && ((*st = has_field(head, 3, &refs)) || refs)) {
+        *st = *st ? *st : SLOW;
+        return NULL;
+    }
     PyObject *key = cache_key(head, schema), *resource = NULL, *attrs = NULL;
     if (key == NULL || (resource = cache_get(&resources, key)) != NULL || PyErr_Occurred()) {
         *st = resource != NULL ? OK : FAIL;

@@ -68,7 +68,7 @@ from otel_ebpf.emit.logs import log_context
 from otel_ebpf.emit.otlp_common import RECEIVED_SPAN
 
 __all__ = ["Drops", "ReceivedResource", "decode_attributes", "logs_from_request", "metrics_from_request",
-           "spans_from_request"]
+           "spans_from_bytes", "spans_from_request"]
 
 Drops = Counter[str]  # reason -> items left out
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -201,16 +201,30 @@ def spans_from_request(request: ExportTraceServiceRequest,
     Spans of one ``ResourceSpans`` share one ``Resource`` object, those of one ``ScopeSpans``
     one ``InstrumentationScope`` (and so do those of others of the same bytes)."""
     if _DECODE is not None:
-        got = _DECODE(request.SerializeToString() if raw is None else raw)
+        got = spans_from_bytes(request.SerializeToString() if raw is None else raw)
         if got is not None:
-            spans, malformed_spans, malformed_links = got
-            drops: Drops = Counter()
-            if malformed_spans:
-                drops["malformed_span"] = malformed_spans
-            if malformed_links:
-                drops["malformed_link"] = malformed_links
-            return spans, drops
+            return got
     return _spans_in_python(request)
+
+
+def spans_from_bytes(raw: bytes) -> tuple[list[ReadableSpan], Drops] | None:
+    """:func:`spans_from_request` of the request these protobuf bytes hold, decoded in C without parsing them; None
+    for bytes the C decoder does not decode (a request off its fast path, bytes that do not parse, no extension):
+    parse them, then :func:`spans_from_request`. What it decodes, the parse would have accepted: every string it
+    meets is checked to be UTF-8, what it does not read is skipped by its wire type, and anything else it hands
+    back."""
+    if _DECODE is None:
+        return None
+    got = _DECODE(raw)
+    if got is None:
+        return None
+    spans, malformed_spans, malformed_links = got
+    drops: Drops = Counter()
+    if malformed_spans:
+        drops["malformed_span"] = malformed_spans
+    if malformed_links:
+        drops["malformed_link"] = malformed_links
+    return spans, drops
 
 
 def _spans_in_python(request: ExportTraceServiceRequest) -> tuple[list[ReadableSpan], Drops]:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from otel_ebpf.core.pipeline import Factory
 
 from .config import Config
-from .receiver import Offering, OtlpReceiver, create
+from .receiver import Decoding, Offering, OtlpReceiver, create
 from .server import (
     SIGNALS,
+    Decoded,
     OtlpBindError,
     OtlpServer,
     OtlpServerStats,
@@ -26,6 +27,8 @@ from .server import (
 __all__ = [
     "SIGNALS",
     "Config",
+    "Decoded",
+    "Decoding",
     "Offering",
     "OtlpBindError",
     "OtlpReceiver",

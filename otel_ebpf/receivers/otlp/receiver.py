@@ -6,7 +6,8 @@ Backpressure: when the next stage can refuse (:class:`Offering`, e.g. a ``Bounde
 the gateway's ingest), each request is offered whole with ``wait_for_room`` to wait; a refused
 request is answered UNAVAILABLE / 503 with a ``retry_after`` hint (see :class:`~.server.OtlpServer`)
 and counted in the server's :attr:`stats` (``refused``), so the sender's retry duplicates
-nothing. A plain :class:`~otel_ebpf.core.pipeline.Consumer` takes every request.
+nothing. A plain :class:`~otel_ebpf.core.pipeline.Consumer` takes every request. A next stage that decodes trace
+requests from their bytes itself (:class:`Decoding`, the gateway's ingest) gets what it made of them instead.
 
 Threads: the next stage is called on the server's threads (up to ``max_workers`` per
 transport at once), so it must be thread-safe. Traces, metrics and logs are all accepted.
@@ -20,15 +21,22 @@ from typing import Protocol, runtime_checkable
 from otel_ebpf.core.pipeline import Consumer, Context
 
 from .config import Config
-from .server import OtlpServer, OtlpServerStats
+from .server import Decoded, OtlpServer, OtlpServerStats
 
-__all__ = ["Offering", "OtlpReceiver", "create"]
+__all__ = ["Decoding", "Offering", "OtlpReceiver", "create"]
 
 
 @runtime_checkable
 class Offering(Consumer, Protocol):
     def offer(self, events: Sequence[object], *, block_s: float = 0.0) -> bool:
         """Take ``events`` whole (True) or none of them (False), waiting up to ``block_s``."""
+
+
+@runtime_checkable
+class Decoding(Protocol):
+    def decode_traces(self, raw: bytes) -> Decoded | None:
+        """What the next stage makes of a trace request's protobuf bytes (handed to it as the event, in place of
+        the parsed request), or None to have them parsed (:class:`~.server.OtlpServer`'s ``decode_traces``)."""
 
 
 class OtlpReceiver:
@@ -42,7 +50,8 @@ class OtlpReceiver:
                                  http_endpoint=config.http_endpoint or None, on_traces=self._hand,
                                  on_metrics=self._hand, on_logs=self._hand,
                                  max_request_bytes=config.max_request_bytes, max_workers=config.max_workers,
-                                 retry_after=config.retry_after)
+                                 retry_after=config.retry_after,
+                                 decode_traces=next_.decode_traces if isinstance(next_, Decoding) else None)
         self._started = False
 
     @property

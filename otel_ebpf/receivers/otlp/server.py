@@ -3,7 +3,10 @@
 ``OtlpServer`` accepts OTLP exports over gRPC (grpcio) and OTLP/HTTP (stdlib
 ``ThreadingHTTPServer``: POST ``/v1/traces``, ``/v1/metrics``, ``/v1/logs``;
 ``application/x-protobuf`` or ``application/json``; ``gzip``/``deflate`` encoding) and hands
-each decoded ``Export*ServiceRequest`` to a callback.
+each decoded ``Export*ServiceRequest`` to a callback. With ``decode_traces``, the protobuf bytes of each trace
+request go first to it; what it makes of them (a :class:`Decoded`) is handed over instead, unparsed, and None has
+the request parsed and handed over as usual (the gateway's C span decoder: it returns None for anything it does not
+decode, malformed bytes included, so what the parse rejects is still rejected here).
 
 Security: both servers bind **loopback (127.0.0.1) by default**, plaintext and without auth.
 Another address is used only when passed explicitly; nothing defaults to ``0.0.0.0``.
@@ -45,7 +48,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf import json_format
@@ -62,6 +65,7 @@ from otel_ebpf.core.otlpjson import parse_otlp_json, to_otlp_json
 
 __all__ = [
     "SIGNALS",
+    "Decoded",
     "OtlpBindError",
     "OtlpServer",
     "OtlpServerStats",
@@ -87,6 +91,13 @@ def received_bytes(request: Message) -> bytes | None:
     them instead of serializing the parsed request again (~0.8 us a span, bench/gateway_wire.py under py-spy)."""
     got = getattr(_RECEIVED, "pair", None)
     return got[1] if got is not None and got[0] is request else None
+
+
+class Decoded(Protocol):
+    """What an ``OtlpServer``'s ``decode_traces`` makes of a request's protobuf bytes, handed to ``on_traces`` in
+    place of the parsed request: ``items``, the spans the request carried (its server counts them received)."""
+
+    items: int
 
 
 class OtlpBindError(EnvironmentError_):
@@ -225,6 +236,7 @@ class OtlpServer:
         max_request_bytes: int = 16 * _MIB,
         max_workers: int = 8,
         retry_after: float = 1.0,
+        decode_traces: Callable[[bytes], Decoded | None] | None = None,
     ) -> None:
         if max_request_bytes <= 0 or max_workers <= 0:
             raise ConfigError("otlp", "max_request_bytes and max_workers must be positive")
@@ -235,6 +247,7 @@ class OtlpServer:
         self._http_addr = parse_endpoint(http_endpoint, what="http_endpoint") if http_endpoint else None
         self._callbacks: dict[str, Callable[[Any], bool | None] | None] = {
             "traces": on_traces, "metrics": on_metrics, "logs": on_logs}
+        self._decode_traces = decode_traces
         self.max_request_bytes = max_request_bytes
         self._max_workers = max_workers
         self._counters = _Counters()
@@ -296,16 +309,27 @@ class OtlpServer:
         if len(raw) > self.max_request_bytes:
             self._counters.add("rejected_too_large")
             return "too_large", f"request of {len(raw)} bytes exceeds {self.max_request_bytes}"
+        decoded = self._decode_traces(raw) if self._decode_traces is not None and signal.name == "traces" \
+            and not is_json else None
+        if decoded is not None:
+            return self._hand_over(signal, decoded, decoded.items)
         try:
             request = _parse(signal, raw, is_json=is_json)
         # protobuf 7: DecodeError and json_format.ParseError derive from Exception, not ValueError
         except (ProtobufError, json_format.Error, ValueError, RecursionError) as exc:
             self._counters.add("rejected_malformed")
             return "malformed", f"cannot decode {signal.name} request: {exc}"
+        _RECEIVED.pair = None if is_json else (request, raw)
+        try:
+            return self._hand_over(signal, request, None)
+        finally:
+            _RECEIVED.pair = None
+
+    def _hand_over(self, signal: Signal, request: Any, items: int | None) -> tuple[str, str]:
+        """Run the callback on ``request`` (parsed, or what ``decode_traces`` made of it: ``items`` spans)."""
         callback = self._callbacks[signal.name]
         if callback is None:  # the transports check _enabled() first; belt and braces
             return "failed", f"no consumer for {signal.name}"
-        _RECEIVED.pair = None if is_json else (request, raw)
         try:
             taken = callback(request)
         except Exception as exc:
@@ -313,12 +337,10 @@ class OtlpServer:
             if errors == 1 or errors % 1000 == 0:
                 log.warning("OTLP %s callback raised (%d so far)", signal.name, errors, exc_info=exc)
             return "failed", f"{signal.name} consumer failed: {type(exc).__name__}"
-        finally:
-            _RECEIVED.pair = None
         if taken is False:
             self._counters.add("refused")
             return "refused", f"{signal.name} consumer is full: retry in {self.retry_after:g}s"
-        self._counters.add(signal.item_counter, count_items(request))
+        self._counters.add(signal.item_counter, count_items(request) if items is None else items)
         return "ok", ""
 
     # -- gRPC -------------------------------------------------------------------------

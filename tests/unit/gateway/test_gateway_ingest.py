@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 import time
 
+import grpc
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from otel_ebpf.gateway.exportgate import ExportGate
@@ -92,3 +94,48 @@ def test_export_gate_passes_on_after_max_wait_and_at_release():
     assert time.monotonic() - t0 < 5 and out.take() == [2]
     gate.consume([3])  # released for good: no wait
     assert out.take() == [3] and gate.expired == 2
+
+
+def test_trace_requests_are_decoded_from_their_bytes_and_what_the_decoder_hands_back_is_parsed():
+    """The receiver hands the ingest's decode_traces each protobuf trace request first: the same spans and counts
+    as from the parsed request. Bytes the C decoder does not read to the end go the parsed way: a status message
+    that is not UTF-8 (the parse refuses the request: rejected, nothing queued), a resource with entity_refs."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from otel_ebpf.emit.otlp_in import spans_from_request
+    from otel_ebpf.gateway.ingest import DecodedSpans
+    from otel_ebpf.receivers.otlp import Decoding
+    from tests.unit.receivers.test_otlp_server import grpc_raw_export
+
+    ctx = Context(telemetry=GatewayTelemetry())
+    out = ListConsumer()
+    traces = BoundedQueue(out, ctx.telemetry, max_events=100, name="traces")
+    ingest = OtlpIngest(ctx.telemetry, traces, BoundedQueue(ListConsumer(), ctx.telemetry, max_events=3))
+    assert isinstance(ingest, Decoding)
+    request = encode_spans(make_spans())
+    decoded = ingest.decode_traces(request.SerializeToString())
+    assert type(decoded) is DecodedSpans and decoded.items == 2
+    ref, drops = spans_from_request(request)
+    assert [(s.name, dict(s.attributes), s.context, s.parent) for s in decoded.spans] == \
+        [(s.name, dict(s.attributes), s.context, s.parent) for s in ref] and decoded.drops == drops
+    bad_status = ExportTraceServiceRequest.FromString(request.SerializeToString())
+    bad_status.resource_spans[0].scope_spans[0].spans[0].status.message = "ok"
+    raw = bad_status.SerializeToString().replace(b"\x12\x02ok", b"\x12\x02\xff\xfe")
+    refs = ExportTraceServiceRequest.FromString(request.SerializeToString())
+    refs.resource_spans[0].resource.entity_refs.add(type="service")
+    assert ingest.decode_traces(raw) is None and ingest.decode_traces(refs.SerializeToString()) is None
+    assert ingest.decode_traces(request.SerializeToString()[:-3]) is None
+    cfg = OtlpReceiverConfig(grpc_endpoint="127.0.0.1:0", http_endpoint="", wait_for_room=0.0)
+    receiver = OtlpReceiver(cfg, ctx, ingest)
+    receiver.start()
+    traces.start()
+    try:
+        assert grpc_raw_export(receiver.grpc_port, request.SerializeToString()) is grpc.StatusCode.OK
+        assert grpc_raw_export(receiver.grpc_port, refs.SerializeToString()) is grpc.StatusCode.OK
+        assert grpc_raw_export(receiver.grpc_port, raw) is grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        receiver.shutdown()
+        traces.shutdown()
+    assert [s.name for s in out.take()] == [s.name for s in ref] * 2
+    assert receiver.stats.spans == 4 and receiver.stats.rejected_malformed == 1
+    assert ctx.telemetry.get(RECEIVED) == 4

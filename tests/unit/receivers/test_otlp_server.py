@@ -320,3 +320,53 @@ def test_a_callback_reads_the_bytes_its_request_was_parsed_from(transport):
     assert request == pb
     assert raw == (None if transport == "http-json" else body)
     assert received_bytes(request) is None  # after the callback
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http", "http-gzip", "http-json"])
+def test_decode_traces_gets_the_protobuf_bytes_and_its_result_replaces_the_parsed_request(transport):
+    """decode_traces: the protobuf body of each trace request (gzip undone), never JSON; what it returns is handed
+    over and its ``items`` counted; None has the request parsed and handed over; bytes it hands back that do not
+    parse are rejected as malformed, as without it."""
+
+    class Decoded:
+        items = 7
+
+    made = Decoded()
+    given: list[bytes] = []
+    seen: list[object] = []
+    request = ExportTraceServiceRequest(resource_spans=[{"scope_spans": [{"spans": [
+        {"trace_id": bytes.fromhex(TRACE_ID_HEX), "span_id": bytes.fromhex(SPAN_ID_HEX), "name": "a"}]}]}])
+    body = request.SerializeToString()
+
+    def decode(raw: bytes) -> Decoded | None:
+        given.append(raw)
+        return made if raw == body else None
+
+    server = OtlpServer(grpc_endpoint="127.0.0.1:0", http_endpoint="127.0.0.1:0", on_traces=seen.append,
+                        decode_traces=decode)
+    server.start()
+    url = f"http://127.0.0.1:{server.http_port}/v1/traces"
+
+    def send(payload: bytes) -> bool:
+        if transport == "grpc":
+            return grpc_raw_export(server.grpc_port, payload) is grpc.StatusCode.OK
+        if transport == "http":
+            return post(url, payload)[0] == 200
+        if transport == "http-gzip":
+            return post(url, gzip.compress(payload), encoding="gzip")[0] == 200
+        parsed = ExportTraceServiceRequest.FromString(payload)
+        return post(url, to_otlp_json(parsed).encode(), "application/json")[0] == 200
+
+    other = ExportTraceServiceRequest(resource_spans=[{"schema_url": "s"}])
+    try:
+        assert send(body) and send(other.SerializeToString())
+        if transport != "http-json":
+            assert not send(b"\xff\xff\xff\xff")
+    finally:
+        server.shutdown()
+    stats = server.stats
+    if transport == "http-json":
+        assert given == [] and seen == [request, other] and stats.spans == 1
+    else:
+        assert given == [body, other.SerializeToString(), b"\xff\xff\xff\xff"]
+        assert seen == [made, other] and stats.spans == 7 and stats.rejected_malformed == 1
