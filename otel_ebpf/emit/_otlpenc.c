@@ -18,6 +18,9 @@
  * ERROR), the API's SpanContext class (a tuple: its items are read directly) and the SDK's ReadableSpan (its
  * instances' fields are read from their __dict__: _otlpenc_spans.c).
  *
+ * A span received over OTLP (its __dict__ holds "_otlp_span": its Span message as received, otlp_in) is written as
+ * those bytes with the attributes added to it since (_otlpenc_spans.c put_received; otlp_proto._received).
+ *
  * A batch may also hold span items, the emitter's (SpanRecord, Resource, InstrumentationScope, trace id, span id)
  * tuples: they are written as the ReadableSpan otel_ebpf.emit.spans would make of them (_otlpenc_records.c).
  *

@@ -161,7 +161,7 @@ static int put_links(Buf *b, unsigned char tag, PyObject *links)
     return put_sequence(b, tag, links, put_link);
 }
 
-/* ---- a span as received (otel_ebpf.emit.otlp_in's ``_otlp_span``): its bytes, attributes added since spliced in ---- */
+/* ---- a span as received (otel_ebpf.emit.otlp_in's ``_otlp_span``): its bytes, attributes added since spliced in */
 
 /* The end of the field at *p (its tag read into *field), or NULL for bytes that end inside it. */
 static const unsigned char *field_end(const unsigned char *p, const unsigned char *end, uint32_t *field)
@@ -201,9 +201,9 @@ static const unsigned char *field_end(const unsigned char *p, const unsigned cha
  * the ones it was received with (added in place since: the collective join's nccl.wait_ns) written right after the
  * last received one (with none, before the first field above 9, else at the end): where protobuf's serializer
  * writes an added attribute, so a span received as the SDK encodes it leaves as the SDK would encode it changed;
- * other bytes keep their order, unknown fields and dropped counts (sent on, as a collector forwards them). RECEIVED_STALE
- * (nothing written) when the bytes cannot be the span's any more: fewer attributes than were received, or not a
- * plain dict, or bytes that do not parse; the caller then writes the span from its fields. */
+ * other bytes keep their order, unknown fields and dropped counts (sent on, as a collector forwards them).
+ * RECEIVED_STALE (nothing written) when the bytes cannot be the span's any more: fewer attributes than were
+ * received, or not a plain dict, or bytes that do not parse; the caller then writes the span from its fields. */
 #define RECEIVED_STALE 2
 static int put_received(Buf *b, const Span *s, PyObject *raw)
 {

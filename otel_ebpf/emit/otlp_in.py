@@ -18,8 +18,10 @@ Never raises on bad content (the OTLP server has already rejected undecodable bo
 with invalid ids, a link with invalid ids, a metric of another point type, a malformed point or
 a log record with ids of the wrong length is left out and counted in the returned :class:`Drops`
 (``malformed_span``, ``malformed_link``, ``unsupported_metric_type`` (points),
-``malformed_metric`` (points), ``malformed_log``). Not preserved: the ``dropped_*_count``
-fields (the SDK only derives them from its own attribute limits).
+``malformed_metric`` (points), ``malformed_log``). Not in the SDK objects: the ``dropped_*_count``
+fields (the SDK only derives them from its own attribute limits). Each span keeps its Span message as received
+(``RECEIVED_SPAN``, :mod:`.otlp_common`) unless a key came twice or a link was left out: the protobuf encoders
+send it on as those bytes (dropped counts and unknown fields kept), with the attributes added to it since.
 
 Requests with one resource or scope repeated are merged per resource and scope, because the
 SDK's metrics encoder keys its output by resource and would keep only the last. Pure

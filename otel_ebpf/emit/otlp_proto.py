@@ -18,6 +18,11 @@ module writes (opentelemetry-exporter-otlp-proto-common 1.45, opentelemetry-prot
   member even at its default (a ``oneof``), and the AnyValue of None is empty;
 * int64 (``intValue``) and a negative enum as the 10-byte varint of their two's complement.
 
+A span received over OTLP (it carries its Span message as received: ``otlp_common.RECEIVED_SPAN``) is written
+as those bytes, with the attributes added to its own dict since spliced in after the received ones (where
+protobuf's serializer writes an added attribute); for a span the SDK encoded, that is what the SDK's path writes
+of it, and what else the sender wrote (dropped counts, unknown fields) stays (``_received``).
+
 Anything it cannot write exactly as that path would raises :class:`~.otlp_common.Unencodable`
 (the same cases as :mod:`.otlp_json`), and the caller encodes the batch the SDK's way.
 

@@ -55,7 +55,9 @@ Single-threaded (one pipeline worker); ``shutdown`` releases what is pending, as
 ``consume`` becomes the join's: released, it is passed on with ``nccl.wait_ns`` added to its own attribute dict
 (an SDK ``ReadableSpan`` whose attributes are a plain dict, as otlp_in and core.readable make them), so a caller
 must not reuse it. Copying the span instead held the join to 367k rank spans/s against 589k (bench/gateway.py,
-1,024 ranks in order, docs/benchmarks.md session 25).
+1,024 ranks in order, docs/benchmarks.md session 25). A rank span received over OTLP then leaves as the bytes it
+came as with ``nccl.wait_ns`` spliced in (otel_ebpf.emit.otlp_common.RECEIVED_SPAN): the only change the join
+makes in place; every other is a new span (``with_changes``).
 """
 from __future__ import annotations
 
