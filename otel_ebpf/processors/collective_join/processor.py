@@ -292,7 +292,7 @@ class CollectiveJoin(EventProcessor[Config]):
             entry.mismatch = (entry.mismatch or set()) | {"nccl.nranks"}
         for old in self.store.make_room(entry):
             self._release(old, "evicted", out)
-        entry.ranks[rank] = span
+        entry.add(rank, span)
         self.store.spans += 1
         self.store.advance(entry.key[0], rank, entry.key[1], span._resource if type(span) is ReadableSpan
                            else span.resource)
@@ -350,8 +350,8 @@ class CollectiveJoin(EventProcessor[Config]):
         start = end = None
         if ranks:
             start, last, last_rank, end = entry.arrivals()
-            for span in ranks.values():
-                wait = last - span_times(span)[0]
+            for span, began in zip(ranks.values(), entry.starts.values(), strict=True):
+                wait = last - began
                 own = span._attributes if type(span) is ReadableSpan else None
                 if type(own) is dict:  # the join's own span (module doc): nccl.wait_ns added in place
                     own["nccl.wait_ns"] = wait
@@ -372,7 +372,8 @@ class CollectiveJoin(EventProcessor[Config]):
                 if entry.nranks > 1:
                     dims: dict[str, AttrValue] = {"nccl.rank": last_rank, "host.name": str(host)}
                     self._count("nccl.straggler.count", **dims)
-                    if event := self.persistent.observe(entry.key, entry.trace_id, ranks, why, self._now, out):
+                    if event := self.persistent.observe(entry.key, entry.trace_id, ranks, why, self._now, out,
+                                                        starts=entry.starts):
                         entry.events.append(event)
         join["nccl.ranks.arrived"] = len(ranks)
         if len(ranks) < entry.nranks:

@@ -27,10 +27,12 @@ Key = tuple[str, int]
 
 
 class Collective:
-    """One pending collective: the rank spans so far (rank -> span), rank 0's root span if it
-    came, what the first rank said (op, count, datatype) and what disagreed."""
+    """One pending collective: the rank spans so far (rank -> span) and their starts (rank -> epoch ns, in the same
+    order), rank 0's root span if it came, what the first rank said (op, count, datatype) and what disagreed, and
+    the arrivals so far (kept as each rank span is added: the release reads them without a pass over the ranks)."""
 
-    __slots__ = ("events", "first", "key", "mismatch", "nranks", "ranks", "root", "sig", "trace_id")
+    __slots__ = ("end", "events", "first", "first_start", "key", "last", "last_rank", "mismatch", "nranks", "ranks",
+                 "root", "sig", "starts", "trace_id")
 
     def __init__(self, key: Key, trace_id: int, nranks: int, first: float) -> None:
         self.key = key
@@ -38,10 +40,28 @@ class Collective:
         self.nranks = nranks
         self.first = first  # clock() at the first arrival
         self.ranks: dict[int, ReadableSpan] = {}
+        self.starts: dict[int, int] = {}
+        self.first_start = self.last = self.end = 0  # set by the first add
+        self.last_rank = -1
         self.root: ReadableSpan | None = None
         self.sig: tuple[Any, Any, Any] | None = None
         self.mismatch: set[str] | None = None
         self.events: list[SpanEventRecord] = []
+
+    def add(self, rank: int, span: ReadableSpan) -> None:
+        """Rank ``rank``'s span (not yet held)."""
+        s, e = span_times(span)
+        if not self.ranks:
+            self.first_start, self.last, self.last_rank, self.end = s, s, rank, e
+        else:
+            if s < self.first_start:
+                self.first_start = s
+            if s > self.last or (s == self.last and rank > self.last_rank):
+                self.last, self.last_rank = s, rank
+            if e > self.end:
+                self.end = e
+        self.ranks[rank] = span
+        self.starts[rank] = s
 
     def missing(self) -> list[int]:
         return [r for r in range(self.nranks) if r not in self.ranks]
@@ -49,18 +69,8 @@ class Collective:
     def arrivals(self) -> tuple[int, int, int, int]:
         """(first start, last start, the rank that started last (highest on ties), last end) of the rank
         spans so far (at least one); times are epoch ns."""
-        first = last = end = None
-        last_rank = -1
-        for rank, span in self.ranks.items():
-            s, e = span_times(span)
-            if first is None or s < first:
-                first = s
-            if last is None or s > last or (s == last and rank > last_rank):
-                last, last_rank = s, rank
-            if end is None or e > end:
-                end = e
-        assert first is not None and last is not None and end is not None
-        return first, last, last_rank, end
+        assert self.ranks
+        return self.first_start, self.last, self.last_rank, self.end
 
 
 class Front:

@@ -25,7 +25,6 @@ Single-threaded (the join's). Memory: at most ``max_comms`` x ``max_window`` ent
 """
 from __future__ import annotations
 
-import heapq
 import logging
 import statistics
 from collections import OrderedDict
@@ -94,17 +93,21 @@ class PersistentStragglers:
         return {c: sorted(s.raised) for c, s in self._comms.items() if s.raised}
 
     def observe(self, key: tuple[str, int], trace_id: int, ranks: Mapping[int, ReadableSpan],
-                figures: Mapping[str, Any], now: float, out: Out) -> SpanEventRecord | None:
+                figures: Mapping[str, Any], now: float, out: Out,
+                starts: Mapping[int, int] | None = None) -> SpanEventRecord | None:
         """One complete collective ``key`` = (comm id, seq) with >= 2 ``ranks`` (rank -> its span); ``figures``:
-        the straggler's "why late" attributes the join put on the root. Appends the records of a raise or clear
-        to ``out``; returns the span event for the root span on a raise."""
+        the straggler's "why late" attributes the join put on the root; ``starts``: each rank's start (epoch ns),
+        if the caller has them (else read from the spans). Appends the records of a raise or clear to ``out``;
+        returns the span event for the root span on a raise."""
         cfg = self.config
         if not cfg.enabled or len(ranks) < 2:
             return None
         comm = self._comm(key[0], now, out)
         comm.seen = now
         win = comm.window
-        entry = _entry(ranks, figures, int(cfg.min_lead * 1e9))
+        if starts is None:
+            starts = {rank: span_times(span)[0] for rank, span in ranks.items()}
+        entry = _entry(ranks, starts, figures, int(cfg.min_lead * 1e9))
         entry.seq = key[1]
         if win.push(entry, len(ranks), cfg):
             win.trim(cfg)
@@ -243,19 +246,21 @@ class PersistentStragglers:
         log.log(logging.WARNING if state == "raised" else logging.INFO, "NCCL %s%s", body, more)
 
 
-def _entry(ranks: Mapping[int, ReadableSpan], figures: Mapping[str, Any], min_lead_ns: int) -> Entry:
-    """The collective (>= 2 ``ranks``), its last rank (None when it led the next-to-last by less than
-    ``min_lead_ns``) and each rank's start relative to the median one (by rank)."""
-    starts = [(span_times(span)[0], rank) for rank, span in sorted(ranks.items())]
-    (last, last_rank), (second, _) = heapq.nlargest(2, starts)
-    first = min(starts)[0]
+def _entry(ranks: Mapping[int, ReadableSpan], starts: Mapping[int, int], figures: Mapping[str, Any],
+           min_lead_ns: int) -> Entry:
+    """The collective (>= 2 ``ranks``, their ``starts``), its last rank (None when it led the next-to-last by less
+    than ``min_lead_ns``) and each rank's start relative to the median one (by rank)."""
+    by_rank = [starts[rank] for rank in sorted(starts)]
+    ordered = sorted(by_rank)
+    last, second, first = ordered[-1], ordered[-2], ordered[0]
+    last_rank = max(rank for rank, t in starts.items() if t == last)  # the highest on ties, as heapq.nlargest
     lead = last - second
     meaningful = lead >= min_lead_ns
     attrs = span_attributes(ranks[last_rank])
     op = attrs.get("nccl.op")
-    middle = statistics.median_low(t for t, _ in starts)
+    middle = ordered[(len(ordered) - 1) // 2]  # statistics.median_low
     return Entry(last, last_rank if meaningful else None, lead, last - first, str(op), figures if meaningful else {},
-                 offsets=tuple(t - middle for t, _ in starts), kind=hash((op, attrs.get("nccl.count"))))
+                 offsets=tuple([t - middle for t in by_rank]), kind=hash((op, attrs.get("nccl.count"))))
 
 
 def _gpu_summary(win: Window, rank: int, latest: int) -> dict[str, AttrValue]:
