@@ -508,7 +508,6 @@ typedef struct {
     Rd trace, span, parent, status;
     int has_status;
     uint64_t kind, start, end, flags;
-    Py_ssize_t kvs; /* attributes (field 9) sent */
     PyObject *name;
 } Head;
 
@@ -554,7 +553,6 @@ static int span_head(Rd r, Head *h)
         } else if (field == 9 || field == 11 || field == 13) { /* attributes, events, links: pass 2 */
             if (wire != 2 || (st = delimited(&r, &sub)))
                 return wire != 2 ? SLOW : st;
-            h->kvs += field == 9;
         } else if (field <= 16 && field != 10 && field != 12 && field != 14) {
             return SLOW; /* a known field with another wire type */
         } else if ((st = skip(&r, wire))) {
@@ -608,7 +606,7 @@ static int set(PyObject *d, PyObject *k, PyObject *v)
 /* One Span as _span builds it, appended to ``out``; a malformed one is counted instead. */
 static int span_of(Rd r, PyObject *resource, PyObject *scope, PyObject *out, Counts *counts)
 {
-    Head h = {{NULL, NULL}, {NULL, NULL}, {NULL, NULL}, {NULL, NULL}, 0, 0, 0, 0, 0, 0, NULL};
+    Head h = {{NULL, NULL}, {NULL, NULL}, {NULL, NULL}, {NULL, NULL}, 0, 0, 0, 0, 0, NULL};
     int st = span_head(r, &h), bad = 0;
     PyObject *tid = NULL, *sid = NULL, *pid = NULL, *fields = NULL, *v = NULL;
     if (st)
@@ -621,9 +619,10 @@ static int span_of(Rd r, PyObject *resource, PyObject *scope, PyObject *out, Cou
         counts->malformed_spans += bad;
         goto done;
     }
-    /* sized for what they will hold: a dict grown key by key resizes twice on the way to 13 */
-    PyObject *events = PyList_New(0), *links = PyList_New(0), *attrs = _PyDict_NewPresized(h.kvs);
-    fields = _PyDict_NewPresized(14);
+    /* not _PyDict_NewPresized: that makes the general key layout (a hash in each entry), where a dict grown from
+     * PyDict_New keeps str keys in the compact one; presized, a held rank span took ~300 bytes more */
+    PyObject *events = PyList_New(0), *links = PyList_New(0), *attrs = PyDict_New();
+    fields = PyDict_New();
     if (events == NULL || links == NULL || attrs == NULL || fields == NULL) {
         Py_XDECREF(events);
         Py_XDECREF(links);
