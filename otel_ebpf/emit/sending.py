@@ -258,7 +258,11 @@ class SendingQueue(Generic[T]):
                 now = time.monotonic()
                 if n and (n >= self._batch_size or self._closing or self._flushes
                           or now >= self._first_at + self._delay):
-                    batch = [self._items.popleft() for _ in range(min(n, self._batch_size))]
+                    if n <= self._batch_size:  # all of it, copied in C rather than a popleft a span in Python
+                        batch = list(self._items)
+                        self._items.clear()
+                    else:
+                        batch = [self._items.popleft() for _ in range(self._batch_size)]
                     self._inflight = batch
                     if self._items:  # the rest wait for a full batch or their own delay
                         self._first_at = now
