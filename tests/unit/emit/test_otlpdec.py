@@ -3,8 +3,8 @@ of the parsed request, field for field; what it does not decode, it hands back (
 
 The reference is ``otlp_in._spans_in_python`` on the same request (the conversion tests/unit/emit/test_otlp_in.py
 checks against the SDK). Compared: every instance field of every span (contexts as tuples, events, links and
-statuses opened up), the resources and scopes (their attributes, versions, schema URLs, and which spans share one
-object), and the drops.
+statuses opened up, the kept Span message parsed), the resources and scopes (their attributes, versions, schema
+URLs, and which spans share one object), and the drops.
 """
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, TraceState
 
 from otel_ebpf.emit import otlp_in
+from otel_ebpf.emit.otlp_common import RECEIVED_SPAN
 from tests.unit.emit.test_otlp_json import direct_span, direct_spans, exactly_encodable, generated_spans, resources
 from tests.unit.emit.test_otlp_json import traced_spans
 
@@ -51,6 +53,8 @@ def opened(span: ReadableSpan) -> dict[str, Any]:
     out["_status"] = (type(span._status), span._status.status_code, span._status.description)
     res, scope = span._resource, span._instrumentation_scope
     out["_resource"] = (type(res), dict(res.attributes), res.schema_url)
+    if RECEIVED_SPAN in out:  # the bytes as received (C) or as protobuf serializes the parsed span (Python): the
+        out[RECEIVED_SPAN] = Span.FromString(out[RECEIVED_SPAN])  # same message, not always the same bytes
     out["_instrumentation_scope"] = None if scope is None else (
         type(scope), scope.name, scope.version, scope.schema_url,
         dict(scope.attributes) if scope.attributes is not None else None)
