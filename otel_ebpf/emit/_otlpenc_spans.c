@@ -163,34 +163,37 @@ static int put_links(Buf *b, unsigned char tag, PyObject *links)
 
 /* ---- a span as received (otel_ebpf.emit.otlp_in's ``_otlp_span``): its bytes, attributes added since spliced in */
 
-/* The end of the field at *p (its tag read into *field), or NULL for bytes that end inside it. */
+/* The varint at *p, *p moved past it; -1 for bytes that end inside it (or one over 10 bytes). */
+static int read_varint(const unsigned char **p, const unsigned char *end, uint64_t *v)
+{
+    uint64_t out = 0;
+    for (int shift = 0; shift <= 63; shift += 7) {
+        if (*p >= end)
+            return -1;
+        unsigned char c = *(*p)++;
+        out |= (uint64_t)(c & 0x7F) << shift;
+        if (!(c & 0x80)) {
+            *v = out;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* The end of the field at p (its number into *field), or NULL for bytes that end inside it or a group. */
 static const unsigned char *field_end(const unsigned char *p, const unsigned char *end, uint32_t *field)
 {
-    uint64_t v = 0;
-    for (int shift = 0;; shift += 7) {
-        if (p >= end || shift > 63)
-            return NULL;
-        v |= (uint64_t)(*p & 0x7F) << shift;
-        if (!(*p++ & 0x80))
-            break;
-    }
-    *field = (uint32_t)(v >> 3);
-    uint64_t n = 0;
-    switch (v & 7) {
-    case 0:
-        while (p < end && (*p & 0x80))
-            p++;
-        return p < end ? p + 1 : NULL;
+    uint64_t tag, n;
+    if (read_varint(&p, end, &tag))
+        return NULL;
+    *field = (uint32_t)(tag >> 3);
+    switch (tag & 7) {
+    case 0: return read_varint(&p, end, &n) ? NULL : p;
     case 1: n = 8; break;
     case 5: n = 4; break;
     case 2:
-        for (int shift = 0;; shift += 7) {
-            if (p >= end || shift > 63)
-                return NULL;
-            n |= (uint64_t)(*p & 0x7F) << shift;
-            if (!(*p++ & 0x80))
-                break;
-        }
+        if (read_varint(&p, end, &n))
+            return NULL;
         break;
     default: return NULL;
     }
@@ -251,11 +254,9 @@ int put_span(Buf *b, const Span *sp)
         if (raw == NULL && PyErr_Occurred())
             return FAIL;
         if (raw != NULL && PyBytes_CheckExact(raw)) {
-            size_t mark = b->len;
-            int r = put_received(b, &s, raw);
+            int r = put_received(b, &s, raw); /* RECEIVED_STALE: nothing written, the fields below instead */
             if (r != RECEIVED_STALE)
                 return r;
-            b->len = mark;
         }
     }
     PyObject *context = span_context(&s);

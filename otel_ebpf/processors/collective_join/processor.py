@@ -373,7 +373,7 @@ class CollectiveJoin(EventProcessor[Config]):
                     dims: dict[str, AttrValue] = {"nccl.rank": last_rank, "host.name": str(host)}
                     self._count("nccl.straggler.count", **dims)
                     if event := self.persistent.observe(entry.key, entry.trace_id, ranks, why, self._now, out,
-                                                        starts=entry.starts):
+                                                        entry.starts):
                         entry.events.append(event)
         join["nccl.ranks.arrived"] = len(ranks)
         if len(ranks) < entry.nranks:

@@ -35,7 +35,7 @@ from typing import Any
 from otel_ebpf.core.events import AttrValue, LogRecord, SpanEventRecord
 from otel_ebpf.core.ids import collective_root_span_id
 from otel_ebpf.core.processing import MetricSpec, metric_record
-from otel_ebpf.core.readable import ReadableSpan, span_attributes, span_times
+from otel_ebpf.core.readable import ReadableSpan, span_attributes
 
 from .config import StragglerConfig
 from .straggler_window import CLEAR_STEPS, Decision, Entry, Window
@@ -93,20 +93,16 @@ class PersistentStragglers:
         return {c: sorted(s.raised) for c, s in self._comms.items() if s.raised}
 
     def observe(self, key: tuple[str, int], trace_id: int, ranks: Mapping[int, ReadableSpan],
-                figures: Mapping[str, Any], now: float, out: Out,
-                starts: Mapping[int, int] | None = None) -> SpanEventRecord | None:
-        """One complete collective ``key`` = (comm id, seq) with >= 2 ``ranks`` (rank -> its span); ``figures``:
-        the straggler's "why late" attributes the join put on the root; ``starts``: each rank's start (epoch ns),
-        if the caller has them (else read from the spans). Appends the records of a raise or clear to ``out``;
-        returns the span event for the root span on a raise."""
+                figures: Mapping[str, Any], now: float, out: Out, starts: Mapping[int, int]) -> SpanEventRecord | None:
+        """One complete collective ``key`` = (comm id, seq) with >= 2 ``ranks`` (rank -> its span) and ``starts``
+        (rank -> its start, epoch ns); ``figures``: the straggler's "why late" attributes the join put on the root.
+        Appends the records of a raise or clear to ``out``; returns the span event for the root span on a raise."""
         cfg = self.config
         if not cfg.enabled or len(ranks) < 2:
             return None
         comm = self._comm(key[0], now, out)
         comm.seen = now
         win = comm.window
-        if starts is None:
-            starts = {rank: span_times(span)[0] for rank, span in ranks.items()}
         entry = _entry(ranks, starts, figures, int(cfg.min_lead * 1e9))
         entry.seq = key[1]
         if win.push(entry, len(ranks), cfg):

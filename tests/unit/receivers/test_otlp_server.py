@@ -281,6 +281,19 @@ def test_request_roundtrips_through_otlp_json():
     assert parse_otlp_json(text, ExportTraceServiceRequest) == request
 
 
+def export_traces(server: OtlpServer, transport: str, body: bytes) -> bool:
+    """Send a trace request's protobuf ``body`` over ``transport`` (grpc, http, http-gzip, or http-json: the parsed
+    body as OTLP/JSON); whether it was accepted."""
+    url = f"http://127.0.0.1:{server.http_port}/v1/traces"
+    if transport == "grpc":
+        return grpc_raw_export(server.grpc_port, body) is grpc.StatusCode.OK
+    if transport == "http":
+        return post(url, body)[0] == 200
+    if transport == "http-gzip":
+        return post(url, gzip.compress(body), encoding="gzip")[0] == 200
+    return post(url, to_otlp_json(ExportTraceServiceRequest.FromString(body)).encode(), "application/json")[0] == 200
+
+
 @pytest.mark.parametrize("transport", ["grpc", "http", "http-gzip", "http-json"])
 def test_a_callback_reads_the_bytes_its_request_was_parsed_from(transport):
     """received_bytes: the protobuf body as it came (gzip undone), only for the request in hand and only while its
@@ -305,15 +318,7 @@ def test_a_callback_reads_the_bytes_its_request_was_parsed_from(transport):
     server = OtlpServer(grpc_endpoint="127.0.0.1:0", http_endpoint="127.0.0.1:0", on_traces=on_traces)
     server.start()
     try:
-        url = f"http://127.0.0.1:{server.http_port}/v1/traces"
-        if transport == "grpc":
-            assert grpc_raw_export(server.grpc_port, body) is grpc.StatusCode.OK
-        elif transport == "http":
-            assert post(url, body)[0] == 200
-        elif transport == "http-gzip":
-            assert post(url, gzip.compress(body), encoding="gzip")[0] == 200
-        else:
-            assert post(url, to_otlp_json(pb).encode(), "application/json")[0] == 200
+        assert export_traces(server, transport, body)
     finally:
         server.shutdown()
     (request, raw), = seen
@@ -345,23 +350,11 @@ def test_decode_traces_gets_the_protobuf_bytes_and_its_result_replaces_the_parse
     server = OtlpServer(grpc_endpoint="127.0.0.1:0", http_endpoint="127.0.0.1:0", on_traces=seen.append,
                         decode_traces=decode)
     server.start()
-    url = f"http://127.0.0.1:{server.http_port}/v1/traces"
-
-    def send(payload: bytes) -> bool:
-        if transport == "grpc":
-            return grpc_raw_export(server.grpc_port, payload) is grpc.StatusCode.OK
-        if transport == "http":
-            return post(url, payload)[0] == 200
-        if transport == "http-gzip":
-            return post(url, gzip.compress(payload), encoding="gzip")[0] == 200
-        parsed = ExportTraceServiceRequest.FromString(payload)
-        return post(url, to_otlp_json(parsed).encode(), "application/json")[0] == 200
-
     other = ExportTraceServiceRequest(resource_spans=[{"schema_url": "s"}])
     try:
-        assert send(body) and send(other.SerializeToString())
+        assert export_traces(server, transport, body) and export_traces(server, transport, other.SerializeToString())
         if transport != "http-json":
-            assert not send(b"\xff\xff\xff\xff")
+            assert not export_traces(server, transport, b"\xff\xff\xff\xff")
     finally:
         server.shutdown()
     stats = server.stats
