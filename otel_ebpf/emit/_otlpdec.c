@@ -33,7 +33,7 @@ enum { OK = 0, SLOW = 1, FAIL = -1 };
 static PyObject *readable_span, *span_context, *resource_cls, *scope_cls, *event_cls, *link_cls, *kinds[6],
     *statuses[3], *error_code, *status_cls, *sampled, *default_state;
 static PyObject *k_name, *k_context, *k_kind, *k_info, *k_scope, *k_parent, *k_start, *k_end, *k_attributes,
-    *k_events, *k_links, *k_resource, *k_status, *k_otlp_span, *empty;
+    *k_events, *k_links, *k_resource, *k_status, *k_otlp_span, *empty, *no_args;
 
 typedef struct {
     const unsigned char *p, *end;
@@ -598,9 +598,9 @@ static int span_lists(Rd r, PyObject *attrs, PyObject *events, PyObject *links, 
     }
 }
 
-static int set(PyObject *d, PyObject *k, PyObject *v)
+static int set(PyObject *o, PyObject *k, PyObject *v)
 {
-    return PyDict_SetItem(d, k, v) < 0 ? FAIL : OK;
+    return PyObject_GenericSetAttr(o, k, v) < 0 ? FAIL : OK;
 }
 
 /* One Span as _span builds it, appended to ``out``; a malformed one is counted instead. */
@@ -608,7 +608,7 @@ static int span_of(Rd r, PyObject *resource, PyObject *scope, PyObject *out, Cou
 {
     Head h = {{NULL, NULL}, {NULL, NULL}, {NULL, NULL}, {NULL, NULL}, 0, 0, 0, 0, 0, NULL};
     int st = span_head(r, &h), bad = 0;
-    PyObject *tid = NULL, *sid = NULL, *pid = NULL, *fields = NULL, *v = NULL;
+    PyObject *tid = NULL, *sid = NULL, *pid = NULL, *span = NULL, *v = NULL;
     if (st)
         goto done;
     tid = id_of(h.trace, 16, &bad);
@@ -619,11 +619,13 @@ static int span_of(Rd r, PyObject *resource, PyObject *scope, PyObject *out, Cou
         counts->malformed_spans += bad;
         goto done;
     }
-    /* not _PyDict_NewPresized: that makes the general key layout (a hash in each entry), where a dict grown from
-     * PyDict_New keeps str keys in the compact one; presized, a held rank span took ~300 bytes more */
     PyObject *events = PyList_New(0), *links = PyList_New(0), *attrs = PyDict_New();
-    fields = PyDict_New();
-    if (events == NULL || links == NULL || attrs == NULL || fields == NULL) {
+    /* made as object.__new__(ReadableSpan) makes it, its fields set one by one as ReadableSpan.__init__ sets
+     * them: on CPython 3.11+ they are kept in the instance's own value array, keyed by the class's shared keys,
+     * where a __dict__ of its own (PyObject_GenericSetDict) took a dict grown in two resizes, ~320 bytes more a
+     * held span; an encoder reading __dict__ gets a dict made then over the same values */
+    span = ((PyTypeObject *)readable_span)->tp_new((PyTypeObject *)readable_span, no_args, NULL);
+    if (events == NULL || links == NULL || attrs == NULL || span == NULL) {
         Py_XDECREF(events);
         Py_XDECREF(links);
         Py_XDECREF(attrs);
@@ -632,35 +634,35 @@ static int span_of(Rd r, PyObject *resource, PyObject *scope, PyObject *out, Cou
     }
     /* ReadableSpan.__init__'s fields, in its order (otel_ebpf.emit.spans.SpanBuilder writes the same) */
     uint32_t kind = (uint32_t)h.kind;
-    if (!(st = set(fields, k_name, h.name != NULL ? h.name : empty))) {
+    if (!(st = set(span, k_name, h.name != NULL ? h.name : empty))) {
         v = context(tid, sid, 0);
-        st = v == NULL ? FAIL : set(fields, k_context, v);
+        st = v == NULL ? FAIL : set(span, k_context, v);
         Py_CLEAR(v);
     }
-    if (!st && !(st = set(fields, k_kind, kinds[kind <= 5 ? kind : 1])) && !(st = set(fields, k_info, Py_None))
-        && !(st = set(fields, k_scope, scope))) {
+    if (!st && !(st = set(span, k_kind, kinds[kind <= 5 ? kind : 1])) && !(st = set(span, k_info, Py_None))
+        && !(st = set(span, k_scope, scope))) {
         v = pid == NULL ? Py_NewRef(Py_None) : context(tid, pid, is_remote(h.flags));
-        st = v == NULL ? FAIL : set(fields, k_parent, v);
+        st = v == NULL ? FAIL : set(span, k_parent, v);
         Py_CLEAR(v);
     }
     if (!st) {
         v = PyLong_FromUnsignedLongLong(h.start);
-        st = v == NULL ? FAIL : set(fields, k_start, v);
+        st = v == NULL ? FAIL : set(span, k_start, v);
         Py_CLEAR(v);
     }
     if (!st) {
         v = PyLong_FromUnsignedLongLong(h.end);
-        st = v == NULL ? FAIL : set(fields, k_end, v);
+        st = v == NULL ? FAIL : set(span, k_end, v);
         Py_CLEAR(v);
     }
     Py_ssize_t kvs = 0, bad_links = counts->malformed_links;
     if (!st)
         st = span_lists(r, attrs, events, links, counts, &kvs);
-    if (!st && !(st = set(fields, k_attributes, attrs)) && !(st = set(fields, k_events, events))
-        && !(st = set(fields, k_links, links)) && !(st = set(fields, k_resource, resource))) {
+    if (!st && !(st = set(span, k_attributes, attrs)) && !(st = set(span, k_events, events))
+        && !(st = set(span, k_links, links)) && !(st = set(span, k_resource, resource))) {
         v = h.has_status ? status_of(h.status, &st) : Py_NewRef(statuses[0]);
         if (v != NULL)
-            st = set(fields, k_status, v);
+            st = set(span, k_status, v);
         else if (!st)
             st = FAIL;
         Py_CLEAR(v);
@@ -669,24 +671,20 @@ static int span_of(Rd r, PyObject *resource, PyObject *scope, PyObject *out, Cou
      * was left out, where they would say more than the span does */
     if (!st && kvs == PyDict_GET_SIZE(attrs) && counts->malformed_links == bad_links) {
         v = PyBytes_FromStringAndSize((const char *)r.p, r.end - r.p);
-        st = v == NULL ? FAIL : set(fields, k_otlp_span, v);
+        st = v == NULL ? FAIL : set(span, k_otlp_span, v);
         Py_CLEAR(v);
     }
     Py_DECREF(events);
     Py_DECREF(links);
     Py_DECREF(attrs);
-    if (!st) {
-        PyObject *s = ((PyTypeObject *)readable_span)->tp_alloc((PyTypeObject *)readable_span, 0);
-        if (s == NULL || PyObject_GenericSetDict(s, fields, NULL) < 0 || PyList_Append(out, s) < 0)
-            st = FAIL;
-        Py_XDECREF(s);
-    }
+    if (!st && PyList_Append(out, span) < 0)
+        st = FAIL;
 done:
     Py_XDECREF(h.name);
     Py_XDECREF(tid);
     Py_XDECREF(sid);
     Py_XDECREF(pid);
-    Py_XDECREF(fields);
+    Py_XDECREF(span);
     return st;
 }
 
@@ -1037,6 +1035,8 @@ PyMODINIT_FUNC PyInit__otlpdec(void)
     INTERN(k_status, "_status");
     INTERN(k_otlp_span, "_otlp_span");
     INTERN(empty, "");
+    if ((no_args = PyTuple_New(0)) == NULL)
+        return NULL;
     if ((resources.made = PyDict_New()) == NULL || (scopes.made = PyDict_New()) == NULL)
         return NULL;
     return PyModule_Create(&module);

@@ -16,9 +16,9 @@
  * setup(span_kinds, status_codes, SpanContext, ReadableSpan) is called once by the Python side: the SpanKind
  * members in enum order (INTERNAL=0 .. CONSUMER=4: proto values 1..5), the StatusCode members (UNSET, OK,
  * ERROR), the API's SpanContext class (a tuple: its items are read directly) and the SDK's ReadableSpan (its
- * instances' fields are read from their __dict__: _otlpenc_spans.c).
+ * instances' own fields are read as they are, not through its properties: _otlpenc_read.c).
  *
- * A span received over OTLP (its __dict__ holds "_otlp_span": its Span message as received, otlp_in) is written as
+ * A span received over OTLP (its own field "_otlp_span" holds its Span message as received, otlp_in) is written as
  * those bytes with the attributes added to it since (_otlpenc_spans.c put_received; otlp_proto._received).
  *
  * A batch may also hold span items, the emitter's (SpanRecord, Resource, InstrumentationScope, trace id, span id)
@@ -154,23 +154,18 @@ static int encode(PyObject *fast, Buf *out, const Format *f)
     Group *last = NULL;
     int r = g.resources == NULL || g.held == NULL ? FAIL : OK;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast) && !r; i++) {
-        Span span = {PySequence_Fast_GET_ITEM(fast, i), NULL};
+        Span span = {PySequence_Fast_GET_ITEM(fast, i), 0};
         int item = PyTuple_CheckExact(span.span); /* a span item (_otlpenc_records.c) */
         if (item && PyTuple_GET_SIZE(span.span) != 5) {
             r = SLOW;
             break;
         }
-        if (!item && PyObject_TypeCheck(span.span, readable_span_type)) { /* its fields are the SDK's */
-            span.dict = PyObject_GenericGetDict(span.span, NULL);
-            if (span.dict == NULL)
-                PyErr_Clear();
-        }
+        span.own = !item && PyObject_TypeCheck(span.span, readable_span_type); /* its fields are the SDK's */
         PyObject *resource = item ? Py_NewRef(PyTuple_GET_ITEM(span.span, 1)) : member(&span, s__resource, s_resource);
         PyObject *scope = !resource ? NULL : item ? Py_NewRef(PyTuple_GET_ITEM(span.span, 2))
                                                   : member(&span, s__instrumentation_scope, s_instrumentation_scope);
         if (scope == NULL) {
             Py_XDECREF(resource);
-            Py_XDECREF(span.dict);
             r = FAIL;
             break;
         }
@@ -190,7 +185,6 @@ static int encode(PyObject *fast, Buf *out, const Format *f)
         one.len = 0;
         if (!r && !(r = item ? f->record(&one, span.span) : f->span(&one, &span)))
             r = f->join(&last->spans, &one);
-        Py_XDECREF(span.dict);
     }
     Py_XDECREF(last_resource);
     Py_XDECREF(last_scope);

@@ -157,11 +157,14 @@ int put_jattributes_attr(Buf *b, PyObject *obj, int *first);
 int put_jid(Buf *b, const char *name, size_t len, PyObject *context, Py_ssize_t i, PyObject *attr, size_t size);
 int put_jid_of(Buf *b, const char *name, size_t len, PyObject *id, size_t size);
 
-/* _otlpenc_read.c: a span's members as the SDK's encoder reads them. dict: the span's __dict__ when it is a
- * ReadableSpan, else NULL */
+/* _otlpenc_read.c: a span's members as the SDK's encoder reads them. own: 1 when it is a ReadableSpan, whose own
+ * fields (``_name``...) are read as they are, 0 for another object (its public attributes) */
 typedef struct {
-    PyObject *span, *dict;
+    PyObject *span;
+    int own;
 } Span;
+
+PyObject *own_field(const Span *s, PyObject *field);
 
 PyObject *member(const Span *s, PyObject *field, PyObject *public);
 PyObject *own_member(const Span *s, PyObject *field, PyObject *public, int *own);

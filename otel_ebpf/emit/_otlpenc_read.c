@@ -3,18 +3,29 @@
 
 /* A span's members. The SDK's ReadableSpan properties return its own fields (``_name`` for ``name``...), or
  * wrap them (``attributes``: a MappingProxyType of ``_attributes``, readable only as a list of item tuples;
- * ``events``/``links``: a tuple copy); each property call runs Python code. The fields are read from the
- * span's instance dict when it has them, the public attribute otherwise (another class, another SDK). */
+ * ``events``/``links``: a tuple copy); each property call runs Python code. The fields are read as the span's own
+ * when it has them, the public attribute otherwise (another class, another SDK). */
+
+/* A ReadableSpan's own field: a new reference, NULL when it has none (no error) or with an error set. Looked up
+ * without asking for __dict__: on CPython 3.11+ a span made by object.__new__ and setattr (ReadableSpan.__init__,
+ * otlp_in's C decoder) keeps its fields in its own value array, and __dict__ would make a dict of them. */
+PyObject *own_field(const Span *s, PyObject *field)
+{
+    PyObject *v = NULL;
+    if (!s->own)
+        return NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject_GetOptionalAttr(s->span, field, &v);
+#else
+    _PyObject_LookupAttr(s->span, field, &v);
+#endif
+    return v;
+}
+
 PyObject *member(const Span *s, PyObject *field, PyObject *public)
 {
-    if (s->dict != NULL) {
-        PyObject *v = PyDict_GetItemWithError(s->dict, field);
-        if (v != NULL)
-            return Py_NewRef(v);
-        if (PyErr_Occurred())
-            return NULL;
-    }
-    return PyObject_GetAttr(s->span, public);
+    PyObject *v = own_field(s, field);
+    return v != NULL || PyErr_Occurred() ? v : PyObject_GetAttr(s->span, public);
 }
 
 /* A SpanContext's item (trace_id 0, span_id 1, is_remote 2, trace_state 4): it is a tuple whose properties
@@ -46,11 +57,9 @@ int context_is_remote(PyObject *context)
  * copy does not), else the public attribute. A new reference, or NULL with an error set. */
 PyObject *own_member(const Span *s, PyObject *field, PyObject *public, int *own)
 {
-    PyObject *o = s->dict != NULL ? PyDict_GetItemWithError(s->dict, field) : NULL;
+    PyObject *o = own_field(s, field);
     *own = o != NULL;
-    if (o != NULL)
-        return Py_NewRef(o);
-    return PyErr_Occurred() ? NULL : PyObject_GetAttr(s->span, public);
+    return o != NULL || PyErr_Occurred() ? o : PyObject_GetAttr(s->span, public);
 }
 
 /* Whether a field read by own_member drops nothing: a plain dict, list or tuple of the span's own (or None); a
@@ -63,10 +72,8 @@ int drops_nothing(PyObject *o, int own)
 /* The span's context (``get_span_context()``): a new reference (maybe None), or NULL with an error set. */
 PyObject *span_context(const Span *s)
 {
-    PyObject *context = s->dict != NULL ? PyDict_GetItemWithError(s->dict, s__context) : NULL;
-    if (context != NULL)
-        return Py_NewRef(context);
-    return PyErr_Occurred() ? NULL : PyObject_CallMethodNoArgs(s->span, s_get_span_context);
+    PyObject *context = own_field(s, s__context);
+    return context != NULL || PyErr_Occurred() ? context : PyObject_CallMethodNoArgs(s->span, s_get_span_context);
 }
 
 /* Whether the context has a trace state: 1, 0, or FAIL. */

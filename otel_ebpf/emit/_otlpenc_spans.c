@@ -227,37 +227,32 @@ static int put_received(Buf *b, const Span *s, PyObject *raw)
         q = next;
     }
     const unsigned char *at = after_last != NULL ? after_last : first_above;
-    PyObject *attrs = PyDict_GetItemWithError(s->dict, s__attributes);
+    PyObject *attrs = own_field(s, s__attributes);
     if (attrs == NULL)
         return PyErr_Occurred() ? FAIL : RECEIVED_STALE;
-    if (!PyDict_CheckExact(attrs) || PyDict_GET_SIZE(attrs) < received)
-        return RECEIVED_STALE;
-    if (put(b, p, (size_t)(at - p)))
-        return FAIL;
+    int r = !PyDict_CheckExact(attrs) || PyDict_GET_SIZE(attrs) < received ? RECEIVED_STALE
+            : put(b, p, (size_t)(at - p));
     PyObject *key, *value;
     Py_ssize_t pos = 0, i = 0;
-    while (PyDict_Next(attrs, &pos, &key, &value)) /* insertion order: the received ones first */
-        if (i++ >= received) {
-            int r = put_key_value(b, 0x4a, key, value);
-            if (r)
-                return r;
-        }
-    return put(b, at, (size_t)(end - at));
+    while (!r && PyDict_Next(attrs, &pos, &key, &value)) /* insertion order: the received ones first */
+        if (i++ >= received)
+            r = put_key_value(b, 0x4a, key, value);
+    Py_DECREF(attrs);
+    return r ? r : put(b, at, (size_t)(end - at));
 }
 
 /* One Span message body, as _span; a span with its received bytes (``_otlp_span``) as put_received. */
 int put_span(Buf *b, const Span *sp)
 {
     const Span s = *sp;
-    if (s.dict != NULL) {
-        PyObject *raw = PyDict_GetItemWithError(s.dict, s__otlp_span);
-        if (raw == NULL && PyErr_Occurred())
-            return FAIL;
-        if (raw != NULL && PyBytes_CheckExact(raw)) {
-            int r = put_received(b, &s, raw); /* RECEIVED_STALE: nothing written, the fields below instead */
-            if (r != RECEIVED_STALE)
-                return r;
-        }
+    PyObject *raw = own_field(&s, s__otlp_span);
+    if (raw == NULL && PyErr_Occurred())
+        return FAIL;
+    if (raw != NULL) {
+        int r = PyBytes_CheckExact(raw) ? put_received(b, &s, raw) : RECEIVED_STALE;
+        Py_DECREF(raw);
+        if (r != RECEIVED_STALE) /* RECEIVED_STALE: nothing written, the fields below instead */
+            return r;
     }
     PyObject *context = span_context(&s);
     int r = FAIL, remote_parent = 0;

@@ -66,6 +66,24 @@ def test_a_received_span_unchanged_leaves_as_the_bytes_it_came_as(dec: str, enc:
 
 
 @both
+def test_a_span_whose_dict_was_never_asked_for_leaves_as_one_whose_dict_was(dec: str, enc: str):
+    """The C decoder sets a span's fields as ReadableSpan.__init__ does (on CPython 3.11+ they stay in the
+    instance's own values until something asks for ``__dict__``) and the C encoder reads them without asking: both
+    kinds of the same span leave as the same bytes."""
+    request = received_request()
+    untouched, asked = DECODERS[dec](request), DECODERS[dec](request)
+    for s in asked:
+        assert RECEIVED_SPAN in s.__dict__
+    assert ENCODERS[enc](untouched) == ENCODERS[enc](asked) == request.SerializeToString()
+    for s in untouched:
+        s._attributes["nccl.wait_ns"] = 1
+    for s in asked:
+        s.__dict__["_attributes"]["nccl.wait_ns"] = 1
+    assert ENCODERS[enc](untouched) == ENCODERS[enc](asked) \
+        == with_added(request, "nccl.wait_ns", AnyValue(int_value=1))
+
+
+@both
 def test_an_attribute_added_in_place_is_written_where_protobuf_writes_it(dec: str, enc: str):
     request = received_request()
     spans = DECODERS[dec](request)
