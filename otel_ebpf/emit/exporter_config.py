@@ -57,7 +57,8 @@ class BatchConfig:
                                  "~0.7 KB (~23 MB when full); the default holds the first second of eight "
                                  "processes that reach the CUDA span budget together (docs/benchmarks.md).",
                           min=1)
-    batch_size: int = doc(512, "Most spans (log records) per export request.", min=1)
+    batch_size: int = doc(512, "Most spans (log records) per export request (the gateway's exporters: 2048 unless "
+                                 "set, gateway.config.BATCH_SIZE).", min=1)
     batch_delay: float = doc(0.2, "Longest a span (log record) waits before its batch is sent (the OpenTelemetry "
                                   "Collector batch processor's default timeout; a straggler or desync record "
                                   "crosses an agent and a gateway, so each second here is up to two seconds later "

@@ -18,17 +18,19 @@ never taken for the gateway's own destination.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from otel_ebpf.core.config import (
     ENV_PREFIX,
     PipelineConfig,
     build,
+    component_type,
     doc,
     load_yaml_file,
     to_plain,
 )
+from otel_ebpf.emit.exporter_config import BatchConfig
 from otel_ebpf.emit.exporters import EXPORTER_TYPES, FileExporterConfig, OtlpExporterConfig
 from otel_ebpf.core.errors import ConfigError
 from otel_ebpf.gateway import components
@@ -94,11 +96,42 @@ class GatewayConfig:
         return next(iter(self.service.pipelines.values()))
 
 
+#: The gateway's exporters send up to this many spans a request unless their ``batch.batch_size`` is set (the
+#: agent's, the SDK's, is 512). The gateway's input comes batched already and its output is every rank span it got:
+#: through gRPC in and out at 1,024 ranks, 2,048 took ~20 % less gateway CPU a rank span than 512, the same as 4,096
+#: (docs/benchmarks.md, session 27). ~410 bytes a rank span: ~1 MB requests, under an OpenTelemetry Collector's
+#: default 4 MiB gRPC receive limit.
+BATCH_SIZE = 2048
+
+
+def _default_file_exporter() -> FileExporterConfig:
+    return FileExporterConfig(directory="./otel-ebpf-gateway-out", batch=BatchConfig(batch_size=BATCH_SIZE))
+
+
+def _batched(exporters: Any) -> Any:
+    """``exporters`` (a config section as given) with :data:`BATCH_SIZE` for each of a type with a ``batch``
+    section (file, otlp; not prometheus) that does not set its ``batch.batch_size`` (no more than a ``queue_size``
+    it sets); anything malformed or unknown as it was, for the build to name."""
+    if not isinstance(exporters, dict):
+        return exporters
+    out: dict[Any, Any] = {}
+    for name, exp in exporters.items():
+        kind = EXPORTER_TYPES.get(component_type(str(name)))
+        batched = kind is not None and "batch" in {f.name for f in fields(kind)}
+        batch = exp.get("batch", {}) if batched and isinstance(exp, dict) else None
+        if isinstance(batch, dict) and "batch_size" not in batch:
+            queue = batch.get("queue_size")
+            size = min(BATCH_SIZE, queue) if type(queue) is int and queue >= 1 else BATCH_SIZE
+            exp = {**exp, "batch": {**batch, "batch_size": size}}
+        out[name] = exp
+    return out
+
+
 def default_data() -> dict[str, Any]:
     """The full default gateway config as plain data."""
     recv = {t: to_plain(f.config_class()) for t, f in components.receivers().items()}
     proc = {t: to_plain(f.config_class()) for t, f in components.processors().items()}
-    exp = {"file": to_plain(FileExporterConfig(directory="./otel-ebpf-gateway-out"))}
+    exp = {"file": to_plain(_default_file_exporter())}
     service = to_plain(GatewayServiceConfig())
     service["pipelines"] = {"default": {"receivers": list(recv), "processors": list(proc), "exporters": ["file"]}}
     return {"receivers": recv, "processors": proc, "exporters": exp, "service": service}
@@ -123,7 +156,10 @@ def _exporter_overrides(data: dict[str, Any], output: str | None, endpoint: str 
     if output:
         exporters["file"] = {"directory": output}
         names.append("file")
-    over: dict[str, Any] = {"exporters": exporters}
+    given = data.get("exporters")
+    given = given if isinstance(given, dict) else {}
+    new = _batched({k: v for k, v in exporters.items() if k not in given})  # the config's own keep their batch
+    over: dict[str, Any] = {"exporters": {k: new.get(k, v) for k, v in exporters.items()}}
     service = data.get("service")  # not yet validated: a list or scalar is a ConfigError later
     pipes = service.get("pipelines") if isinstance(service, dict) else None
     if names and isinstance(pipes, dict) and len(pipes) == 1:
@@ -168,6 +204,8 @@ def load(path: str | None = None, *, output: str | None = None, endpoint: str | 
         unknown = sorted(set(user) - set(_SECTIONS))
         if unknown:
             raise ConfigError(unknown[0], f"unknown top-level key (known: {', '.join(_SECTIONS)})")
+        if "exporters" in user:
+            user = {**user, "exporters": _batched(user["exporters"])}
         data = _merge(data, user)
         user_pipes = user.get("service", {}).get("pipelines") if isinstance(user.get("service"), dict) else None
         if isinstance(user_pipes, dict):  # the file's pipelines are the ones that run
@@ -197,7 +235,7 @@ def dump_defaults() -> str:
     procs = components.processors()
     _section("processors", {t: f.config_class() for t, f in procs.items()}, lines,
              {t: f.description for t, f in procs.items()})
-    _section("exporters", {"file": FileExporterConfig(directory="./otel-ebpf-gateway-out")}, lines,
+    _section("exporters", {"file": _default_file_exporter()}, lines,
              {"file": "OTLP JSON lines files (the default; an 'otlp' exporter is used with --otlp-endpoint)."})
     lines += ["service:", "  pipelines:", "    default:",
               f"      receivers: {_scalar(list(components.receivers()))}",

@@ -133,3 +133,26 @@ def test_ingest_limits_reach_the_server(tmp_path):
         assert (gw.traces._max, gw.metrics._max) == (10, 3)
     finally:
         gw.shutdown()
+
+
+def test_exporters_send_batches_of_2048_unless_the_config_says(tmp_path):
+    """The gateway's own default (gateway.config.BATCH_SIZE), not the agent's 512: for the default file exporter,
+    one the command line adds and one the file adds without a batch_size (and none for prometheus, which has no
+    batch); a batch_size or a smaller queue_size the
+    file sets is kept, also when the command line names the same exporter."""
+    assert {k: e.batch.batch_size for k, e in load(endpoint="http://backend:4317").exporters.items()} \
+        == {"file": 2048, "otlp": 2048}
+    assert "batch_size: 2048" in dump_defaults()
+    path = write(tmp_path, "exporters:\n  otlp: {endpoint: 'http://b:4317', batch: {batch_size: 100}}\n"
+                           "  file: {batch: {queue_size: 1000}}\n"
+                           "  otlp/b: {endpoint: 'http://d:4317'}\n  prometheus: {endpoint: '127.0.0.1:9464'}\n"
+                           "service:\n  pipelines:\n    default: {receivers: [otlp], processors: [], "
+                           "exporters: [otlp, file]}\n")
+    for cfg in (load(path), load(path, endpoint="http://c:4317", protocol="grpc")):
+        assert (cfg.exporters["otlp"].batch.batch_size, cfg.exporters["file"].batch.batch_size,
+                cfg.exporters["otlp/b"].batch.batch_size) == (100, 1000, 2048)
+        assert cfg.exporters["prometheus"].endpoint == "127.0.0.1:9464"  # built: no batch key added to it
+    assert load(path, endpoint="http://c:4317").exporters["otlp"].endpoint == "http://c:4317"
+    with pytest.raises(ConfigError, match=r"exporters\.otlp\.batch\.batch_size"):
+        load(write(tmp_path, "exporters:\n  otlp: {endpoint: 'http://b:4317', batch: {batch_size: 9, "
+                             "queue_size: 8}}\n"))
