@@ -44,6 +44,12 @@ frozen = Extension("otel_ebpf.core._frozen", sources=["otel_ebpf/core/_frozen.c"
                    depends=["otel_ebpf/core/_slots.h"],
                    extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"], optional=True)
 
+# The collective join's common case, a rank span that only joins its pending collective, taken in C
+# (otel_ebpf/processors/collective_join/intake.py; without it the join's Python path takes every span).
+join_intake = Extension("otel_ebpf.processors.collective_join._intake",
+                        sources=["otel_ebpf/processors/collective_join/_intake.c"], depends=["otel_ebpf/core/_slots.h"],
+                        extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"], optional=True)
+
 # The NCCL profiler plugin (docs/nccl-profiler.md): a plain shared library NCCL dlopens, not a Python module, so it
 # keeps NCCL's file name libnccl-profiler-otel_ebpf.so (NCCL_PROFILER_PLUGIN=otel_ebpf finds it on the loader path)
 # next to otel_ebpf/nccl_profiler/__init__.py, which locates it. Also needs sys/sdt.h; without it plugin_path() is None.
@@ -73,4 +79,4 @@ class BuildExt(build_ext):
         return [] if ext is nccl_plugin else super().get_export_symbols(ext)
 
 
-setup(packages=packages, ext_modules=[oetp, otlpenc, otlpdec, ringread, recdec, frozen, nccl_plugin], cmdclass={"build_ext": BuildExt})
+setup(packages=packages, ext_modules=[oetp, otlpenc, otlpdec, ringread, recdec, frozen, join_intake, nccl_plugin], cmdclass={"build_ext": BuildExt})

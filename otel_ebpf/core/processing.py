@@ -135,6 +135,14 @@ class EventProcessor(Generic[ConfigT]):
 
     def consume(self, events: Sequence[object]) -> None:
         out: list[object] = []
+        self.dispatch(events, out)
+        self.end_batch(out)
+        if out:
+            self._next.consume(out)
+
+    def dispatch(self, events: Sequence[object], out: list[object]) -> None:
+        """Each of ``events`` to its handler, which appends what it passes on to ``out``; an event of no handled type
+        is appended as it is, one whose handler raises goes to :meth:`failed`. Never raises."""
         handlers = self._handlers
         for ev in events:
             handler = handlers.get(type(ev))
@@ -146,9 +154,6 @@ class EventProcessor(Generic[ConfigT]):
             except Exception:  # hot path: count, never raise
                 log.debug("%s: cannot process %r", self.NAME, ev, exc_info=True)
                 self.failed(ev, out)
-        self.end_batch(out)
-        if out:
-            self._next.consume(out)
 
     def failed(self, event: object, out: list[object]) -> None:
         """A handler raised on ``event`` (after appending whatever it did to ``out``): counted as a

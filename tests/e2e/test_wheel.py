@@ -49,6 +49,9 @@ def test_wheel_ships_every_package_and_every_runtime_file(wheel: Path) -> None:
     assert any(n.startswith("otel_ebpf/emit/_otlpdec.") and n.endswith(".so") for n in names), sorted(names)
     # the C ring buffer reader (otel_ebpf/bpf/_ringread.c; the receivers fall back to BCC's callbacks without it)
     assert any(n.startswith("otel_ebpf/bpf/_ringread.") and n.endswith(".so") for n in names), sorted(names)
+    # the record decoder, the frozen-record maker and the collective join's intake (each has a Python path too)
+    for ext in ("bpf/_recdec", "core/_frozen", "processors/collective_join/_intake"):
+        assert any(n.startswith(f"otel_ebpf/{ext}.") and n.endswith(".so") for n in names), (ext, sorted(names))
     # the NCCL profiler plugin, under the file name NCCL resolves (docs/nccl-profiler.md)
     assert "otel_ebpf/nccl_profiler/libnccl-profiler-otel_ebpf.so" in names, sorted(names)
     tops = {n.split("/")[0] for n in names} - {"otel_ebpf"}  # nothing generic at the top of site-packages

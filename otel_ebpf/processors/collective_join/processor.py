@@ -61,6 +61,7 @@ makes in place; every other is a new span (``with_changes``).
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -86,6 +87,7 @@ from .config import Config
 from .desync import DesyncReports
 from .gpu import GpuJoin, is_gpu
 from .hangs import HangStacks
+from .intake import intake
 from .metrics import METRICS
 from .p2p import P2PJoin, is_p2p
 from .splits import SplitBook, split_call
@@ -95,6 +97,7 @@ from .stragglers import PersistentStragglers
 __all__ = ["METRICS", "SCOPE", "CollectiveJoin", "create"]
 
 SCOPE = "otel_ebpf.collective_join"
+log = logging.getLogger(__name__)
 _SIG = ("nccl.op", "nccl.count", "nccl.datatype")
 _NAMED = frozenset({"ncclCommSplit", "ncclSend", "ncclRecv", "ncclGroup"})  # spans _any_span reads by name
 Out = list[object]
@@ -110,9 +113,11 @@ class CollectiveJoin(EventProcessor[Config]):
     METRICS = METRICS
 
     def __init__(self, config: Config, ctx: Context, next_: Consumer, *,
-                 clock: Callable[[], float] = time.monotonic, wall_ns: Callable[[], int] = time.time_ns) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_ns: Callable[[], int] = time.time_ns,
+                 c_intake: bool = True) -> None:
         super().__init__(config, ctx, next_)
         self.store = Store(config.max_pending, config.max_spans, config.max_comms)
+        self._take = intake(self.store, _NAMED, config.max_ranks) if c_intake else None  # None: all in Python
         self.splits = SplitBook(config.max_comms, config.max_spans, config.timeout)
         self._clock = clock
         self._wall_ns = wall_ns
@@ -153,9 +158,31 @@ class CollectiveJoin(EventProcessor[Config]):
 
     def consume(self, events: Sequence[object]) -> None:
         """Spans are joined, everything else (Tick included) passes on; then what timed out is
-        released (:meth:`end_batch`)."""
+        released (:meth:`end_batch`). The rank spans that only join a pending collective are taken in C where the
+        extension is built (:mod:`.intake`), everything else here, each in its order."""
         self._now = self._clock()
-        super().consume(events)
+        if self._take is None:
+            super().consume(events)
+            return
+        out: Out = []
+        i, n = 0, len(events)
+        while (i := self._taken(events, i)) < n:
+            self.dispatch((events[i],), out)
+            i += 1
+        self.end_batch(out)
+        if out:
+            self._next.consume(out)
+
+    def _taken(self, events: Sequence[object], start: int) -> int:
+        """The index of the first event from ``start`` on that the C intake did not take (``start`` without it)."""
+        if (take := self._take) is None:
+            return start
+        try:
+            return take(events, start)
+        except Exception:  # only for what take checks before it takes any (its arguments): the rest in Python
+            log.warning("collective_join: the C intake failed, joining in Python from here on", exc_info=True)
+            self._take = None
+            return start
 
     def failed(self, event: object, out: Out) -> None:
         """A span that could not be joined is counted and passed on unchanged."""
