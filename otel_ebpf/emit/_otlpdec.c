@@ -562,7 +562,9 @@ static int span_head(Rd r, Head *h)
 }
 
 /* Pass 2: attributes (9), events (11), links (13) in wire order. */
-static int span_lists(Rd r, PyObject *attrs, PyObject *events, PyObject *links, Counts *counts, Py_ssize_t *kvs)
+/* The span's attributes into ``attrs``, its events and links each into a list made at its first (``*events``,
+ * ``*links``: NULL while there is none). */
+static int span_lists(Rd r, PyObject *attrs, PyObject **events, PyObject **links, Counts *counts, Py_ssize_t *kvs)
 {
     uint32_t field;
     int wire, st;
@@ -591,7 +593,12 @@ static int span_lists(Rd r, PyObject *attrs, PyObject *events, PyObject *links, 
                 return st;
             continue; /* a malformed link, counted */
         }
-        st = PyList_Append(field == 11 ? events : links, item) < 0 ? FAIL : OK;
+        PyObject **list = field == 11 ? events : links;
+        if (*list == NULL && (*list = PyList_New(0)) == NULL) {
+            Py_DECREF(item);
+            return FAIL;
+        }
+        st = PyList_Append(*list, item) < 0 ? FAIL : OK;
         Py_DECREF(item);
         if (st)
             return st;
@@ -619,15 +626,15 @@ static int span_of(Rd r, PyObject *resource, PyObject *scope, PyObject *out, Cou
         counts->malformed_spans += bad;
         goto done;
     }
-    PyObject *events = PyList_New(0), *links = PyList_New(0), *attrs = PyDict_New();
+    /* no events or no links: the empty tuple, ReadableSpan's own default, not an empty list each (two objects fewer
+     * to make and free a span: rank spans have neither) */
+    PyObject *events = NULL, *links = NULL, *attrs = PyDict_New();
     /* made as object.__new__(ReadableSpan) makes it, its fields set one by one as ReadableSpan.__init__ sets
      * them: on CPython 3.11+ they are kept in the instance's own value array, keyed by the class's shared keys,
      * where a __dict__ of its own (PyObject_GenericSetDict) took a dict grown in two resizes, ~320 bytes more a
      * held span; an encoder reading __dict__ gets a dict made then over the same values */
     span = ((PyTypeObject *)readable_span)->tp_new((PyTypeObject *)readable_span, no_args, NULL);
-    if (events == NULL || links == NULL || attrs == NULL || span == NULL) {
-        Py_XDECREF(events);
-        Py_XDECREF(links);
+    if (attrs == NULL || span == NULL) {
         Py_XDECREF(attrs);
         st = FAIL;
         goto done;
@@ -657,9 +664,9 @@ static int span_of(Rd r, PyObject *resource, PyObject *scope, PyObject *out, Cou
     }
     Py_ssize_t kvs = 0, bad_links = counts->malformed_links;
     if (!st)
-        st = span_lists(r, attrs, events, links, counts, &kvs);
-    if (!st && !(st = set(span, k_attributes, attrs)) && !(st = set(span, k_events, events))
-        && !(st = set(span, k_links, links)) && !(st = set(span, k_resource, resource))) {
+        st = span_lists(r, attrs, &events, &links, counts, &kvs);
+    if (!st && !(st = set(span, k_attributes, attrs)) && !(st = set(span, k_events, events ? events : no_args))
+        && !(st = set(span, k_links, links ? links : no_args)) && !(st = set(span, k_resource, resource))) {
         v = h.has_status ? status_of(h.status, &st) : Py_NewRef(statuses[0]);
         if (v != NULL)
             st = set(span, k_status, v);
@@ -674,8 +681,8 @@ static int span_of(Rd r, PyObject *resource, PyObject *scope, PyObject *out, Cou
         st = v == NULL ? FAIL : set(span, k_otlp_span, v);
         Py_CLEAR(v);
     }
-    Py_DECREF(events);
-    Py_DECREF(links);
+    Py_XDECREF(events);
+    Py_XDECREF(links);
     Py_DECREF(attrs);
     if (!st && PyList_Append(out, span) < 0)
         st = FAIL;

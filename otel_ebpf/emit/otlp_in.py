@@ -171,7 +171,7 @@ def _span(pb: Any, resource: Resource, scope: InstrumentationScope, drops: Drops
     attributes, bad_links = decode_attributes(pb.attributes), drops["malformed_link"]
     span = ReadableSpan(
         pb.name, context=context, parent=parent, resource=resource, attributes=attributes,
-        events=events, links=_links(pb, drops), kind=_KINDS.get(pb.kind, SpanKind.INTERNAL), status=status,
+        events=events or (), links=_links(pb, drops) or (), kind=_KINDS.get(pb.kind, SpanKind.INTERNAL), status=status,
         start_time=pb.start_time_unix_nano, end_time=pb.end_time_unix_nano, instrumentation_scope=scope)
     if len(attributes) == len(pb.attributes) and drops["malformed_link"] == bad_links:
         span.__dict__[RECEIVED_SPAN] = pb.SerializeToString()  # no key twice, no link left out: the bytes say no more
