@@ -39,7 +39,7 @@ PyObject *s_get_span_context, *s_parent, *s_name, *s_kind, *s_start_time, *s_end
     *s_span_id, *s_trace_state, *s_is_remote, *s_timestamp, *s_context, *s_status_code, *s_description,
     *s_resource, *s_instrumentation_scope, *s_schema_url, *s_version, *s__attributes, *s__context, *s__parent,
     *s__name, *s__kind, *s__start_time, *s__end_time, *s__events, *s__links, *s__status, *s__resource,
-    *s__instrumentation_scope, *s__otlp_span;
+    *s__instrumentation_scope, *s__otlp_span, *s__oe_pb, *s__oe_json;
 
 /* ---- grouping: by resource, then scope, in first-appearance order (otlp_common.grouped) ---- */
 
@@ -310,6 +310,8 @@ PyMODINIT_FUNC PyInit__otlpenc(void)
     INTERN(s__resource, "_resource");
     INTERN(s__instrumentation_scope, "_instrumentation_scope");
     INTERN(s__otlp_span, "_otlp_span");
+    INTERN(s__oe_pb, "_oe_otlp_pb");
+    INTERN(s__oe_json, "_oe_otlp_json");
     INTERN(s_start_ns, "start_ns");
     INTERN(s_end_ns, "end_ns");
     INTERN(s_parent_span_id, "parent_span_id");

@@ -25,7 +25,7 @@ extern PyObject *s_get_span_context, *s_parent, *s_name, *s_kind, *s_start_time,
     *s_span_id, *s_trace_state, *s_is_remote, *s_timestamp, *s_context, *s_status_code, *s_description,
     *s_resource, *s_instrumentation_scope, *s_schema_url, *s_version, *s__attributes, *s__context, *s__parent,
     *s__name, *s__kind, *s__start_time, *s__end_time, *s__events, *s__links, *s__status, *s__resource,
-    *s__instrumentation_scope, *s__otlp_span;
+    *s__instrumentation_scope, *s__otlp_span, *s__oe_pb, *s__oe_json;
 
 static inline int grow(Buf *b, size_t more)
 {
@@ -140,6 +140,8 @@ int put_key_value(Buf *b, unsigned char tag, PyObject *key, PyObject *value);
 int put_attributes(Buf *b, unsigned char tag, PyObject *attributes);
 typedef int (*Put)(Buf *b, unsigned char tag, PyObject *o);
 int put_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name, Put put);
+typedef int (*Write)(Buf *b, PyObject *o);
+int put_kept(Buf *b, PyObject *obj, PyObject *key, Write write);
 
 /* _otlpenc_jvalues.c: the same for OTLP/JSON. A field's name goes in as JFIELD("name"); *first: no comma yet */
 #define PUTS(b, text) put(b, text, sizeof(text) - 1)

@@ -164,6 +164,17 @@ static int put_jscope_spans(Buf *b, Group *c)
     return put_byte(b, '}');
 }
 
+/* ResourceSpans.resource: {"resource":{"attributes":[...]}} */
+static int put_jresource(Buf *b, PyObject *resource)
+{
+    int inner = 1, r;
+    if (PUTS(b, "{\"resource\":{"))
+        return FAIL;
+    if ((r = put_jattributes_attr(b, resource, &inner)))
+        return r;
+    return put_byte(b, '}');
+}
+
 static int put_jrequest(Buf *b, Groups *g)
 {
     PyObject *resource, *indexes;
@@ -175,17 +186,16 @@ static int put_jrequest(Buf *b, Groups *g)
         return FAIL;
     while (PyDict_Next(g->resources, &pos, &resource, &indexes)) { /* insertion order: first appearance */
         Group *head = group_at(g, indexes, 0);
-        int inner = 1;
-        if (comma(b, &first) || PUTS(b, "{\"resource\":{"))
+        int inner = 0;
+        if (comma(b, &first))
             return FAIL;
-        if ((r = put_jattributes_attr(b, head->resource, &inner)))
+        if ((r = put_kept(b, head->resource, s__oe_json, put_jresource)))
             return r;
-        if (PUTS(b, "},\"scopeSpans\":["))
+        if (PUTS(b, ",\"scopeSpans\":["))
             return FAIL;
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(indexes); i++)
             if ((i && put_byte(b, ',')) || (r = put_jscope_spans(b, group_at(g, indexes, i))))
                 return r ? r : FAIL;
-        inner = 0;
         if (put_byte(b, ']') || (r = put_jstring_attr(b, JFIELD("schemaUrl"), head->resource, s_schema_url, &inner))
             || put_byte(b, '}'))
             return r ? r : FAIL;

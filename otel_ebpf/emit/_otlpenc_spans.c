@@ -302,6 +302,18 @@ static int put_scope_spans(Buf *b, Group *c)
     return close_field(b, block);
 }
 
+/* ResourceSpans.resource: the Resource message, its attributes */
+static int put_resource(Buf *b, PyObject *resource)
+{
+    size_t head;
+    int r;
+    if (open_field(b, 0x0a, &head))
+        return FAIL;
+    if ((r = put_attr(b, 0x0a, resource, s_attributes, put_attributes)))
+        return r;
+    return close_field(b, head);
+}
+
 static int put_request(Buf *b, Groups *g)
 {
     PyObject *resource, *indexes;
@@ -309,13 +321,11 @@ static int put_request(Buf *b, Groups *g)
     int r;
     while (PyDict_Next(g->resources, &pos, &resource, &indexes)) { /* insertion order: first appearance */
         Group *first = group_at(g, indexes, 0);
-        size_t block, head;
-        if (open_field(b, 0x0a, &block) || open_field(b, 0x0a, &head))
+        size_t block;
+        if (open_field(b, 0x0a, &block))
             return FAIL;
-        if ((r = put_attr(b, 0x0a, first->resource, s_attributes, put_attributes)))
+        if ((r = put_kept(b, first->resource, s__oe_pb, put_resource)))
             return r;
-        if (close_field(b, head))
-            return FAIL;
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(indexes); i++)
             if ((r = put_scope_spans(b, group_at(g, indexes, i))))
                 return r;

@@ -233,3 +233,38 @@ int put_attr(Buf *b, unsigned char tag, PyObject *obj, PyObject *name, Put put)
     Py_DECREF(o);
     return r;
 }
+
+/* What ``write`` writes for ``obj``, kept on ``obj`` as its attribute ``key`` (bytes) the first time and written
+ * from there after. For a resource: the SDK's Resource never changes (opentelemetry-sdk 1.x resources/__init__.py:
+ * its attributes an immutable BoundedAttributes, its schema URL a str), and each read of its attributes runs the
+ * Mapping protocol in Python, once per resource per batch (a gateway's batch holds the spans of a hundred hosts'
+ * ranks). ``write`` must write the same for equal objects, as the encoders do. An object that takes no attribute
+ * is written each time. */
+int put_kept(Buf *b, PyObject *obj, PyObject *key, Write write)
+{
+    PyObject *kept = NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    int found = PyObject_GetOptionalAttr(obj, key, &kept);
+#else
+    int found = _PyObject_LookupAttr(obj, key, &kept);
+#endif
+    if (found < 0)
+        return FAIL;
+    if (kept != NULL && PyBytes_CheckExact(kept)) {
+        int r = put(b, PyBytes_AS_STRING(kept), (size_t)PyBytes_GET_SIZE(kept));
+        Py_DECREF(kept);
+        return r;
+    }
+    Py_XDECREF(kept);
+    size_t from = b->len;
+    int r = write(b, obj);
+    if (r)
+        return r;
+    PyObject *bytes = PyBytes_FromStringAndSize((const char *)b->data + from, (Py_ssize_t)(b->len - from));
+    if (bytes == NULL)
+        return FAIL;
+    if (PyObject_SetAttr(obj, key, bytes) < 0)
+        PyErr_Clear(); /* no attributes on it (slots): written again next time */
+    Py_DECREF(bytes);
+    return OK;
+}

@@ -109,6 +109,23 @@ def test_a_batch_of_many_resources_and_scopes_is_grouped_as_the_sdk_groups_it(fm
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_a_resource_is_encoded_once_and_its_bytes_kept_for_every_batch_after(fmt: str):
+    """The first batch keeps each resource's encoding on the resource (a Resource never changes); later batches
+    write those bytes, the same as the SDK's."""
+    res = resources()
+    spans = [direct_span(f"s{i}", {"i": i}, resource=res[i % 4], scope=None, span_id=i + 1) for i in range(8)]
+    key = "_oe_otlp_pb" if fmt == "proto" else "_oe_otlp_json"
+    for r in res:
+        r.__dict__.pop(key, None)
+    first = native(spans, fmt)
+    kept = [r for r in res if type(r.__dict__.get(key)) is bytes]
+    assert all(any(r == k for k in kept) for r in res) and len(kept) == len({id(r) for r in res}) - 1  # 2 equal
+    assert native(spans, fmt) == first == reference(spans, fmt)
+    res[0].__dict__[key] = b"kept"  # written as kept, not encoded again
+    assert (b"kept" if fmt == "proto" else "kept") in native(spans[:1], fmt)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_it_hands_back_what_it_does_not_write(fmt: str):
     res = resources()[0]
     cases = [direct_span("state", {}, resource=res, scope=None, trace_state=TraceState([("k", "v")])),
