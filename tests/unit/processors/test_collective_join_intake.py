@@ -81,15 +81,7 @@ def _run(seed: int, c_intake: bool, **cfg) -> tuple[list, tuple, int]:
     sink = ListConsumer()
     join = CollectiveJoin(Config(**cfg), Context(), sink, clock=lambda: clock[0], wall_ns=lambda: T0 + 99,
                           c_intake=c_intake)
-    taken = [0]
-    if join._take is not None:
-        real = join._take
-
-        def counting(events, start):
-            i = real(events, start)
-            taken[0] += i - start
-            return i
-        join._take = counting
+    taken = _counted(join)
     left = []
     for batch in _stream(seed, 40):
         clock[0] += 0.5
@@ -104,6 +96,19 @@ def _run(seed: int, c_intake: bool, **cfg) -> tuple[list, tuple, int]:
     join.shutdown()
     left += [_seen(e) for e in sink.take()]
     return left, held, taken[0]
+
+
+def _counted(join: CollectiveJoin) -> list[int]:
+    """``[n]``: how many events ``join``'s C intake takes from here on (0 without one)."""
+    taken = [0]
+    real = join._take
+    if real is not None:
+        def counting(events, start):
+            i = real(events, start)
+            taken[0] += i - start
+            return i
+        join._take = counting
+    return taken
 
 
 def _seen(event: object) -> object:
@@ -130,14 +135,7 @@ def test_the_c_intake_leaves_and_holds_exactly_what_the_python_path_does(seed, c
 
 def test_in_order_ranks_are_all_taken_but_each_collectives_first_and_last():
     join = CollectiveJoin(Config(), Context(), ListConsumer(), clock=lambda: 0.0)
-    counted = [0]
-    real = join._take
-
-    def counting(events, start):
-        i = real(events, start)
-        counted[0] += i - start
-        return i
-    join._take = counting
+    counted = _counted(join)
     for seq in range(3):
         join.consume([nccl_spans.rank_span(seq, r, T0 + r, nranks=64) for r in range(64)])
     # The first collective: none (each rank's wavefront entry is new); after: all but the first and the last rank.
