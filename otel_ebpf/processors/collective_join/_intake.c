@@ -231,19 +231,16 @@ static PyObject *Intake_take(Intake *self, PyObject *const *args, Py_ssize_t nar
         goto done;
     held = spans;
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    int r = 0;
-    for (; i < n && (r = take_one(self, items[i], pending, fronts, &spans, max_spans, &cache)) == 1; i++)
-        ;
-    if (spans != held) { /* before any error: what was taken is held */
+    while (i < n && take_one(self, items[i], pending, fronts, &spans, max_spans, &cache))
+        i++;
+    if (spans != held) {
+        /* Once a span is taken, take returns its index and does not raise (the caller would hand the taken ones to
+         * the Python path again): a count that cannot be stored (out of memory) leaves store.spans low by these. */
         PyObject *now = PyLong_FromSsize_t(spans);
-        if (now == NULL || PyObject_SetAttr(self->store, s_spans, now) < 0) {
-            Py_XDECREF(now);
-            goto done;
-        }
-        Py_DECREF(now);
+        if (now == NULL || PyObject_SetAttr(self->store, s_spans, now) < 0)
+            PyErr_Clear();
+        Py_XDECREF(now);
     }
-    if (r < 0)
-        goto done;
     result = PyLong_FromSsize_t(i);
 done:
     Py_XDECREF(cache.entry);

@@ -179,7 +179,7 @@ class CollectiveJoin(EventProcessor[Config]):
             return start
         try:
             return take(events, start)
-        except Exception:  # only for what take checks before it takes any (its arguments): the rest in Python
+        except Exception:  # only before it takes any (its arguments, the store's fields): the rest in Python
             log.warning("collective_join: the C intake failed, joining in Python from here on", exc_info=True)
             self._take = None
             return start
