@@ -7,6 +7,7 @@ is bounded; tolerances allow for the 2 shared CPUs of CI machines.
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import subprocess
 import sys
@@ -110,12 +111,23 @@ def _on_cpu_samples(stats: Any, pid: int, t0: int) -> list[tuple[float, float]]:
     return [(round((t - t0) / 1e6, 1), round(v / 1e6, 1)) for t, v in zip(series.times, series.values, strict=True)]
 
 
+def _stolen_ns() -> int:
+    """The hypervisor's steal so far, all CPUs together (/proc/stat). The kernel's on-CPU time,
+    timed sched_switch to sched_switch, holds the steal of the time a thread ran; its CPU clock
+    (``process_time``, ``os.times``) leaves it out: on a busy CI VM a spin of 100 ms of CPU was
+    141 ms on-CPU."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return int(fields[8]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
 def test_spin_then_sleep_gives_on_and_off_cpu_time_and_per_thread_step_figures(bpf_ready: None) -> None:
     with traced(f"exec {sys.executable} -c '{SPIN_SLEEP}'", stats_interval=0.1) as run:
         pid = run.child.pid
         stats = run.ctx.host_stats
         assert run.child.stdout is not None and run.child.stdin is not None and stats is not None
         assert run.child.stdout.readline() == "up\n"
+        steal0 = _stolen_ns()
         stats.watch(pid, pid)
         stats.fresh(pid, pid, time.time_ns())  # a sample before t0, however late the poll thread is
         assert "on_cpu_ns" in stats.delta(pid, time.time_ns(), time.time_ns(), tid=pid)
@@ -126,18 +138,22 @@ def test_spin_then_sleep_gives_on_and_off_cpu_time_and_per_thread_step_figures(b
         spin = run.ctx.host_stats.delta(pid, t0, t1, tid=pid)
         sleep = run.ctx.host_stats.delta(pid, t1, t2, tid=pid)
         samples = _on_cpu_samples(stats, pid, t0)
+        stolen = _stolen_ns() - steal0
         run.child.stdin.write("\n")
         run.child.stdin.flush()
     # seen once (session 20, all of tests/bpf): 66 ms for the 250 ms spin; the samples say why next time
-    assert spin["on_cpu_ns"] == pytest.approx(0.25e9, rel=0.2), (t1 - t0, t2 - t0, t3 - t0, samples)
+    why = (t1 - t0, t2 - t0, t3 - t0, stolen, samples)
+    assert 0.8 * 0.25e9 <= spin["on_cpu_ns"] <= 1.2 * 0.25e9 + stolen, why
     assert spin["off_cpu_sleep_ns"] < 0.05e9
     assert sleep["off_cpu_sleep_ns"] == pytest.approx(0.3e9, rel=0.2)
     assert sleep["on_cpu_ns"] < 0.05e9
     total = _sum_stats(run.events, {pid})
     # the kernel's own figure for the process's CPU time (os.times) against ours
-    assert total["on"] == pytest.approx(cpu_ns, rel=0.15, abs=30 * MS)
+    assert 0.85 * cpu_ns - 30 * MS <= total["on"] <= 1.15 * cpu_ns + 30 * MS + stolen, (total["on"], cpu_ns, stolen)
     assert 0.3e9 <= total["sleep"] + total["lock"] < 0.3e9 + (t3 - t0) + 2e9  # + the wait for our "\n"
-    assert total["vol"] >= 2
+    # the sleep is the one certain voluntary switch: a readline blocks only when the test's line
+    # is not there yet (on a loaded VM it can be: seen once, 1 voluntary switch)
+    assert total["vol"] >= 1
     cpus = [e for e in run.events if isinstance(e, SchedCpuStats) and e.pid == pid]
     assert sum(e.on_cpu_ns for e in cpus) == total["on"]
 
