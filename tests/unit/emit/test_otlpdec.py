@@ -176,6 +176,35 @@ def test_remote_and_local_parents_and_links_keep_is_remote():
     assert [s.parent.is_remote for s in got] == [True, False]
 
 
+def test_spans_of_one_trace_and_parent_share_their_id_and_parent_objects_and_repeated_ints_one_object():
+    """What a request of rank spans repeats (one trace, one parent, the same counts and sizes) is one object in C
+    (the last trace id and parent context made, a table of ints), only where the bytes are the same: a parent
+    that differs, a remote flag that differs, a trace that differs under the same parent id, ints that share a
+    slot of the table (2,000 values in its 512) each get their own, all as Python converts them."""
+    res = resources()[1]
+    t1, t2 = 0x0123456789ABCDEF0123456789ABCDEF, 0xFEDCBA98765432100123456789ABCDEF
+    parents = [SpanContext(t1, 0x51, False)] * 3 + [SpanContext(t1, 0x52, False), SpanContext(t1, 0x52, True),
+                                                      SpanContext(t2, 0x52, True), None, SpanContext(t2, 0x52, True)]
+    spans = [direct_span(f"s{i}", {"count": 1 << 20, "nranks": 1024, "rank": 300 + i % 2, "small": 7, "neg": -(1 << 40)},
+                         resource=res, scope=None, parent=p, trace_id=p.trace_id if p else t1, span_id=i + 1)
+             for i, p in enumerate(parents)]
+    spans += [direct_span(f"v{v}", {"v": v, "w": -v}, resource=res, scope=None, trace_id=t2, span_id=100 + v)
+              for v in range(1000, 3000)]
+    request = encode_spans(spans)
+    same_as_python(request)
+    got = decode(request)[0]
+    first = got[0]
+    assert all(s.context.trace_id is first.context.trace_id for s in got[1:5])
+    assert got[1].parent is first.parent and got[2].parent is first.parent
+    assert got[3].parent is not first.parent and got[4].parent is not got[3].parent  # another id; remote
+    assert got[5].parent is not got[4].parent and got[5].parent.trace_id == t2  # the same id in another trace
+    assert got[6].parent is None and got[7].parent is got[5].parent  # kept over a span without one
+    assert got[5].context.trace_id is got[5].parent.trace_id
+    assert all(s.attributes["count"] is first.attributes["count"] for s in got[1:8])
+    assert got[2].attributes["rank"] is first.attributes["rank"] and got[1].attributes["rank"] == 301
+    assert [(s.attributes["v"], s.attributes["w"]) for s in got[8:]] == [(v, -v) for v in range(1000, 3000)]
+
+
 def _request(resource: dict[str, Any], schema: str = "", span_id: int = 1) -> ExportTraceServiceRequest:
     from opentelemetry.sdk.resources import Resource
 
