@@ -87,8 +87,8 @@ class Config:
                  "partial and counted (nccl.join.released{outcome=evicted}). As many released "
                  "collectives are remembered, to recognise late spans.", min=1)
     max_spans: int = doc(
-        250_000, "Rank spans held by waiting collectives in all (~1.6 KiB each as received, with 13 attributes "
-                 "and the bytes it is sent on as: 250k is about 380 MiB); beyond it the oldest collectives are "
+        250_000, "Rank spans held by waiting collectives in all (~1.3 KiB each as received, with 13 attributes "
+                 "and the bytes it is sent on as: 250k is about 310 MiB); beyond it the oldest collectives are "
                  "released early as with max_pending. Also bounds the wavefront entries.", min=1)
     max_comms: int = doc(
         4096, "Communicators whose wavefront (each rank's highest nccl.seq) is kept for desync reports; "
