@@ -10,7 +10,8 @@
  * it: unless a key came twice or a link was left out) for the encoders to send on. A span whose ids are not 16 and
  * 8 non-zero bytes is left out and counted (malformed_span), a link likewise (malformed_link). Equal immutable values
  * are shared where a request repeats them (strings, ints, the trace id and the parent SpanContext of a run of spans of
- * one trace: see cached_text, cached_int, trace_id_of, parent_context): ~17 -> ~10 objects made a rank span.
+ * one trace, also interleaved with a few others: see cached_text, cached_int, trace_id_of, parent_context): ~17 -> ~10
+ * objects made a rank span.
  *
  * decode_spans(data) returns (spans, malformed spans, malformed links), or None for a request off its fast path:
  * a trace state, a singular message field given twice (protobuf merges them), an AnyValue with more than one
@@ -369,25 +370,52 @@ static PyObject *id_of(Rd sub, Py_ssize_t size, int *bad)
     return _PyLong_FromByteArray(sub.p, (size_t)size, 0, 0);
 }
 
-/* The last trace id and the last parent SpanContext made (what a request's spans share:
- * the ranks of one collective are one trace under one root, and an agent sends its ranks' spans of a collective
- * together), each kept with the bytes it was made from: a span with the same bytes gets the same object (ints and
- * SpanContexts never change), three objects fewer to make, hold and free. One of each; used under the GIL only. */
-static unsigned char last_trace[16], last_parent[8 + 16 + 1];
-static PyObject *last_tid, *last_parent_ctx;
+/* The trace ids and parent SpanContexts made lately (what a request's spans share: the ranks of one collective are
+ * one trace under one root, an agent sends its ranks' spans of a collective together, and the collectives of a few
+ * communicators in flight come interleaved), each kept with the bytes it was made from, the last ID_SLOTS of each: a
+ * span with the same bytes gets the same object (ints and SpanContexts never change), three objects fewer to make,
+ * hold and free. Looked up newest first (a run of one trace hits at once); the oldest is replaced. Used under the GIL
+ * only. */
+#define ID_SLOTS 16
+typedef struct {
+    unsigned char keys[ID_SLOTS][8 + 16 + 1];
+    PyObject *objs[ID_SLOTS];
+    unsigned next; /* the slot to fill next: the newest is the one before it */
+} Recent;
+static Recent recent_tids, recent_parents;
 
-/* id_of(sub, 16, bad), the same int object as the last one made when the bytes are the same. */
+/* The object kept for the ``n`` bytes at ``key``, a new reference, or NULL. */
+static PyObject *recent_get(Recent *c, const unsigned char *key, size_t n)
+{
+    for (unsigned k = 1; k <= ID_SLOTS; k++) {
+        unsigned i = (c->next - k) % ID_SLOTS;
+        if (c->objs[i] == NULL)
+            return NULL; /* filled in order: none older */
+        if (memcmp(c->keys[i], key, n) == 0)
+            return Py_NewRef(c->objs[i]);
+    }
+    return NULL;
+}
+
+static void recent_put(Recent *c, const unsigned char *key, size_t n, PyObject *obj)
+{
+    unsigned i = c->next % ID_SLOTS;
+    memcpy(c->keys[i], key, n);
+    Py_XSETREF(c->objs[i], Py_NewRef(obj));
+    c->next = (i + 1) % ID_SLOTS;
+}
+
+/* id_of(sub, 16, bad), the same int object as one made lately from the same bytes. */
 static PyObject *trace_id_of(Rd sub, int *bad)
 {
-    if (last_tid != NULL && sub.end - sub.p == 16 && memcmp(sub.p, last_trace, 16) == 0) {
-        *bad = 0;
-        return Py_NewRef(last_tid);
-    }
-    PyObject *tid = id_of(sub, 16, bad);
+    PyObject *tid = sub.end - sub.p == 16 ? recent_get(&recent_tids, sub.p, 16) : NULL;
     if (tid != NULL) {
-        memcpy(last_trace, sub.p, 16);
-        Py_XSETREF(last_tid, Py_NewRef(tid));
+        *bad = 0;
+        return tid;
     }
+    tid = id_of(sub, 16, bad);
+    if (tid != NULL) /* 16 bytes: id_of took them */
+        recent_put(&recent_tids, sub.p, 16, tid);
     return tid;
 }
 
@@ -410,25 +438,24 @@ static PyObject *context(PyObject *trace_id, PyObject *span_id, int remote)
     return out;
 }
 
-/* context(tid, parent id, remote) for ``parent``'s 8 bytes in trace ``trace`` (16 bytes), the same object as the
- * last one made when those bytes and the remote flag are the same; NULL for a bad id (*bad) or an error. */
+/* context(tid, parent id, remote) for ``parent``'s 8 bytes in trace ``trace`` (16 bytes), the same object as one
+ * made lately from the same bytes and remote flag; NULL for a bad id (*bad) or an error. */
 static PyObject *parent_context(Rd trace, Rd parent, PyObject *tid, int remote, int *bad)
 {
-    unsigned char key[sizeof last_parent];
+    unsigned char key[8 + 16 + 1];
     *bad = 0;
     if (parent.end - parent.p == 8) {
         memcpy(key, parent.p, 8);
         memcpy(key + 8, trace.p, 16);
         key[24] = (unsigned char)remote;
-        if (last_parent_ctx != NULL && memcmp(key, last_parent, sizeof key) == 0)
-            return Py_NewRef(last_parent_ctx);
+        PyObject *ctx = recent_get(&recent_parents, key, sizeof key);
+        if (ctx != NULL)
+            return ctx;
     }
     PyObject *pid = id_of(parent, 8, bad), *ctx = pid == NULL ? NULL : context(tid, pid, remote);
     Py_XDECREF(pid);
-    if (ctx != NULL) {
-        memcpy(last_parent, key, sizeof key);
-        Py_XSETREF(last_parent_ctx, Py_NewRef(ctx));
-    }
+    if (ctx != NULL) /* 8 bytes: id_of took them */
+        recent_put(&recent_parents, key, sizeof key, ctx);
     return ctx;
 }
 

@@ -205,6 +205,27 @@ def test_spans_of_one_trace_and_parent_share_their_id_and_parent_objects_and_rep
     assert [(s.attributes["v"], s.attributes["w"]) for s in got[8:]] == [(v, -v) for v in range(1000, 3000)]
 
 
+def test_spans_of_traces_interleaved_share_each_trace_id_and_parent_object():
+    """Collectives of a few communicators in flight come interleaved (a span of each in turn): each trace keeps one
+    trace id and one parent object across the others' spans; spans of 64 traces in turn (past the table's 16 slots)
+    still decode as Python converts them."""
+    res = resources()[1]
+    traces = [(0x1000 + t) << 64 | 0xABC0 + t for t in range(8)]  # sequential ids, as a test's would be
+    spans = [direct_span(f"r{r}", {"rank": r}, resource=res, scope=None, parent=SpanContext(t, 0x77, True),
+                         trace_id=t, span_id=1 + r * 8 + i) for r in range(4) for i, t in enumerate(traces)]
+    spans += [direct_span(f"w{i}", {}, resource=res, scope=None, parent=SpanContext(t, 0x9000 + t % 64, True),
+                          trace_id=t, span_id=1000 + i)
+              for i, t in enumerate([(7 + k % 64) << 70 | k % 64 for k in range(256)])]
+    request = encode_spans(spans)
+    same_as_python(request)
+    got = decode(request)[0][:32]
+    for i in range(8):
+        of_trace = got[i::8]
+        assert all(s.context.trace_id is of_trace[0].context.trace_id for s in of_trace), i
+        assert all(s.parent is of_trace[0].parent for s in of_trace), i
+    assert len({id(s.parent) for s in got}) == 8
+
+
 def _request(resource: dict[str, Any], schema: str = "", span_id: int = 1) -> ExportTraceServiceRequest:
     from opentelemetry.sdk.resources import Resource
 
