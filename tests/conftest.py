@@ -13,6 +13,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+#: where idle_window tests live: scripts/test.sh leaves them out of the suite's run and runs this folder's side by side
+IDLE_WINDOW_DIR = "tests/faults/"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An idle_window test outside IDLE_WINDOW_DIR would never run under scripts/test.sh: refuse it."""
+    stray = [i.nodeid for i in items
+             if i.get_closest_marker("idle_window") and not i.nodeid.startswith(IDLE_WINDOW_DIR)]
+    if stray:
+        raise pytest.UsageError(f"idle_window tests must be under {IDLE_WINDOW_DIR} (scripts/test.sh): {stray}")
+
+
 def _bpf_problem() -> str | None:
     from otel_ebpf.core.errors import OtelEbpfError
 

@@ -127,6 +127,7 @@ def _reconcile(calls: int, spans: int, drops: dict[str, int], exporter: str) -> 
     return up, own
 
 
+@pytest.mark.idle_window
 def test_blackholed_exporter_delays_no_other_exporter(bpf_ready, cudart, tmp_path, soak):
     blackhole_s = 300 if soak else 60
     hole, sink = Blackhole(), OtlpSink(max_requests=100_000).start()

@@ -113,6 +113,7 @@ def _last_sum(requests: list[object], name: str, **match: str) -> dict[tuple[tup
     return out
 
 
+@pytest.mark.idle_window
 def test_gateway_stall_refuses_agents_retry_and_every_span_is_delivered_or_counted(tmp_path, soak):
     stall_s = 300.0 if soak else 30.0
     flood_s = BEFORE_S + stall_s + AFTER_S

@@ -76,6 +76,7 @@ def _drops(requests) -> dict[str, int]:
     return drops_by_reason(metrics_of([r for r in requests if isinstance(r, ExportMetricsServiceRequest)]))
 
 
+@pytest.mark.idle_window
 def test_collector_down_60s_then_back(bpf_ready, cudart, tmp_path, soak):
     outage_s = 300 if soak else 60
     cfg = tmp_path / "agent.yaml"

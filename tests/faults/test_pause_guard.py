@@ -142,6 +142,7 @@ def _pid_of(out: Path) -> int:
     return int(json.loads(out.read_text())["pid"])
 
 
+@pytest.mark.idle_window
 def test_agent_stopped_while_processes_load_libcudart(bpf_ready, cudart, tmp_path, soak):
     """The issue's case: the agent SIGSTOPped for 60 s (soak: 300 s) while 20 (soak: 100)
     processes of a traced job start and load libcudart: each is held at most pause_timeout
