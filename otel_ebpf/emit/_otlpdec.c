@@ -175,8 +175,10 @@ static PyObject *cached_text(Rd *sub, int *r)
 /* Ints past CPython's own small ints (-5..256) that come again span after span (nccl.count, nccl.bytes,
  * nccl.nranks, thread.id, a rank over 256): a direct-mapped table of INT_SLOTS int objects, looked up by value, so a
  * repeated value is one reference instead of a new object to make, hold and free. An int never changes, so a shared
- * one is the same to every reader. Bounded by its size; a slot is simply replaced. Used under the GIL only. */
-#define INT_SLOTS 512
+ * one is the same to every reader. Bounded by its size (4,096 ints, ~200 KiB with the table: 1,024 ranks' own ranks
+ * and thread ids are ~2,000 values; 512 slots mostly missed there); a slot is simply replaced. Used under the GIL
+ * only. */
+#define INT_SLOTS 4096
 static PyObject *ints[INT_SLOTS];
 static int64_t int_values[INT_SLOTS];
 
@@ -184,7 +186,7 @@ static PyObject *cached_int(int64_t v)
 {
     if (v >= -5 && v <= 256)
         return PyLong_FromLongLong(v);
-    size_t i = (size_t)(((uint64_t)v * 0x9E3779B97F4A7C15ull) >> 55); /* the top 9 bits: INT_SLOTS */
+    size_t i = (size_t)(((uint64_t)v * 0x9E3779B97F4A7C15ull) >> 52); /* the top 12 bits: INT_SLOTS */
     if (ints[i] != NULL && int_values[i] == v)
         return Py_NewRef(ints[i]);
     PyObject *o = PyLong_FromLongLong(v);

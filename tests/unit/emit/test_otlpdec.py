@@ -178,9 +178,9 @@ def test_remote_and_local_parents_and_links_keep_is_remote():
 
 def test_spans_of_one_trace_and_parent_share_their_id_and_parent_objects_and_repeated_ints_one_object():
     """What a request of rank spans repeats (one trace, one parent, the same counts and sizes) is one object in C
-    (the last trace id and parent context made, a table of ints), only where the bytes are the same: a parent
+    (the trace ids and parent contexts made lately, a table of ints), only where the bytes are the same: a parent
     that differs, a remote flag that differs, a trace that differs under the same parent id, ints that share a
-    slot of the table (2,000 values in its 512) each get their own, all as Python converts them."""
+    slot of the table (10,000 values in its 4,096) each get their own, all as Python converts them."""
     res = resources()[1]
     t1, t2 = 0x0123456789ABCDEF0123456789ABCDEF, 0xFEDCBA98765432100123456789ABCDEF
     parents = [SpanContext(t1, 0x51, False)] * 3 + [SpanContext(t1, 0x52, False), SpanContext(t1, 0x52, True),
@@ -189,7 +189,7 @@ def test_spans_of_one_trace_and_parent_share_their_id_and_parent_objects_and_rep
                          resource=res, scope=None, parent=p, trace_id=p.trace_id if p else t1, span_id=i + 1)
              for i, p in enumerate(parents)]
     spans += [direct_span(f"v{v}", {"v": v, "w": -v}, resource=res, scope=None, trace_id=t2, span_id=100 + v)
-              for v in range(1000, 3000)]
+              for v in range(1000, 11000)]
     request = encode_spans(spans)
     same_as_python(request)
     got = decode(request)[0]
@@ -202,7 +202,7 @@ def test_spans_of_one_trace_and_parent_share_their_id_and_parent_objects_and_rep
     assert got[5].context.trace_id is got[5].parent.trace_id
     assert all(s.attributes["count"] is first.attributes["count"] for s in got[1:8])
     assert got[2].attributes["rank"] is first.attributes["rank"] and got[1].attributes["rank"] == 301
-    assert [(s.attributes["v"], s.attributes["w"]) for s in got[8:]] == [(v, -v) for v in range(1000, 3000)]
+    assert [(s.attributes["v"], s.attributes["w"]) for s in got[8:]] == [(v, -v) for v in range(1000, 11000)]
 
 
 def test_spans_of_traces_interleaved_share_each_trace_id_and_parent_object():
