@@ -16,5 +16,5 @@ fi
 # (measured on a 2-core VM, four runs: 88-94 s for the four, 276 s one after another).
 rc=0
 .venv/bin/python -m pytest -ra --durations=25 -m "not idle_window" || rc=$?
-.venv/bin/python -m pytest -ra --durations=4 -m idle_window -p xdist -n 4 tests/faults || { r=$?; [ "$rc" -ne 0 ] || rc=$r; }
+.venv/bin/python -m pytest -ra --durations=4 -m idle_window -n 4 tests/faults || { r=$?; [ "$rc" -ne 0 ] || rc=$r; }
 exit "$rc"

@@ -401,7 +401,7 @@ static PyObject *recent_get(Recent *c, const unsigned char *key, size_t n)
 
 static void recent_put(Recent *c, const unsigned char *key, size_t n, PyObject *obj)
 {
-    unsigned i = c->next % ID_SLOTS;
+    unsigned i = c->next; /* always < ID_SLOTS */
     memcpy(c->keys[i], key, n);
     Py_XSETREF(c->objs[i], Py_NewRef(obj));
     c->next = (i + 1) % ID_SLOTS;
