@@ -256,9 +256,23 @@ def ddp(t: Target, tmp: Path, budget: float) -> dict[str, Any]:
                      "taskAppend -> ncclLaunchOneRank): no kernel channels, so no plugin GPU time and no NCCL "
                      "kernel; the all_to_all's p2p-to-self did not give any here either", "", "info"])
     ok = all(r[3] in ("ok", "info") for r in rows)
+    if not ok:  # where the run's host spans fell, so that a failure says whether they were missing or mistimed
+        rows.append(["NCCL host spans of the whole run, start - t0 in ms", _host_spans_around(agent_out, w["t0_ns"]),
+                     f"window: 0..{(w['t1_ns'] - w['t0_ns']) / 1e6:.1f}", "info"])
     return {"status": "pass" if ok else "fail", "workload": w, "ops": ops, "comms": comms, "seqs": seqs,
             "gpu_durations_ns": gpu[:50], "profiler_nccl_kernels": kern[:50], "rows": rows,
             "agent_stderr": _tail(d.err, 1500)}
+
+
+def _host_spans_around(agent_out: Path, t0: int) -> str:
+    """Every span of the agent's output with ``nccl.op`` or an NCCL name, as ``name seq @ms`` from ``t0``, and the
+    output's span count by kind (the NCCL ones, the rest)."""
+    from otel_ebpf.report.otlpfiles import read_otlp_json
+
+    spans = sorted(read_otlp_json(agent_out).spans, key=lambda s: s.start_ns)
+    nccl = [s for s in spans if s.get("nccl.op") or s.name.lower().startswith("nccl")]
+    listed = "; ".join(f"{s.name} {s.get('nccl.seq')} @{(s.start_ns - t0) / 1e6:.1f}" for s in nccl[:80])
+    return f"{len(nccl)} NCCL of {len(spans)} spans: {listed}"
 
 
 def _gpu_row(gpu: list[int], kern: list[int]) -> Row:
