@@ -466,6 +466,7 @@ class BpfReceiver:
                 if now >= self._drops_due:  # BCC's map reads cost ~100 us: not every turn (_drain reads last)
                     self._drops_due = now + _DROPS_EVERY_S
                     self._read_drops()
+                    self.check_clock()
                 busy = bool(self._batch)
                 self._flush()
                 if busy:  # records keep coming: let them gather in the ring buffer a little (fewer, bigger batches)
@@ -473,6 +474,15 @@ class BpfReceiver:
             except Exception:
                 log.exception("%s: poll loop error", self.name)
         self._drain(rings)
+
+    def check_clock(self) -> None:
+        """Ask the agent's clock whether the wall clock was stepped (otel_ebpf.bpf.clock): a step found here is
+        counted (``otel_ebpf.clock.steps{receiver}``) and logged, once for all receivers. Poll thread."""
+        step = self.clock.check()
+        if step:
+            self.ctx.telemetry.add("otel_ebpf.clock.steps", 1, receiver=self.name)
+            log.warning("%s: the wall clock was stepped by %+.3f ms; span times follow it from now on (records "
+                        "read before keep the old offset)", self.name, step / 1e6)
 
     def _drain(self, rings: Rings) -> None:
         try:

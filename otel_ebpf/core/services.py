@@ -37,6 +37,8 @@ class KernelTime(Protocol):
 
     def now_monotonic_ns(self) -> int: ...
 
+    def check(self) -> int: ...  # the wall clock's step found since the last check, in ns (0: none, or not found here)
+
 
 class ProcessResources(Protocol):
     """Process identity (``process.*``, container, pod attributes), cached per (pid, start time):

@@ -61,6 +61,8 @@ _DESCRIPTIONS = {
     "otel_ebpf.export.failed": "Export attempts (span batches or metric collections) that failed, retries included.",
     "otel_ebpf.metrics.dropped": "Metric collections an exporter never sent, by exporter and reason "
                                  "(export_queue_full, export_failed, export_shutdown).",
+    "otel_ebpf.clock.steps": "Steps of the wall clock the agent found (NTP's makestep, date -s, a VM resumed), by "
+                             "the receiver that found it: span times follow the new wall clock from then on.",
     "otel_ebpf.spans.rate_limited": "Calls left without a span by a receiver's span budget (span_rate_limit); "
                                     "they are still counted in that receiver's metrics, so nothing is lost.",
     "otel_ebpf.nvml.scrape.errors": "NVML calls that failed during a scrape, by function and error; "

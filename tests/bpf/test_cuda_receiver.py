@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from otel_ebpf.bpf.clock import CHECK_EVERY_NS, KernelClock
 from otel_ebpf.core.events import LibraryLoaded, MetricRecord, ProcessExit
 from otel_ebpf.core.pipeline import Context, ListConsumer
 from otel_ebpf.processors.cuda import Config as ProcessorConfig
@@ -136,14 +137,15 @@ def _ready(proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
 
 @contextlib.contextmanager
 def traced(argv: list[str], config: Config, *, wait_ready: bool = True,
-           extra_pids: tuple[int, ...] = (), env: dict[str, str] | None = None) -> Iterator[Traced]:
+           extra_pids: tuple[int, ...] = (), env: dict[str, str] | None = None,
+           clock: KernelClock | None = None) -> Iterator[Traced]:
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=None if env is None else {**os.environ, **env})
     receiver = None
     try:
         if wait_ready:
             _ready(proc)
-        ctx = Context(target_pids=[proc.pid, *extra_pids])
+        ctx = Context(target_pids=[proc.pid, *extra_pids], clock=clock)
         sink = ListConsumer()
         receiver = create(config, ctx, sink)
         receiver.start()
@@ -205,6 +207,27 @@ def test_real_cudart_every_call_with_known_arguments_and_real_rc(bpf_ready: None
         # 35 = cudaErrorInsufficientDriver: the failed cudaSetDevice binds nothing, so the thread stays on
         # CUDA's default device 0
         _assert_script(t, expect_rc=35, device=0)
+
+
+def test_a_step_of_the_wall_clock_while_traced_moves_later_call_times_with_it(bpf_ready: None,
+                                                                             built: dict[str, Path],
+                                                                             cudart: Path) -> None:
+    """The poll loop finds a step of the wall clock (here a wall clock 30 s ahead from a moment on, as after
+    chrony's makestep) within a check interval, counts it once and stamps the calls made after it by the new wall
+    clock, not the offset measured at start."""
+    shift = [0]
+    clock = KernelClock(wall=lambda: time.time_ns() + shift[0])
+    argv = [str(built["cuda_driver"]), str(cudart), "--wait-stdin"]
+    with traced(argv, Config(launch_sample_every=1), clock=clock) as t:
+        shift[0] = 30_000_000_000
+        _wait_for("the step counted", lambda: t.ctx.telemetry.get("otel_ebpf.clock.steps") == 1,
+                  timeout=5 * CHECK_EVERY_NS / 1e9)
+        before = time.time_ns() + shift[0]
+        t.release()
+        after = time.time_ns() + shift[0]
+        calls = t.events(MemcpyCall)
+        assert calls and all(before <= c.start_ns <= c.end_ns <= after for c in calls), (before, after, calls)
+    assert t.ctx.telemetry.get("otel_ebpf.clock.steps") == 1
 
 
 def test_successful_calls_bind_device_and_pair_pointers(bpf_ready: None, built: dict[str, Path],

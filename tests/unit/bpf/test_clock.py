@@ -58,3 +58,78 @@ def test_the_agent_makes_one_clock_for_all_its_receivers_and_a_session_one_for_i
     finally:
         agent.shutdown()
     assert isinstance(Session(pids=[1]).ctx.clock, KernelClock)
+
+
+class FakeClocks:
+    """A monotonic and a wall clock the test moves; each read advances both by ``tick`` ns (a read takes time)."""
+
+    def __init__(self, tick: int = 100) -> None:
+        self.mono_ns, self.wall_ns, self.tick = 5_000 * MS, 1_700_000_000_000 * MS, tick
+        self.stall_next_wall = 0  # ns the next wall read takes (a thread preempted between its reads)
+
+    def mono(self) -> int:
+        self.mono_ns += self.tick
+        self.wall_ns += self.tick
+        return self.mono_ns
+
+    def wall(self) -> int:
+        self.mono_ns += self.tick + self.stall_next_wall
+        self.wall_ns += self.tick + self.stall_next_wall
+        self.stall_next_wall = 0
+        return self.wall_ns
+
+    def run(self, ns: int) -> None:
+        self.mono_ns += ns
+        self.wall_ns += ns
+
+
+def test_a_step_of_the_wall_clock_is_found_at_the_next_check_and_later_times_follow_it():
+    from otel_ebpf.bpf.clock import CHECK_EVERY_NS
+
+    c = FakeClocks()
+    clock = KernelClock(mono=c.mono, wall=c.wall)
+    assert abs(clock.to_epoch_ns(c.mono_ns) - c.wall_ns) < 1_000
+    c.run(2 * CHECK_EVERY_NS)
+    assert clock.check() == 0  # no step: nothing changes
+    c.wall_ns += 3_000 * MS  # chrony's makestep: +3 s
+    assert clock.check() == 0  # not yet due (checked a moment ago)
+    assert abs(clock.to_epoch_ns(c.mono_ns) - c.wall_ns) > 2_900 * MS
+    c.run(CHECK_EVERY_NS)
+    step = clock.check()
+    assert abs(step - 3_000 * MS) < 1_000 and clock.steps == 1
+    assert abs(clock.to_epoch_ns(c.mono_ns) - c.wall_ns) < 1_000
+    c.run(CHECK_EVERY_NS)
+    assert clock.check() == 0 and clock.steps == 1  # found once
+    c.wall_ns -= 250 * MS  # backwards too
+    c.run(CHECK_EVERY_NS)
+    assert abs(clock.check() + 250 * MS) < 1_000 and clock.steps == 2
+
+
+def test_jitter_under_the_step_size_and_a_preempted_read_change_nothing():
+    from otel_ebpf.bpf.clock import CHECK_EVERY_NS, STEP_NS
+
+    c = FakeClocks()
+    clock = KernelClock(mono=c.mono, wall=c.wall)
+    offset = clock.offset_ns
+    c.wall_ns += STEP_NS // 2  # under the step size: the offset holds
+    c.run(CHECK_EVERY_NS)
+    assert clock.check() == 0 and clock.offset_ns == offset
+    c.run(CHECK_EVERY_NS)
+    c.stall_next_wall = 20 * MS  # a read bracketed 20 ms wide is off by up to 10 ms: not used
+    assert clock.check() == 0 and clock.offset_ns == offset and clock.steps == 0
+
+
+def test_a_receivers_poll_loop_counts_a_step_once_for_all_receivers():
+    from otel_ebpf.bpf.clock import CHECK_EVERY_NS
+    from otel_ebpf.bpf.receiver import BpfReceiver
+    from otel_ebpf.core.pipeline import Context, ListConsumer
+
+    c = FakeClocks()
+    ctx = Context(clock=KernelClock(mono=c.mono, wall=c.wall))
+    a, b = BpfReceiver(ctx, ListConsumer()), BpfReceiver(ctx, ListConsumer())
+    c.wall_ns += 2_000 * MS
+    c.run(CHECK_EVERY_NS)
+    a.check_clock()
+    b.check_clock()
+    assert ctx.telemetry.get("otel_ebpf.clock.steps") == 1
+    assert abs(ctx.clock.to_epoch_ns(c.mono_ns) - c.wall_ns) < 1_000
