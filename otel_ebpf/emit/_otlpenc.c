@@ -22,7 +22,9 @@
  * those bytes with the attributes added to it since (_otlpenc_spans.c put_received; otlp_proto._received).
  *
  * A batch may also hold span items, the emitter's (SpanRecord, Resource, InstrumentationScope, trace id, span id)
- * tuples: they are written as the ReadableSpan otel_ebpf.emit.spans would make of them (_otlpenc_records.c).
+ * tuples: they are written as the ReadableSpan otel_ebpf.emit.spans would make of them (_otlpenc_records.c); and
+ * spans encoded ahead by encode_each, (Span message bytes, resource, scope) tuples: their bytes are joined as they
+ * are (protobuf only).
  *
  * Files: _otlpenc.h (the buffer, shared declarations), _otlpenc_read.c (reading a span as the SDK does),
  * _otlpenc_values.c and _otlpenc_spans.c (protobuf: values and attributes; a span and the request),
@@ -146,6 +148,36 @@ static Group *group_by_equality(Groups *g, PyObject *resource, PyObject *scope)
     return c;
 }
 
+/* A span encoded ahead (encode_each): the tuple (Span message bytes, resource, scope). */
+static inline int is_encoded(PyObject *o)
+{
+    return PyTuple_CheckExact(o) && PyTuple_GET_SIZE(o) == 3 && PyBytes_CheckExact(PyTuple_GET_ITEM(o, 0));
+}
+
+/* The resource and scope a span is grouped by (new references; the scope None when falsy, as ``instrumentation_scope
+ * or None``), read as the SDK's encoder reads them: a span item's and an encoded span's from the tuple. FAIL with an
+ * error set. */
+static int resource_scope(const Span *span, int tuple, PyObject **resource, PyObject **scope)
+{
+    *resource = tuple ? Py_NewRef(PyTuple_GET_ITEM(span->span, 1)) : member(span, s__resource, s_resource);
+    *scope = *resource == NULL ? NULL
+             : tuple           ? Py_NewRef(PyTuple_GET_ITEM(span->span, 2))
+                               : member(span, s__instrumentation_scope, s_instrumentation_scope);
+    if (*scope == NULL) {
+        Py_CLEAR(*resource);
+        return FAIL;
+    }
+    int truthy = PyObject_IsTrue(*scope);
+    if (truthy <= 0)
+        Py_SETREF(*scope, Py_NewRef(Py_None));
+    if (truthy < 0) {
+        Py_CLEAR(*resource);
+        Py_CLEAR(*scope);
+        return FAIL;
+    }
+    return OK;
+}
+
 static int encode(PyObject *fast, Buf *out, const Format *f)
 {
     Groups g = {NULL, 0, 0, PyDict_New(), NULL, 0, 0, PyList_New(0)};
@@ -155,26 +187,16 @@ static int encode(PyObject *fast, Buf *out, const Format *f)
     int r = g.resources == NULL || g.held == NULL ? FAIL : OK;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast) && !r; i++) {
         Span span = {PySequence_Fast_GET_ITEM(fast, i), 0};
-        int item = PyTuple_CheckExact(span.span); /* a span item (_otlpenc_records.c) */
-        if (item && PyTuple_GET_SIZE(span.span) != 5) {
-            r = SLOW;
+        int tuple = PyTuple_CheckExact(span.span), encoded = is_encoded(span.span);
+        if ((tuple && !encoded && PyTuple_GET_SIZE(span.span) != 5) || (encoded && f != &PROTO)) {
+            r = SLOW; /* not a span item (_otlpenc_records.c); an encoded span is protobuf only */
             break;
         }
-        span.own = !item && PyObject_TypeCheck(span.span, readable_span_type); /* its fields are the SDK's */
-        PyObject *resource = item ? Py_NewRef(PyTuple_GET_ITEM(span.span, 1)) : member(&span, s__resource, s_resource);
-        PyObject *scope = !resource ? NULL : item ? Py_NewRef(PyTuple_GET_ITEM(span.span, 2))
-                                                  : member(&span, s__instrumentation_scope, s_instrumentation_scope);
-        if (scope == NULL) {
-            Py_XDECREF(resource);
-            r = FAIL;
+        span.own = !tuple && PyObject_TypeCheck(span.span, readable_span_type); /* its fields are the SDK's */
+        PyObject *resource, *scope;
+        if ((r = resource_scope(&span, tuple, &resource, &scope)))
             break;
-        }
-        int truthy = PyObject_IsTrue(scope); /* ``instrumentation_scope or None`` */
-        if (truthy <= 0)
-            Py_SETREF(scope, Py_NewRef(Py_None));
-        if (truthy < 0) {
-            r = FAIL;
-        } else if (resource != last_resource || scope != last_scope) {
+        if (resource != last_resource || scope != last_scope) {
             last = group_of(&g, resource, scope);
             r = last == NULL ? FAIL : OK;
             Py_XSETREF(last_resource, Py_NewRef(resource));
@@ -183,8 +205,14 @@ static int encode(PyObject *fast, Buf *out, const Format *f)
         Py_DECREF(resource);
         Py_DECREF(scope);
         one.len = 0;
-        if (!r && !(r = item ? f->record(&one, span.span) : f->span(&one, &span)))
+        if (r) {
+        } else if (encoded) {
+            PyObject *body = PyTuple_GET_ITEM(span.span, 0);
+            const Buf ahead = {(unsigned char *)PyBytes_AS_STRING(body), (size_t)PyBytes_GET_SIZE(body), 0};
+            r = f->join(&last->spans, &ahead);
+        } else if (!(r = tuple ? f->record(&one, span.span) : f->span(&one, &span))) {
             r = f->join(&last->spans, &one);
+        }
     }
     Py_XDECREF(last_resource);
     Py_XDECREF(last_scope);
@@ -193,6 +221,57 @@ static int encode(PyObject *fast, Buf *out, const Format *f)
     PyMem_Free(one.data);
     groups_free(&g);
     return r;
+}
+
+/* encode_each(spans): a list of the same length, each span (an SDK span or a span item) as the tuple (its Span
+ * message bytes, its resource, its scope or None) that encode_spans takes for it, or as it is when it is not on the
+ * fast path (encode_spans hands back the batch it is in, as before). A sending queue encodes what it takes (the
+ * gateway: spans the join has just released, still in the CPU's caches, and freed there) and its thread then only
+ * joins bytes. NULL on MemoryError. */
+static PyObject *encode_each(PyObject *self, PyObject *spans)
+{
+    (void)self;
+    if (readable_span_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_otlpenc.setup() was not called");
+        return NULL;
+    }
+    PyObject *fast = PySequence_Fast(spans, "spans must be a sequence");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject *out = PyList_New(n);
+    Buf one = {NULL, 0, 0};
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        Span span = {PySequence_Fast_GET_ITEM(fast, i), 0};
+        int tuple = PyTuple_CheckExact(span.span);
+        PyObject *got = NULL, *resource = NULL, *scope = NULL;
+        if (is_encoded(span.span) || (tuple && PyTuple_GET_SIZE(span.span) != 5)) {
+            got = Py_NewRef(span.span);
+        } else {
+            span.own = !tuple && PyObject_TypeCheck(span.span, readable_span_type);
+            one.len = 0;
+            int r = resource_scope(&span, tuple, &resource, &scope);
+            if (!r)
+                r = tuple ? PROTO.record(&one, span.span) : PROTO.span(&one, &span);
+            if (!r) {
+                PyObject *body = PyBytes_FromStringAndSize((const char *)one.data, (Py_ssize_t)one.len);
+                got = body == NULL ? NULL : PyTuple_Pack(3, body, resource, scope);
+                Py_XDECREF(body);
+            } else if (r == SLOW || !PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                PyErr_Clear(); /* as encode_as: Python's path decides, in the batch */
+                got = Py_NewRef(span.span);
+            }
+            Py_XDECREF(resource);
+            Py_XDECREF(scope);
+        }
+        if (got == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, got);
+    }
+    PyMem_Free(one.data);
+    Py_DECREF(fast);
+    return out;
 }
 
 #define SPARE_MAX ((size_t)16 << 20) /* the most a kept request buffer holds on to */
@@ -282,6 +361,8 @@ static PyMethodDef methods[] = {
      "encode_spans(spans) -> the ExportTraceServiceRequest bytes, or None when a span is not on the fast path."},
     {"encode_spans_json", encode_spans_json, METH_O,
      "encode_spans_json(spans) -> its OTLP/JSON line (a str), or None when a span is not on the fast path."},
+    {"encode_each", encode_each, METH_O,
+     "encode_each(spans) -> each span as (Span bytes, resource, scope), or as it is when not on the fast path."},
     {"setup", setup, METH_VARARGS, "setup(span_kinds, status_codes, SpanContext, ReadableSpan): the enum members in order, and two classes."},
     {NULL, NULL, 0, NULL},
 };

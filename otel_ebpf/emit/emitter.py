@@ -125,13 +125,15 @@ class Emitter:
     Owns the exporters of ``exporters`` (shut down in :meth:`shutdown`). ``span_queues`` (one per
     exporter with spans), ``log_queues`` (one per exporter with logs) and ``metric_queues`` (one
     per exporter) are public for readers of their room (the gateway's ExportGate); only the
-    Emitter puts to them."""
+    Emitter puts to them. ``encode_ahead`` (the gateway): an exporter that can (the OTLP ones,
+    ``encode_ahead``: otlp_proto.encode_ahead) gets each span encoded as its queue takes it, on the
+    thread that hands it over, and its queue holds the bytes instead of the span."""
 
     def __init__(self, exporters: Sequence[ExporterSpec], telemetry: Telemetry, *,
                  resource_of: Callable[[int, str | None], Mapping[str, Any]],
                  agent_attributes: Mapping[str, Any], extra_attributes: Mapping[str, str] | None = None,
                  max_processes: int = 1024, metrics_interval: float = 10.0, exit_grace: float = 5.0,
-                 shutdown_timeout: float = 30.0, metrics_warmup: float = 0.0) -> None:
+                 shutdown_timeout: float = 30.0, metrics_warmup: float = 0.0, encode_ahead: bool = False) -> None:
         self._exporters = list(exporters)
         self._telemetry = telemetry
         quiet_sdk_export_logs()
@@ -157,7 +159,8 @@ class Emitter:
         # Prometheus has no spans: no span queue (and no thread) for it
         self.span_queues: list[SendingQueue[ReadableSpan | SpanItem]] = [
             SendingQueue(e.name, "spans", _span_sender(e), e.spans.shutdown, telemetry, capacity=e.queue_size,
-                         batch_size=e.batch_size, batch_delay=e.batch_delay, retry=e.retry)
+                         batch_size=e.batch_size, batch_delay=e.batch_delay, retry=e.retry,
+                         prepare=getattr(e.spans, "encode_ahead", None) if encode_ahead else None)
             for e in self._exporters if not isinstance(e.spans, NoSpanExporter)]
         self.log_queues: list[SendingQueue[ReadableLogRecord]] = [
             SendingQueue(e.name, "logs", _log_sender(e.logs), e.logs.shutdown, telemetry, capacity=e.queue_size,

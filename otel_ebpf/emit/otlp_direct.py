@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
 
 from .otlp_common import Unencodable
-from .otlp_proto import logs_to_otlp_proto, spans_to_otlp_proto
+from .otlp_proto import encode_ahead, logs_to_otlp_proto, spans_to_otlp_proto
 from .spans import readable_spans
 
 __all__ = ["DirectGrpcLogExporter", "DirectGrpcSpanExporter", "DirectHttpLogExporter", "DirectHttpSpanExporter"]
@@ -128,6 +128,7 @@ class DirectGrpcSpanExporter(_DirectGrpc, GrpcSpanExporter):
     _codec = ("OTLP/gRPC spans", lambda b: spans_to_otlp_proto(b),
               lambda b: encode_spans(readable_spans(b)).SerializeToString())
     takes_span_items = True  # the emitter's span items as they are (otel_ebpf.emit.spans)
+    encode_ahead = staticmethod(encode_ahead)  # its queue may hold spans encoded ahead (Emitter's encode_ahead)
     _method = _TRACES
 
 
@@ -184,6 +185,7 @@ class DirectHttpSpanExporter(_DirectHttp, HttpSpanExporter):
     _codec = ("OTLP/HTTP spans", lambda b: spans_to_otlp_proto(b),
               lambda b: encode_spans(readable_spans(b)).SerializeToString())
     takes_span_items = True  # the emitter's span items as they are (otel_ebpf.emit.spans)
+    encode_ahead = staticmethod(encode_ahead)  # its queue may hold spans encoded ahead (Emitter's encode_ahead)
     _noun, _results = "span", (SpanExportResult.SUCCESS, SpanExportResult.FAILURE)
 
 

@@ -37,6 +37,7 @@ per-span cost: bench/gateway_wire.py, docs/benchmarks.md.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry._logs import LogRecord as SdkLogRecord
@@ -135,6 +136,14 @@ def _id(raw: bytes, size: int) -> int:
     return value
 
 
+def _any_id(raw: bytes, size: int) -> int:
+    """An id as an encoder wrote it (encoded_span): zero allowed, as the SDK writes a span's."""
+    return int.from_bytes(raw, "big")
+
+
+Ids = Callable[[bytes, int], int]
+
+
 def _trace_state(text: str) -> TraceState | None:
     return TraceState.from_header([text]) if text else None
 
@@ -144,11 +153,11 @@ def _is_remote(flags: int) -> bool:
 
 
 # -- spans -----------------------------------------------------------------------------------
-def _links(pb_span: Any, drops: Drops) -> list[Link]:
+def _links(pb_span: Any, drops: Drops, ids: Ids = _id) -> list[Link]:
     links = []
     for pb in pb_span.links:
         try:
-            ctx = SpanContext(_id(pb.trace_id, 16), _id(pb.span_id, 8), is_remote=_is_remote(pb.flags),
+            ctx = SpanContext(ids(pb.trace_id, 16), ids(pb.span_id, 8), is_remote=_is_remote(pb.flags),
                               trace_flags=_SAMPLED, trace_state=_trace_state(pb.trace_state))
         except _Malformed:
             drops["malformed_link"] += 1
@@ -157,13 +166,14 @@ def _links(pb_span: Any, drops: Drops) -> list[Link]:
     return links
 
 
-def _span(pb: Any, resource: Resource, scope: InstrumentationScope, drops: Drops) -> ReadableSpan:
-    trace_id = _id(pb.trace_id, 16)
-    context = SpanContext(trace_id, _id(pb.span_id, 8), is_remote=False, trace_flags=_SAMPLED,
+def _span(pb: Any, resource: Resource, scope: InstrumentationScope | None, drops: Drops,
+          ids: Ids = _id) -> ReadableSpan:
+    trace_id = ids(pb.trace_id, 16)
+    context = SpanContext(trace_id, ids(pb.span_id, 8), is_remote=False, trace_flags=_SAMPLED,
                           trace_state=_trace_state(pb.trace_state))
     parent = None
     if pb.parent_span_id:
-        parent = SpanContext(trace_id, _id(pb.parent_span_id, 8), is_remote=_is_remote(pb.flags),
+        parent = SpanContext(trace_id, ids(pb.parent_span_id, 8), is_remote=_is_remote(pb.flags),
                              trace_flags=_SAMPLED)
     code = _STATUS.get(pb.status.code, StatusCode.UNSET)
     status = Status(code, pb.status.message if code is StatusCode.ERROR and pb.status.message else None)
@@ -171,11 +181,22 @@ def _span(pb: Any, resource: Resource, scope: InstrumentationScope, drops: Drops
     attributes, bad_links = decode_attributes(pb.attributes), drops["malformed_link"]
     span = ReadableSpan(
         pb.name, context=context, parent=parent, resource=resource, attributes=attributes,
-        events=events or (), links=_links(pb, drops) or (), kind=_KINDS.get(pb.kind, SpanKind.INTERNAL), status=status,
+        events=events or (), links=_links(pb, drops, ids) or (), kind=_KINDS.get(pb.kind, SpanKind.INTERNAL),
+        status=status,
         start_time=pb.start_time_unix_nano, end_time=pb.end_time_unix_nano, instrumentation_scope=scope)
     if len(attributes) == len(pb.attributes) and drops["malformed_link"] == bad_links:
         span.__dict__[RECEIVED_SPAN] = pb.SerializeToString()  # no key twice, no link left out: the bytes say no more
     return span
+
+
+def encoded_span(item: tuple[bytes, Resource, InstrumentationScope | None]) -> ReadableSpan:
+    """The SDK span of a span encoded ahead (otlp_proto.encode_ahead: its Span message bytes, resource, scope), as
+    it would be received; for an encoder's fallback, which needs the span's fields."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span as SpanMessage
+
+    body, resource, scope = item
+    drops: Drops = Counter()
+    return _span(SpanMessage.FromString(body), resource, scope, drops, _any_id)
 
 
 def _load_decoder() -> Any:

@@ -103,7 +103,8 @@ class SendingQueue(Generic[T]):
 
     def __init__(self, name: str, signal: str, export: Callable[[list[T]], bool],
                  close_wire: Callable[[], None], telemetry: Telemetry, *, capacity: int, batch_size: int = 1,
-                 batch_delay: float = 0.0, retry: RetryConfig | None = None, drop_oldest: bool = False) -> None:
+                 batch_delay: float = 0.0, retry: RetryConfig | None = None, drop_oldest: bool = False,
+                 prepare: Callable[[Sequence[T]], Sequence[T]] | None = None) -> None:
         if capacity < 1 or batch_size < 1:
             raise ValueError("capacity and batch_size must be >= 1")
         self.name, self.signal, self.capacity = name, signal, capacity
@@ -111,6 +112,7 @@ class SendingQueue(Generic[T]):
         self._batch_size, self._delay = min(batch_size, capacity), batch_delay
         self._retry = retry or RetryConfig()
         self._drop_oldest = drop_oldest
+        self._prepare = prepare
         self._cond = threading.Condition()
         self._items: deque[T] = deque()
         self._inflight: list[T] | None = None
@@ -129,9 +131,13 @@ class SendingQueue(Generic[T]):
     # ---- producer side ----------------------------------------------------------------
     def put(self, items: Sequence[T]) -> int:
         """Queue ``items`` without waiting; returns how many were accepted (the rest, and with
-        ``drop_oldest`` the evicted, are counted lost)."""
+        ``drop_oldest`` the evicted, are counted lost). With ``prepare`` (an OTLP exporter's
+        encode_ahead), the items there looks to be room for are handed to it first, on the caller's
+        thread and outside the lock, and queued as it returns them (the same number, in order)."""
         if not items:
             return 0
+        if self._prepare is not None:
+            items = self._prepared(items)
         evicted = 0
         with self._cond:
             closing = self._closing
@@ -158,6 +164,22 @@ class SendingQueue(Generic[T]):
         else:
             self._lost(evicted + refused, "export_queue_full")
         return accepted
+
+    def _prepared(self, items: Sequence[T]) -> Sequence[T]:
+        """``items`` with as many as there looks to be room for (read without the lock: refused ones are not worth
+        preparing, and an item left as it is is queued as it is) given to ``prepare``; all of them as they are if it
+        fails."""
+        assert self._prepare is not None
+        room = len(items) if self._drop_oldest else self.capacity - len(self._items) - len(self._inflight or ())
+        if room <= 0:
+            return items
+        try:
+            if room >= len(items):
+                return self._prepare(items)
+            return [*self._prepare(items[:room]), *items[room:]]
+        except Exception:  # never raise into the producer: the exporter encodes them as it would have
+            log.debug("%s: preparing %s for the queue failed", self.name, self.signal, exc_info=True)
+            return items
 
     def size(self) -> int:
         """Items queued plus the batch in flight (what ``capacity`` bounds)."""

@@ -114,5 +114,12 @@ def readable(item: SpanItem) -> ReadableSpan:
 
 
 def readable_spans(batch: Sequence[SpanItem | ReadableSpan]) -> list[ReadableSpan]:
-    """``batch`` with each span item made its SDK span (:func:`readable`); SDK spans as they are."""
-    return [readable(x) if isinstance(x, tuple) else x for x in batch]
+    """``batch`` with each span item made its SDK span (:func:`readable`), each span encoded ahead
+    (otlp_proto.encode_ahead) the span its bytes hold (otlp_in.encoded_span); SDK spans as they are."""
+    return [(readable(x) if len(x) == 5 else _encoded(x)) if isinstance(x, tuple) else x for x in batch]
+
+
+def _encoded(item: tuple[Any, ...]) -> ReadableSpan:
+    from otel_ebpf.emit.otlp_in import encoded_span  # only a batch off the C encoder's fast path gets here
+
+    return encoded_span(item)

@@ -72,7 +72,7 @@ class Gateway:
             specs.append(ExporterSpec.of(eid, spans, metrics, ecfg, logs=build_log_exporter(ecfg)))
         emitter = Emitter(specs, self.ctx.telemetry, resource_of=lambda pid, comm: {},
                           agent_attributes=gateway_resource_attributes(), max_processes=1,
-                          metrics_interval=svc.metrics_interval)
+                          metrics_interval=svc.metrics_interval, encode_ahead=True)
         self.forwarder = Forwarder(emitter, specs, self.ctx.telemetry)
         self.emitter = emitter
         factories = components.processors()

@@ -175,3 +175,66 @@ class _Wrapped:
 def test_a_span_of_another_class_is_read_through_its_public_attributes(fmt: str):
     spans = traced_spans()
     assert native([_Wrapped(s) for s in spans], fmt) == reference(spans, fmt)  # type: ignore[misc]
+
+
+# ---- spans encoded ahead (encode_each; otlp_proto.encode_ahead, a sending queue's put) ----
+
+def _ahead(spans: list[Any]) -> list[Any]:
+    from otel_ebpf.emit import _otlpenc  # type: ignore[attr-defined]
+
+    out: list[Any] = _otlpenc.encode_each(spans)
+    return out
+
+
+def test_spans_encoded_ahead_make_the_sdks_request_bytes_alone_and_mixed_with_others():
+    """Each span's (bytes, resource, scope), joined by encode_spans, is the SDK's request of the spans, grouped as
+    they are (4 resources, two of them equal; scopes with and without versions), mixed in any proportion with spans
+    not encoded ahead, and encoded ahead twice changes nothing."""
+    spans = traced_spans()
+    ahead = _ahead(spans)
+    assert len(ahead) == len(spans) and all(type(a) is tuple and len(a) == 3 and type(a[0]) is bytes for a in ahead)
+    assert native(ahead) == reference(spans, "proto")
+    mixed = [a if i % 3 else s for i, (a, s) in enumerate(zip(ahead, spans, strict=True))]
+    assert native(mixed) == reference(spans, "proto")
+    assert _ahead(ahead) == ahead and native(_ahead(mixed)) == reference(spans, "proto")
+    res = resources()
+    scopes = [None, InstrumentationScope("a"), InstrumentationScope("a"), InstrumentationScope("b", "2")]
+    many = [direct_span(f"s{i}", {"i": i}, resource=res[(i * 7) % 4], scope=scopes[(i * 3) % 4], span_id=i + 1)
+            for i in range(200)]
+    assert native(_ahead(many)) == reference(many, "proto")
+
+
+def test_a_span_off_the_fast_path_is_left_as_it_is_and_its_batch_still_written_exactly():
+    """encode_each leaves a span it cannot write (a trace state, a dict value) as it is; encode_spans then hands the
+    batch back, and the Python encoder, given the spans encoded ahead too, writes the SDK's bytes."""
+    from otel_ebpf.emit.otlp_proto import encode_ahead, spans_to_otlp_proto
+
+    spans = direct_spans()
+    ahead = encode_ahead(spans)
+    assert [a is s for a, s in zip(ahead, spans)] == [not on_fast_path(s) for s in spans]
+    assert native(ahead) is None
+    fast = [s for s in spans if on_fast_path(s)]
+    assert spans_to_otlp_proto(ahead) == reference(spans, "proto") and native(_ahead(fast)) == reference(fast, "proto")
+
+
+def test_spans_encoded_ahead_are_protobuf_only_and_span_items_are_encoded_ahead_too():
+    from otel_ebpf.emit.spans import readable_spans
+    from tests.unit.emit.test_span_items import items as span_items
+
+    items = span_items()
+    spans = readable_spans(items)
+    ahead = _ahead(items)
+    assert all(type(a) is tuple and len(a) == 3 for a in ahead)
+    assert native(ahead) == reference(spans, "proto")
+    assert native(ahead, "json") is None  # the JSON encoder never joins protobuf bodies
+    assert sdk_bytes(readable_spans(ahead)) == reference(spans, "proto")  # the SDK's fallback reads them back
+
+
+def test_encoding_ahead_holds_no_reference_it_took():
+    spans = traced_spans()
+    res, scope = spans[0].resource, spans[0].instrumentation_scope
+    before = sys.getrefcount(res), sys.getrefcount(scope)
+    for _ in range(50):
+        native(_ahead(spans))
+        _ahead(direct_spans())
+    assert (sys.getrefcount(res), sys.getrefcount(scope)) == before

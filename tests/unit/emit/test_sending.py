@@ -291,3 +291,83 @@ def test_a_healthy_queue_is_still_sent_in_full_at_shutdown() -> None:
     q.put(list(range(25)))
     assert q.join(time.monotonic() + 5.0) == 0
     assert q.sent == 25 and q.lost == {} and not q.failing
+
+
+def test_prepare_gets_what_there_is_room_for_in_order_and_a_failing_one_leaves_the_items_as_they_are():
+    """An OTLP exporter's queue encodes spans ahead as it takes them (Emitter's encode_ahead): the items it has room
+    for go through ``prepare`` on the caller's thread, the refused ones do not (no work for what is dropped), the
+    bound and the drop count are those of the items, and a prepare that raises costs nothing but the encoding."""
+    seen: list[list[int]] = []
+
+    def prepare(items: Any) -> list[Any]:
+        seen.append(list(items))
+        if 666 in items:
+            raise MemoryError("no room to encode")
+        return [("ahead", x) for x in items]
+
+    wire, tel = Wire(blocking=True), Telemetry()
+    q = make(wire, tel, capacity=10, batch_size=4, prepare=prepare)
+    try:
+        assert q.put([0, 1, 2, 3]) == 4
+        assert wire.entered.wait(5)
+        assert q.put(list(range(4, 14))) == 6
+        assert seen == [[0, 1, 2, 3], [4, 5, 6, 7, 8, 9]]  # 10..13 refused: never prepared
+        assert lost(tel, "export_queue_full") == 4 and q.size() == 10
+        assert q.put([99]) == 0 and seen[-1] == [4, 5, 6, 7, 8, 9]  # full: nothing prepared
+        wire.gate.set()
+        assert q.flush(5)
+        assert [x for b in wire.batches for x in b] == [("ahead", x) for x in range(10)]
+        assert q.put([666, 667]) == 2 and q.flush(5)
+        assert wire.batches[-1] == [666, 667] and lost(tel, "export_failed") == 0
+    finally:
+        q.join(time.monotonic() + 5)
+
+
+def test_the_gateways_otlp_queues_hold_spans_encoded_ahead_and_send_the_bytes_they_would_have_sent(tmp_path: Any):
+    """With encode_ahead the Emitter's OTLP queue holds (bytes, resource, scope) tuples, and its exporter sends the
+    same request bytes as without; the file exporter's queue, which cannot take them, keeps the spans."""
+    from otel_ebpf.emit.emitter import Emitter
+    from otel_ebpf.emit.emitter import ExporterSpec
+    from otel_ebpf.emit.jsonfile import JsonLinesSpanExporter
+    from otel_ebpf.emit.otlp_direct import DirectGrpcSpanExporter
+    from otel_ebpf.emit.otlp_proto import spans_to_otlp_proto
+    from tests.unit.emit.test_otlpenc import traced_spans
+
+    class Capture(DirectGrpcSpanExporter):
+        def __init__(self) -> None:
+            self.requests: list[bytes] = []
+
+        def export(self, batch: Any) -> Any:
+            from opentelemetry.sdk.trace.export import SpanExportResult
+
+            self.requests.append(spans_to_otlp_proto(batch))
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            pass
+
+    from tests.unit.emit.test_emitter import StoringMetricExporter
+
+    spans = traced_spans()
+    sent: dict[bool, bytes] = {}
+    for ahead in (False, True):
+        otlp = Capture()
+        specs = [ExporterSpec("otlp", otlp, StoringMetricExporter()),
+                 ExporterSpec("file", JsonLinesSpanExporter(tmp_path / str(ahead)), StoringMetricExporter())]
+        emitter = Emitter(specs, Telemetry(), resource_of=lambda pid, comm: {}, agent_attributes={},
+                          encode_ahead=ahead)
+        try:
+            grpc_q, file_q = emitter.span_queues
+            grpc_q._cond.acquire()  # the worker cannot take a batch meanwhile: what the queue holds is seen
+            try:
+                emitter.export_spans(spans)
+                held = list(grpc_q._items)
+                assert all(type(x) is tuple and len(x) == 3 for x in held) == ahead
+                assert all(x is s for x, s in zip(held, spans, strict=True)) != ahead
+            finally:
+                grpc_q._cond.release()
+            assert grpc_q.flush(5) and file_q.flush(5)
+            sent[ahead] = b"".join(otlp.requests)
+        finally:
+            emitter.shutdown()
+    assert sent[True] == sent[False] == spans_to_otlp_proto(spans)
