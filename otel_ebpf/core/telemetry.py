@@ -24,12 +24,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-__all__ = ["DROPPED", "LOST", "NOT_LOST_REASONS", "RECEIVED", "REFUSED", "Telemetry", "is_lost"]
+__all__ = ["CACHE_EVICTIONS", "DROPPED", "LOST", "NOT_LOST_REASONS", "RECEIVED", "REFUSED", "Telemetry", "is_lost"]
 
 DROPPED = "otel_ebpf.events.dropped"
 RECEIVED = "otel_ebpf.events.received"
 REFUSED = "otel_ebpf.events.refused"
 LOST = "otel_ebpf.events.lost"
+CACHE_EVICTIONS = "otel_ebpf.cache.evictions"  # {cache, reason=full}: a bounded cache's entries dropped for room
 # The otel_ebpf.events.dropped reasons that are not data lost: what a limit left unrecorded by design,
 # or state freed after its data was sent. The one list the run summary, the HTML report and the gateway's
 # otel_ebpf.events.lost read; any other reason is a loss of something that was asked for.
@@ -61,6 +62,8 @@ _DESCRIPTIONS = {
     "otel_ebpf.export.failed": "Export attempts (span batches or metric collections) that failed, retries included.",
     "otel_ebpf.metrics.dropped": "Metric collections an exporter never sent, by exporter and reason "
                                  "(export_queue_full, export_failed, export_shutdown).",
+    CACHE_EVICTIONS: "Entries a bounded cache dropped for room, by cache (the agent's resources and exec_hints; the "
+                     "gateway's decoder caches otlp_resources and otlp_scopes, cleared whole when full) and reason.",
     "otel_ebpf.clock.steps": "Steps of the wall clock the agent found (NTP's makestep, date -s, a VM resumed), by "
                              "the receiver that found it: span times follow the new wall clock from then on.",
     "otel_ebpf.spans.rate_limited": "Calls left without a span by a receiver's span budget (span_rate_limit); "

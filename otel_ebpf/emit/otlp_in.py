@@ -212,6 +212,18 @@ def _load_decoder() -> Any:
 
 
 _DECODE = _load_decoder()
+
+
+def decoder_cache_evictions() -> dict[str, int]:
+    """Entries the C decoder's caches have dropped for room since the process started: {"otlp_resources": n,
+    "otlp_scopes": n} (each cache is cleared whole when it reaches its bound, so a clear drops all it held); empty
+    without the extension. One count for the process: a caller keeps its own baseline."""
+    if _DECODE is None:
+        return {}
+    from otel_ebpf.emit import _otlpdec  # type: ignore[attr-defined]
+
+    info = _otlpdec.cache_info()
+    return {f"otlp_{name}": clears * bound for name, (_size, bound, clears) in info.items()}
 NATIVE = _DECODE is not None  # whether spans are decoded in C
 
 

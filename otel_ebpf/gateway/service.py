@@ -45,7 +45,8 @@ from otel_ebpf.gateway.losses import AgentLossLedger, GatewayTelemetry
 from otel_ebpf.gateway.ingest import OtlpIngest
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context
 from otel_ebpf.host.identity import gateway_resource_attributes
-from otel_ebpf.core.telemetry import LOST
+from otel_ebpf.core.telemetry import CACHE_EVICTIONS, LOST
+from otel_ebpf.emit.otlp_in import decoder_cache_evictions
 
 __all__ = ["Gateway"]
 
@@ -94,12 +95,23 @@ class Gateway:
                                                      losses=self.losses))
                           for rid in pipe.receivers}
         self._stop = threading.Event()
+        self._evictions_seen = decoder_cache_evictions()  # the decoder's caches are the process's: a baseline
         self._ticker: threading.Thread | None = None
         self.health: Any = None  # otel_ebpf.service.health.HealthServer while started
 
     def _tick(self) -> None:
         while not self._stop.wait(self.cfg.service.tick_interval):
             self.traces.offer([Tick(time.time_ns())])  # a full queue wakes the join anyway: no drop to count
+            self.count_cache_evictions()
+
+    def count_cache_evictions(self) -> None:
+        """The C decoder's cache clears since the last call (since this service was made, the first time), into
+        ``otel_ebpf.cache.evictions{cache=otlp_resources|otlp_scopes, reason=full}``."""
+        for cache, n in decoder_cache_evictions().items():
+            grown = n - self._evictions_seen.get(cache, 0)
+            if grown > 0:
+                self._evictions_seen[cache] = n
+                self.ctx.telemetry.add(CACHE_EVICTIONS, grown, cache=cache, reason="full")
 
     def start(self) -> None:
         """Start everything; on a failure stop what started and re-raise (OtlpBindError names
