@@ -227,15 +227,16 @@ def decoder_cache_evictions() -> dict[str, int]:
 NATIVE = _DECODE is not None  # whether spans are decoded in C
 
 
-def spans_from_request(request: ExportTraceServiceRequest,
-                       raw: bytes | None = None) -> tuple[list[ReadableSpan], Drops]:
+def spans_from_request(request: ExportTraceServiceRequest, raw: bytes | None = None, *,
+                       native: bool = True) -> tuple[list[ReadableSpan], Drops]:
     """Every convertible span of ``request`` (request order) and what was left out, by reason. ``raw``: the bytes
     ``request`` was parsed from, if the caller has them (the C decoder reads them instead of the request serialized
-    again).
+    again). ``native=False``: the C decoder already handed these bytes back (the gateway decodes before any parse),
+    so the Python conversion only.
 
     Spans of one ``ResourceSpans`` share one ``Resource`` object, those of one ``ScopeSpans``
     one ``InstrumentationScope`` (and so do those of others of the same bytes)."""
-    if _DECODE is not None:
+    if _DECODE is not None and native:
         got = spans_from_bytes(request.SerializeToString() if raw is None else raw)
         if got is not None:
             return got

@@ -102,7 +102,9 @@ class OtlpIngest:
             self._telemetry.dropped(self.name, reason, n)
 
     def _traces(self, request: ExportTraceServiceRequest, block_s: float) -> bool:
-        spans, drops = spans_from_request(request, received_bytes(request))  # the bytes as received, if at hand
+        # bytes as received: decode_traces (the C decoder) handed them back, so not again; a JSON request has none
+        raw = received_bytes(request)
+        spans, drops = spans_from_request(request, raw, native=raw is None)
         return self._spans_in(spans, drops, block_s)
 
     def _spans_in(self, spans: list[Any], drops: Drops, block_s: float) -> bool:

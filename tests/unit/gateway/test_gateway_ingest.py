@@ -139,3 +139,39 @@ def test_trace_requests_are_decoded_from_their_bytes_and_what_the_decoder_hands_
     assert [s.name for s in out.take()] == [s.name for s in ref] * 2
     assert receiver.stats.spans == 4 and receiver.stats.rejected_malformed == 1
     assert ctx.telemetry.get(RECEIVED) == 4
+
+
+def test_bytes_the_c_decoder_handed_back_are_not_decoded_again_after_the_parse(monkeypatch):
+    """A request off the C decoder's fast path (a resource with entity_refs) is decoded once in C, at the server,
+    then parsed and converted in Python: the ingest does not give the same bytes to the C decoder a second time."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from otel_ebpf.emit import otlp_in
+    from tests.unit.receivers.test_otlp_server import grpc_raw_export
+
+    assert otlp_in._DECODE is not None
+    calls: list[int] = []
+    real = otlp_in._DECODE
+
+    def counting(raw: bytes) -> object:
+        calls.append(len(raw))
+        return real(raw)
+
+    monkeypatch.setattr(otlp_in, "_DECODE", counting)
+    ctx = Context(telemetry=GatewayTelemetry())
+    out = ListConsumer()
+    traces = BoundedQueue(out, ctx.telemetry, max_events=100, name="traces")
+    ingest = OtlpIngest(ctx.telemetry, traces, BoundedQueue(ListConsumer(), ctx.telemetry, max_events=3))
+    refs = encode_spans(make_spans())
+    refs.resource_spans[0].resource.entity_refs.add(type="service")
+    receiver = OtlpReceiver(OtlpReceiverConfig(grpc_endpoint="127.0.0.1:0", http_endpoint="", wait_for_room=0.0),
+                            ctx, ingest)
+    receiver.start()
+    traces.start()
+    try:
+        assert grpc_raw_export(receiver.grpc_port, refs.SerializeToString()) is grpc.StatusCode.OK
+    finally:
+        receiver.shutdown()
+        traces.shutdown()
+    assert len(out.take()) == 2 and ctx.telemetry.get(RECEIVED) == 2
+    assert calls == [len(refs.SerializeToString())]  # once, at the server
