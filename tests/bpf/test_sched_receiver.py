@@ -141,15 +141,21 @@ def test_spin_then_sleep_gives_on_and_off_cpu_time_and_per_thread_step_figures(b
         stolen = _stolen_ns() - steal0
         run.child.stdin.write("\n")
         run.child.stdin.flush()
-    # seen once (session 20, all of tests/bpf): 66 ms for the 250 ms spin; the samples say why next time
-    why = (t1 - t0, t2 - t0, t3 - t0, stolen, samples)
-    assert 0.8 * 0.25e9 <= spin["on_cpu_ns"] <= 1.2 * 0.25e9 + stolen, why
+    # seen twice (session 20, all of tests/bpf: 66 ms for the 250 ms spin; session 31's fresh-clone CI: 118 ms, its
+    # CPU clock 250 ms in 250.6 ms of wall, its on-CPU samples flat for 100 ms): a run whose switch-in the program
+    # did not see is not counted on-CPU, and is counted in otel_ebpf.sched.switches_missed. So the figure is within
+    # bounds, or short and the receiver says it missed a switch-in.
+    missed = run.ctx.telemetry.get("otel_ebpf.sched.switches_missed")
+    why = (t1 - t0, t2 - t0, t3 - t0, stolen, missed, samples)
+    assert spin["on_cpu_ns"] <= 1.2 * 0.25e9 + stolen, why
+    assert 0.8 * 0.25e9 <= spin["on_cpu_ns"] or missed > 0, why
     assert spin["off_cpu_sleep_ns"] < 0.05e9
     assert sleep["off_cpu_sleep_ns"] == pytest.approx(0.3e9, rel=0.2)
     assert sleep["on_cpu_ns"] < 0.05e9
     total = _sum_stats(run.events, {pid})
     # the kernel's own figure for the process's CPU time (os.times) against ours
-    assert 0.85 * cpu_ns - 30 * MS <= total["on"] <= 1.15 * cpu_ns + 30 * MS + stolen, (total["on"], cpu_ns, stolen)
+    assert total["on"] <= 1.15 * cpu_ns + 30 * MS + stolen, (total["on"], cpu_ns, stolen)
+    assert 0.85 * cpu_ns - 30 * MS <= total["on"] or missed > 0, (total["on"], cpu_ns, stolen, missed)
     assert 0.3e9 <= total["sleep"] + total["lock"] < 0.3e9 + (t3 - t0) + 2e9  # + the wait for our "\n"
     # the sleep is the one certain voluntary switch: a readline blocks only when the test's line
     # is not there yet (on a loaded VM it can be: seen once, 1 voluntary switch)
@@ -313,3 +319,28 @@ def test_a_process_resource_follows_its_exec_through_the_emitter(bpf_ready: None
     assert f"{sys.executable} -c {code}" in lines, lines
     (span,) = [s for s in spans.get_finished_spans() if s.attributes.get("process.pid") == child.pid]
     assert span.resource.attributes["process.command_line"] == f"{sys.executable} -c {code}"
+
+
+def test_a_run_whose_switch_in_was_not_seen_is_counted_missed(bpf_ready: None) -> None:
+    """The state the kernel leaves when it skips the program on a switch-in (on_ts 0, off_ts set, the thread
+    running), written into the thread's entry while it spins: its next switch-out is counted in
+    otel_ebpf.sched.switches_missed, and a thread the program saw switching in is not."""
+    import ctypes as ct
+
+    spin = "import time\nprint(\"up\", flush=True)\nend = time.time() + 3\nwhile time.time() < end:\n    pass\n"
+    with traced(f"exec {sys.executable} -c '{spin}'", stats_interval=0.05) as run:
+        assert run.child.stdout is not None and run.child.stdout.readline() == "up\n"
+        pid, threads = run.child.pid, run.receiver.bpf["threads"]
+        time.sleep(0.3)
+        assert run.ctx.telemetry.get("otel_ebpf.sched.switches_missed") == 0  # every switch-in seen so far
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline and not run.ctx.telemetry.get("otel_ebpf.sched.switches_missed"):
+            try:
+                t = threads[ct.c_uint32(pid)]
+            except KeyError:
+                continue
+            if t.on_ts:  # on CPU now: as if its switch-in had not been seen
+                t.off_ts, t.on_ts = t.on_ts, 0
+                threads[ct.c_uint32(pid)] = t
+            time.sleep(0.05)
+        assert run.ctx.telemetry.get("otel_ebpf.sched.switches_missed") >= 1

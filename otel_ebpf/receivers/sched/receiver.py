@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 _HIST_SLOTS = 40  # SCHED_HIST_SLOTS
 _R_RUNQ = 4  # SCHED_R_RUNQ
 _RINGBUF_PAGES = 8  # the base's "events" buffer, which this program never writes
+SWITCHES_MISSED = "otel_ebpf.sched.switches_missed"  # {receiver}: runs of a thread not counted on-CPU
 
 
 ProcTotals = tuple[int, ...]  # on, off x4, runq, voluntary, involuntary, hist x40
@@ -57,6 +58,7 @@ class SchedReceiver(BpfReceiver):
         self._next_stats = 0.0
         self._next_sample = 0.0
         self._final_read = False
+        self._missed_seen = [0]
         self._offsets: tuple[int, int] | None = None
         self._on_demand = threading.Lock()  # an asking thread's read vs shutdown's cleanup
         self._on_demand_open = False
@@ -91,6 +93,7 @@ class SchedReceiver(BpfReceiver):
             if self._final_read or now >= self._next_stats:
                 self._next_stats = now + self.config.stats_interval
                 out.extend(self.read_stats())
+                self._read_missed()
         except Exception:  # a map read must not stop the poll loop
             log.debug("%s: reading maps failed", self.name, exc_info=True)
             self.ctx.telemetry.dropped(self.name, "map_read_error")
@@ -138,6 +141,12 @@ class SchedReceiver(BpfReceiver):
         counters = {f"off_cpu_{r}_ns": off[i] for i, r in enumerate(OFF_CPU_REASONS)}
         stats.add(pid, self.clock.to_epoch_ns(now), tid=tid, growing=growing, on_cpu_ns=on, runq_ns=runq,
                   **counters)
+
+    def _read_missed(self) -> None:
+        """Switch-ins the program did not see since the last read (sched.bpf.c ``switch_missed``), into
+        ``otel_ebpf.sched.switches_missed{receiver}``: each is a run of a thread not counted on-CPU."""
+        for _name, grown in self._array_deltas("switch_missed", ("missed",), self._missed_seen):
+            self.ctx.telemetry.add(SWITCHES_MISSED, grown, receiver=self.name)
 
     def read_stats(self) -> list[object]:
         """Deltas of every process's counters since the last read; processes that are gone

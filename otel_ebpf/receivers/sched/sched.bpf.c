@@ -79,6 +79,10 @@ BPF_HASH(threads, u32, struct sched_thread, SCHED_MAX_THREADS);
 BPF_HASH(procs, u32, struct sched_proc, SCHED_MAX_PROCS);
 BPF_HASH(cpu_time, struct sched_cpu_key, u64, SCHED_MAX_CPU_KEYS);
 BPF_ARRAY(proc_zero, struct sched_proc, 1);  /* never written: the initial value of procs */
+/* [0]: switch-outs of a thread whose switch-in the program did not see (on_ts 0 while off_ts is set: the kernel
+ * skipped this program's run on that sched_switch, as it skips a BPF program invoked while another runs on the
+ * CPU). The time it ran since is not counted on-CPU; the receiver exports the count. */
+BPF_ARRAY(switch_missed, u64, 1);
 
 static __always_inline struct sched_proc *sched_proc_of(u32 tgid)
 {
@@ -119,6 +123,12 @@ static __always_inline void sched_out(u32 tid, u32 tgid, long state, u64 now, u3
             return;
     }
     struct sched_proc *p = sched_proc_of(tgid);
+    if (!t->on_ts && t->off_ts) {  /* running, but its switch-in was not seen */
+        int zero = 0;
+        u64 *m = switch_missed.lookup(&zero);
+        if (m)
+            __sync_fetch_and_add(m, 1);
+    }
     if (t->on_ts && now > t->on_ts) {
         u64 d = now - t->on_ts;
         t->on_ns += d;
