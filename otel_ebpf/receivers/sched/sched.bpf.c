@@ -79,9 +79,11 @@ BPF_HASH(threads, u32, struct sched_thread, SCHED_MAX_THREADS);
 BPF_HASH(procs, u32, struct sched_proc, SCHED_MAX_PROCS);
 BPF_HASH(cpu_time, struct sched_cpu_key, u64, SCHED_MAX_CPU_KEYS);
 BPF_ARRAY(proc_zero, struct sched_proc, 1);  /* never written: the initial value of procs */
-/* [0]: switch-outs of a thread whose switch-in the program did not see (on_ts 0 while off_ts is set: the kernel
- * skipped this program's run on that sched_switch, as it skips a BPF program invoked while another runs on the
- * CPU). The time it ran since is not counted on-CPU; the receiver exports the count. */
+/* [0]: switch-outs of a thread whose switch-in the program did not see (on_ts 0 while off_ts is set). The kernel
+ * skips a perf-attached tracepoint program on a CPU while bpf_prog_active is held there (trace_call_bpf), and a
+ * thread inside a BPF map syscall holds it with only migration disabled (bpf_disable_instrumentation, kernel/bpf/
+ * syscall.c): when such a thread (the agent's own map reads) is preempted, the switch-in of the next thread on that
+ * CPU is not seen. The time that thread then ran is not counted on-CPU; the receiver exports the count. */
 BPF_ARRAY(switch_missed, u64, 1);
 
 static __always_inline struct sched_proc *sched_proc_of(u32 tgid)
