@@ -204,15 +204,17 @@ static int encode(PyObject *fast, Buf *out, const Format *f)
         }
         Py_DECREF(resource);
         Py_DECREF(scope);
-        one.len = 0;
-        if (r) {
-        } else if (encoded) {
+        if (r)
+            break;
+        if (encoded) { /* its bytes as they are */
             PyObject *body = PyTuple_GET_ITEM(span.span, 0);
             const Buf ahead = {(unsigned char *)PyBytes_AS_STRING(body), (size_t)PyBytes_GET_SIZE(body), 0};
             r = f->join(&last->spans, &ahead);
-        } else if (!(r = tuple ? f->record(&one, span.span) : f->span(&one, &span))) {
-            r = f->join(&last->spans, &one);
+            continue;
         }
+        one.len = 0;
+        if (!(r = tuple ? f->record(&one, span.span) : f->span(&one, &span)))
+            r = f->join(&last->spans, &one);
     }
     Py_XDECREF(last_resource);
     Py_XDECREF(last_scope);
@@ -223,6 +225,16 @@ static int encode(PyObject *fast, Buf *out, const Format *f)
     return r;
 }
 
+/* ``spans`` as a fast sequence (a new reference), or NULL with an error set: not a sequence, or setup() not called. */
+static PyObject *spans_sequence(PyObject *spans)
+{
+    if (readable_span_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_otlpenc.setup() was not called");
+        return NULL;
+    }
+    return PySequence_Fast(spans, "spans must be a sequence");
+}
+
 /* encode_each(spans): a list of the same length, each span (an SDK span or a span item) as the tuple (its Span
  * message bytes, its resource, its scope or None) that encode_spans takes for it, or as it is when it is not on the
  * fast path (encode_spans hands back the batch it is in, as before). A sending queue encodes what it takes (the
@@ -231,11 +243,7 @@ static int encode(PyObject *fast, Buf *out, const Format *f)
 static PyObject *encode_each(PyObject *self, PyObject *spans)
 {
     (void)self;
-    if (readable_span_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_otlpenc.setup() was not called");
-        return NULL;
-    }
-    PyObject *fast = PySequence_Fast(spans, "spans must be a sequence");
+    PyObject *fast = spans_sequence(spans);
     if (fast == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
@@ -279,11 +287,7 @@ static PyObject *encode_each(PyObject *self, PyObject *spans)
 /* ``spans`` in format ``f``: bytes (or an ASCII str) when written, None when handed back, NULL on MemoryError. */
 static PyObject *encode_as(PyObject *spans, const Format *f, int text)
 {
-    if (readable_span_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_otlpenc.setup() was not called");
-        return NULL;
-    }
-    PyObject *fast = PySequence_Fast(spans, "spans must be a sequence");
+    PyObject *fast = spans_sequence(spans);
     if (fast == NULL)
         return NULL;
     /* The request is written into a buffer kept from one call to the next (up to SPARE_MAX): a gateway's request
