@@ -38,6 +38,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 from pathlib import Path
 
 from otel_ebpf.bpf import paused as paused_map
@@ -53,6 +54,7 @@ GATE_HELD = "otel_ebpf.gate.held"
 _WAIT_SLICE_S = 0.05
 HOLD_MAX_S = 60.0  # the longest a gate holds a process, renewals included
 _MAX_RENEWED = 4096
+FINISH_S = 1.0  # the longest the end of a start waits for the stops still on their way (LibraryGate.finish)
 
 
 def thread_cpu(thread: threading.Thread) -> float | None:
@@ -113,6 +115,31 @@ class LibraryGate(BpfReceiver):
                 bpf["oe_gate_open"][ct.c_int(self.watched.index(receiver))] = ct.c_uint8(1)
             except Exception:  # the gate is shutting down: nothing to open
                 log.debug("gate: marking %s ready in the program failed", receiver.name, exc_info=True)
+
+    def finish(self, timeout: float = FINISH_S) -> None:
+        """The end of a start in which every watched receiver became ready: the program stops nobody
+        from here on, and the stops it made whose opens are still on their way (in the ring buffer,
+        or queued behind the one the gate's thread was handling) are handled as every hold is (the
+        receiver attached to the path, then the resume) for up to ``timeout`` s; then the gate shuts
+        down. Without this the shutdown resumed them before their receiver attached to their path
+        (a path no other process had opened went untraced until the receiver saw it mapped)."""
+        bpf = self._bpf
+        if bpf is not None:
+            self._open_all(bpf)
+            deadline = time.monotonic() + timeout
+            while (paused_map.stops(bpf) and time.monotonic() < deadline and self._thread is not None
+                   and self._thread.is_alive()):
+                time.sleep(_WAIT_SLICE_S)
+        self.shutdown()
+
+    def _open_all(self, bpf: Any) -> None:
+        """Mark every pattern open in the program: it stops no process any more."""
+        try:
+            table = bpf["oe_gate_open"]
+            for i in range(len(self.watched)):
+                table[ct.c_int(i)] = ct.c_uint8(1)
+        except Exception:
+            log.debug("%s: opening the patterns failed", self.name, exc_info=True)
 
     def wanted(self) -> BpfReceiver | None:
         """The receiver a held process waits for, longest waiting first (None: none waits)."""

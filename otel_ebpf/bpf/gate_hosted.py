@@ -23,12 +23,10 @@ What changes against the gate with its own program (otel_ebpf.bpf.gate), and wha
 """
 from __future__ import annotations
 
-import ctypes as ct
 import logging
 import queue
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 from otel_ebpf.bpf import paused as paused_map
 from otel_ebpf.bpf.gate import LibraryGate
@@ -106,14 +104,6 @@ class HostedGate(LibraryGate):
                     self.ctx.telemetry.add(PAUSES_SKIPPED, n, receiver=self.name, reason=reason)
             except Exception:
                 log.exception("%s: gate thread error", self.name)
-
-    def _open_all(self, bpf: Any) -> None:
-        try:
-            table = bpf["oe_gate_open"]
-            for i in range(len(self.watched)):
-                table[ct.c_int(i)] = ct.c_uint8(1)
-        except Exception:
-            log.debug("%s: opening the patterns at shutdown failed", self.name, exc_info=True)
 
     def shutdown(self) -> None:
         bpf = self._bpf

@@ -152,12 +152,17 @@ class DeferredStart:
         """The starter thread's CPU time (it grows while a receiver compiles); None once it ended."""
         return thread_cpu(self._thread)
 
-    def close_gate(self) -> None:
-        """Shut the gate down (resuming what it holds), once: at the end of the start, or the agent's shutdown."""
+    def close_gate(self, finish: bool = False) -> None:
+        """Shut the gate down (resuming what it holds), once: at the end of the start, or the agent's shutdown.
+        ``finish``: every receiver it watches is ready; the stops still on their way are handled first
+        (LibraryGate.finish)."""
         with self._gate_lock:
             gate, self.gate = self.gate, None
         if gate is not None:
-            gate.shutdown()
+            if finish:
+                gate.finish()
+            else:
+                gate.shutdown()
 
     def finish(self, timeout: float) -> bool:
         """After :meth:`stop`: wait up to ``timeout`` s for the starter thread to end (the compile it is in, then
@@ -198,7 +203,7 @@ class DeferredStart:
                     gate.ready(r)  # nothing is held for a receiver that will not come
             programs_loaded(self.ctx)  # no compile of this start is running any more
             try:
-                self.close_gate()  # every receiver watches its own library now
+                self.close_gate(finish=not self._stopping)  # every receiver watches its own library now
             except Exception:
                 log.exception("the library gate failed to stop cleanly")
             self.done.set()
