@@ -40,11 +40,12 @@ from otel_ebpf.bpf.loader import (
 from otel_ebpf.bpf.maps import array_deltas
 from otel_ebpf.bpf.pausing import PAUSES_SKIPPED, SKIP_REASONS, PauseOnLoad
 from otel_ebpf.bpf.ringread import Rings
+from otel_ebpf.bpf.skips import ProgramSkips
 from otel_ebpf.core.errors import AttachError, BpfLoadError
 from otel_ebpf.core.events import LibraryLoaded, ProcessExit
 from otel_ebpf.core.pipeline import Consumer, Context
 
-__all__ = ["DROP_REASONS", "BpfReceiver", "Probe"]
+__all__ = ["DROP_REASONS", "RUNS_SKIPPED", "BpfReceiver", "Probe"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,11 @@ log = logging.getLogger(__name__)
 def _listed(items: list[str], shown: int = 8) -> str:
     """The first ``shown`` items, and how many more."""
     return ", ".join(dict.fromkeys(items[:shown])) + (f" and {len(items) - shown} more" if len(items) > shown else "")
+
+
+def _prog_name(name: bytes | str) -> str:
+    """A BCC function name as text (BCC keys ``funcs`` by bytes)."""
+    return name.decode(errors="replace") if isinstance(name, bytes) else name
 
 
 def _short_reason(exc: Exception) -> str:
@@ -62,6 +68,8 @@ def _short_reason(exc: Exception) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 _CHUNK = 4096  # records handed to the pipeline at a time
 _DROPS_EVERY_S = 0.1  # the poll loop reads the in-kernel drop counters at most this often
+_SKIPS_EVERY_S = 5.0  # ... and the kernel's count of each program's skipped runs (one fdinfo read a program)
+RUNS_SKIPPED = "otel_ebpf.bpf.runs_skipped"  # {receiver, program}: runs of a program the kernel did not make
 # a turn of the poll loop that found records lasts at least this long: at 20k records/s a turn
 # used to hand on ~64 (one wakeup), paying its fixed costs (the pipeline's hand-off, the emitter's
 # lock, the sending queue's) per few records; 5 ms holds ~100 records at 20k/s, far below a ring
@@ -125,6 +133,9 @@ class BpfReceiver:
         self._attached: set[str] = set()
         self._drops_seen = [0] * len(DROP_REASONS)
         self._drops_due = 0.0  # monotonic time of the next read of the drop counters
+        self._skips = ProgramSkips()
+        self._skips_due = 0.0  # ... and of the kernel's skip counters
+        self._skips_said: set[str] = set()
         self._attach_lock = threading.Lock()
         self._seen_pids: OrderedDict[int, None] = OrderedDict()
         self._exits: list[object] = []  # held until the call records before them are read
@@ -438,12 +449,31 @@ class BpfReceiver:
             else:  # a consumer without backpressure (tests, the Python API)
                 self.next.consume(batch)
 
-    def _read_drops(self) -> None:
+    def _read_drops(self, final: bool = False) -> None:
         for reason, n in self._array_deltas("drops", DROP_REASONS, self._drops_seen):
             self.ctx.telemetry.dropped(self.name, reason, n)
+        now = time.monotonic()
+        if final or now >= self._skips_due:  # an fdinfo read a program: every few seconds, and last
+            self._skips_due = now + _SKIPS_EVERY_S
+            self._read_skips()
         if self._pauses.guarded:
             for reason, n in self._array_deltas("oe_pause_skips", SKIP_REASONS, self._pauses.skips_seen):
                 self.ctx.telemetry.add(PAUSES_SKIPPED, n, receiver=self.name, reason=reason)
+
+    def _read_skips(self) -> None:
+        """Runs of this receiver's programs the kernel skipped (otel_ebpf.bpf.skips), counted in
+        ``otel_ebpf.bpf.runs_skipped{receiver,program}``; each program said once at INFO. Not a drop:
+        the kernel does not say whose event a skipped run was (most are the agent's own threads' wakeups)."""
+        bpf = self._bpf
+        if bpf is None:
+            return
+        programs = [(_prog_name(name), fn.fd) for name, fn in list(bpf.funcs.items())]
+        for prog, n in self._skips.read(programs):
+            self.ctx.telemetry.add(RUNS_SKIPPED, n, receiver=self.name, program=prog)
+            if prog not in self._skips_said:
+                self._skips_said.add(prog)
+                log.info("%s: the kernel skipped %d run(s) of its %s program (another BPF program was running on "
+                         "that CPU); counted in %s", self.name, n, prog, RUNS_SKIPPED)
 
     def _array_deltas(self, table: str, names: Sequence[str], seen: list[int]) -> list[tuple[str, int]]:
         """(name, growth since the last read) of each counter of BPF array ``table`` that grew
@@ -490,7 +520,7 @@ class BpfReceiver:
             exits, self._exits = self._exits, []
             rings.consume()
             self._batch.extend(exits)
-            self._read_drops()
+            self._read_drops(final=True)
             self._flush()
         except Exception:
             log.exception("%s: final drain failed", self.name)

@@ -65,8 +65,11 @@ _DESCRIPTIONS = {
     CACHE_EVICTIONS: "Entries a bounded cache dropped for room, by cache (the agent's resources and exec_hints; the "
                      "gateway's decoder caches otlp_resources and otlp_scopes, cleared whole when full) and reason.",
     "otel_ebpf.sched.switches_missed": "Switch-outs of a traced thread whose switch-in the sched receiver's program "
-                                       "did not see (the kernel skipped it): that run is missing from its on-CPU "
+                                       "did not see (the kernel traced none): that run is missing from its on-CPU "
                                        "time.",
+    "otel_ebpf.bpf.runs_skipped": "Runs of a receiver's BPF program the kernel skipped because another BPF program "
+                                  "was running on that CPU (the program's recursion_misses), by receiver and "
+                                  "program; the kernel does not say whose event each was.",
     "otel_ebpf.clock.steps": "Steps of the wall clock the agent found (NTP's makestep, date -s, a VM resumed), by "
                              "the receiver that found it: span times follow the new wall clock from then on.",
     "otel_ebpf.spans.rate_limited": "Calls left without a span by a receiver's span budget (span_rate_limit); "

@@ -79,11 +79,15 @@ BPF_HASH(threads, u32, struct sched_thread, SCHED_MAX_THREADS);
 BPF_HASH(procs, u32, struct sched_proc, SCHED_MAX_PROCS);
 BPF_HASH(cpu_time, struct sched_cpu_key, u64, SCHED_MAX_CPU_KEYS);
 BPF_ARRAY(proc_zero, struct sched_proc, 1);  /* never written: the initial value of procs */
-/* [0]: switch-outs of a thread whose switch-in the program did not see (on_ts 0 while off_ts is set). The kernel
- * skips a perf-attached tracepoint program on a CPU while bpf_prog_active is held there (trace_call_bpf), and a
- * thread inside a BPF map syscall holds it with only migration disabled (bpf_disable_instrumentation, kernel/bpf/
- * syscall.c): when such a thread (the agent's own map reads) is preempted, the switch-in of the next thread on that
- * CPU is not seen. The time that thread then ran is not counted on-CPU; the receiver exports the count. */
+/* [0]: switch-outs of a thread whose switch-in the program did not see (on_ts 0 while off_ts is set): the kernel
+ * traced no sched_switch into it. Seen on this project's CI VMs (a sandbox's 6.18 kernel): the kernel traces no
+ * switch out of the threads of the sandbox's own init (pid 1, process_api: its tokio-rt-worker threads appear as
+ * next_pid, never as prev_pid), so the thread that runs after one of them is never seen switching in; ftrace's own
+ * sched_switch events have the same gaps (session 32: 15 double switch-outs in 4,760 events in 4 s, each after a
+ * switch to one of those threads). The program was not skipped (its recursion_misses stayed 0), and a
+ * raw-tracepoint form of it missed as many. The time that thread then ran is not counted on-CPU; the receiver
+ * exports the count. (Session 31 blamed bpf_prog_active held by the agent's map syscalls: wrong, the count did not
+ * grow with ~250k map reads a second.) */
 BPF_ARRAY(switch_missed, u64, 1);
 
 static __always_inline struct sched_proc *sched_proc_of(u32 tgid)
