@@ -9,8 +9,10 @@ gets). The rank spans are bench/gateway.py's (``--ranks`` ranks x ``--collective
 timed, and sent by ``--senders`` threads as the agents' exporters would (a refusal,
 RESOURCE_EXHAUSTED or UNAVAILABLE, is retried after 50 ms and counted). Timed per scenario: from
 the first request sent to the last joined span counted at the null collector (every rank span
-plus one root per collective). Reported: rank spans/s through the whole path, the gateway's CPU
-(user + system) per rank span, and its RSS (after start, peak sampled every 50 ms, at the end).
+plus one root per collective). Reported: rank spans/s through the whole path, the rate the collector counted
+spans at between 10 % and 90 % of them (its count read every 20 ms: the run without its ends, of
+which the last partial batch waits the gateway exporter's ``batch_delay``, 0.2 s, once a run), the
+gateway's CPU (user + system) per rank span, and its RSS (after start, peak sampled every 50 ms, at the end).
 Scenarios as bench/gateway.py: ``in order`` and ``interleaved`` (8 collectives in flight).
 A fresh gateway per round; the median round and the range are printed as Markdown.
 """
@@ -39,6 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from gateway import arrival, build  # noqa: E402
 
 _TRACES = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+_COUNT_EVERY_S = 0.02  # how often the null collector's count is read for the steady rate
 
 
 class Collector:
@@ -126,13 +129,21 @@ def one_round(requests: list[bytes], rank_spans: int, expected: int, senders: in
         peak = [rss0]
         done = threading.Event()
 
+        counted: list[tuple[float, int]] = []  # (perf_counter, spans the collector had counted)
+
         def sample() -> None:
             while not done.wait(0.05):
                 peak[0] = max(peak[0], ps.memory_info().rss)
 
+        def count() -> None:
+            while not done.wait(_COUNT_EVERY_S):
+                counted.append((time.perf_counter(), collector.spans()))
+
         sampler = threading.Thread(target=sample, daemon=True)
+        counter = threading.Thread(target=count, daemon=True)
         sampler.start()
         t0 = time.perf_counter()
+        counter.start()
         refused = send_all(port, requests, senders)
         deadline = time.monotonic() + 300
         while collector.spans() < expected and time.monotonic() < deadline:
@@ -142,6 +153,7 @@ def one_round(requests: list[bytes], rank_spans: int, expected: int, senders: in
         cpu1 = ps.cpu_times()
         done.set()
         sampler.join()
+        counter.join()
         rss1 = ps.memory_info().rss
     finally:
         gateway.terminate()
@@ -150,8 +162,19 @@ def one_round(requests: list[bytes], rank_spans: int, expected: int, senders: in
     if got < expected:
         sys.exit(f"bench: the null collector counted {got} of {expected} spans in 300 s")
     cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
-    return {"rate": rank_spans / wall, "cpu_us": cpu / rank_spans * 1e6, "rss0": rss0 / 2**20,
-            "peak": peak[0] / 2**20, "rss1": rss1 / 2**20, "refused": refused, "wall": wall}
+    return {"rate": rank_spans / wall, "steady": steady_rate(counted, expected), "cpu_us": cpu / rank_spans * 1e6,
+            "rss0": rss0 / 2**20, "peak": peak[0] / 2**20, "rss1": rss1 / 2**20, "refused": refused, "wall": wall}
+
+
+def steady_rate(counted: Sequence[tuple[float, int]], expected: int) -> float:
+    """Spans a second the collector counted between its first count past 10 % of ``expected`` and its first past
+    90 %: the rate without the run's ends (the first requests; the last partial batch, which waits for the
+    exporter's batch_delay, 0.2 s); nan when the counts are too few to tell."""
+    lo = next(((t, n) for t, n in counted if n >= 0.1 * expected), None)
+    hi = next(((t, n) for t, n in counted if n >= 0.9 * expected), None)
+    if lo is None or hi is None or hi[0] <= lo[0]:
+        return float("nan")
+    return (hi[1] - lo[1]) / (hi[0] - lo[0])
 
 
 def encode(spans: Sequence[Any], batch: int) -> list[bytes]:
@@ -189,19 +212,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, requests in encoded.items():
             results[name].append(one_round(requests, rank_spans, expected, args.senders, workdir))
             got = results[name][-1]
-            print(f"round {r + 1}/{args.rounds} {name}: {got['rate']:.0f} rank spans/s, {got['cpu_us']:.1f} us "
+            print(f"round {r + 1}/{args.rounds} {name}: {got['rate']:.0f} rank spans/s ({got['steady']:.0f} steady), "
+                  f"{got['cpu_us']:.1f} us "
                   f"gateway CPU each, RSS peak {got['peak']:.0f} MiB, {got['refused']:.0f} refusals",
                   file=sys.stderr, flush=True)
     print(f"\n{platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
           f"{os.getloadavg()[0]:.1f}; {args.ranks} ranks x {args.collectives} collectives = {rank_spans} rank spans "
           f"({expected} spans out), requests of {args.batch}, {args.senders} senders, {args.rounds} rounds, a fresh "
           "gateway each; median (min-max)\n")
-    print("| scenario | rank spans/s, gRPC in to gRPC out | gateway CPU per rank span | gateway RSS after start | "
-          "RSS peak | RSS at the end | refusals retried |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| scenario | rank spans/s, gRPC in to gRPC out | spans/s steady (10-90 %) | gateway CPU per rank span | "
+          "gateway RSS after start | RSS peak | RSS at the end | refusals retried |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, runs in results.items():
         col = {k: [run[k] for run in runs] for k in runs[0]}
-        print(f"| {name} | {cell(col['rate'], ',.0f')} | {cell(col['cpu_us'], '.1f')} us | "
+        print(f"| {name} | {cell(col['rate'], ',.0f')} | {cell(col['steady'], ',.0f')} | "
+              f"{cell(col['cpu_us'], '.1f')} us | "
               f"{cell(col['rss0'], '.0f')} MiB | {cell(col['peak'], '.0f')} MiB | {cell(col['rss1'], '.0f')} MiB | "
               f"{cell(col['refused'], '.0f')} |")
     return 0
