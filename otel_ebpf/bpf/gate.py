@@ -191,6 +191,11 @@ class LibraryGate(BpfReceiver):
                          "service.pause_timeout); it went on, and the calls it makes until the receiver "
                          "attaches are not traced", self.name, path, r.name, self.ctx.pause_timeout)
                 return 0
+        elif stopped:  # stopped before its receiver was ready, handled after: it waited behind another open
+            self.ctx.telemetry.add(GATE_HELD, 1, receiver=r.name)
+            held_s = (time.clock_gettime_ns(time.CLOCK_MONOTONIC) - ts) / 1e9  # ts: the program's stop time
+            log.info("%s: held a process that opened %s for %.2fs (its open queued behind another's), until the %s "
+                     "receiver was ready", self.name, path, held_s, r.name)
         if r.bpf is None:
             return 0
         if not stopped:

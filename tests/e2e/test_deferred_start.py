@@ -83,6 +83,9 @@ def test_the_command_starts_first_and_its_first_cuda_calls_are_all_traced(bpf_re
     # three children held at once, every call of each traced: the ones queued behind the first too, the copy too
     assert sorted(per_pid.values()) == [CALLS] * 3, (per_pid, err)
     assert "resumed at shutdown" not in err, err  # the stops queued behind the first were handled, not let go
+    # each child's hold said (otel_ebpf.gate.held counts the same): the first, then the two queued behind it
+    assert len(re.findall(r"gate: held a process that opened \S*libcudart\S* for [0-9.]+s", err)) == 3, err
+    assert len(re.findall(r"for ([0-9.]+)s \(its open queued behind another's\)", err)) == 2, err
 
 
 def test_a_command_that_ends_while_receivers_compile_exits_cleanly(bpf_ready: None, tmp_path: Path) -> None:
