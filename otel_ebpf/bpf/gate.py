@@ -38,8 +38,8 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from otel_ebpf.bpf import paused as paused_map
 from otel_ebpf.bpf.receiver import _LIBOPEN, BpfReceiver

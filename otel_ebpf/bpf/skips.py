@@ -16,12 +16,10 @@ traced set (every one here) would have ignored most of them (a wakeup of the age
 """
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 
 __all__ = ["ProgramSkips", "recursion_misses"]
 
-log = logging.getLogger(__name__)
 _FIELD = "recursion_misses:"
 
 
@@ -57,7 +55,3 @@ class ProgramSkips:
                 grown.append((name, n - before))
             self._seen[name] = max(n, before)
         return grown
-
-    def total(self) -> int:
-        """Every skip counted so far."""
-        return sum(self._seen.values())

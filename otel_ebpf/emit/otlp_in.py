@@ -212,6 +212,7 @@ def _load_decoder() -> Any:
 
 
 _DECODE = _load_decoder()
+NATIVE = _DECODE is not None  # whether spans are decoded in C
 
 
 def decoder_cache_evictions() -> dict[str, int]:
@@ -224,7 +225,6 @@ def decoder_cache_evictions() -> dict[str, int]:
 
     info = _otlpdec.cache_info()
     return {f"otlp_{name}": clears * bound for name, (_size, bound, clears) in info.items()}
-NATIVE = _DECODE is not None  # whether spans are decoded in C
 
 
 def spans_from_request(request: ExportTraceServiceRequest, raw: bytes | None = None, *,

@@ -35,8 +35,7 @@ from otel_ebpf.core.errors import OtelEbpfError, TargetError
 from otel_ebpf.host.timeline import HostStats
 from otel_ebpf.bpf.clock import KernelClock
 from otel_ebpf.core.events import Tick
-from otel_ebpf.core.telemetry import CACHE_EVICTIONS as _CACHE_EVICTIONS
-from otel_ebpf.core.telemetry import DROPPED, is_lost
+from otel_ebpf.core.telemetry import CACHE_EVICTIONS, DROPPED, is_lost
 from otel_ebpf.core.pipeline import BoundedQueue, Consumer, Context, Fanout
 from otel_ebpf.host import gpus
 from otel_ebpf.host.k8s import K8sMetadata
@@ -49,7 +48,6 @@ __all__ = ["Agent", "PausedChild", "exit_status"]
 log = logging.getLogger(__name__)
 TICK_INTERVAL_S = 1.0  # how often every pipeline gets a Tick (nccl_watch's silence checks)
 _WAIT_SLICE_S = 1.0  # the longest the main thread sleeps in a wait: a missed wakeup costs at most this
-CACHE_EVICTIONS = _CACHE_EVICTIONS  # {cache, reason=full}: host caches' entries dropped for room
 
 
 class PausedChild:

@@ -85,9 +85,8 @@ BPF_ARRAY(proc_zero, struct sched_proc, 1);  /* never written: the initial value
  * next_pid, never as prev_pid), so the thread that runs after one of them is never seen switching in; ftrace's own
  * sched_switch events have the same gaps (session 32: 15 double switch-outs in 4,760 events in 4 s, each after a
  * switch to one of those threads). The program was not skipped (its recursion_misses stayed 0), and a
- * raw-tracepoint form of it missed as many. The time that thread then ran is not counted on-CPU; the receiver
- * exports the count. (Session 31 blamed bpf_prog_active held by the agent's map syscalls: wrong, the count did not
- * grow with ~250k map reads a second.) */
+ * raw-tracepoint form of it missed as many; the count did not grow with ~250k map reads a second either. The time
+ * that thread then ran is not counted on-CPU; the receiver exports the count. */
 BPF_ARRAY(switch_missed, u64, 1);
 
 static __always_inline struct sched_proc *sched_proc_of(u32 tgid)

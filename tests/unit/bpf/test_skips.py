@@ -32,4 +32,3 @@ def test_growth_per_program_between_reads(monkeypatch: pytest.MonkeyPatch) -> No
     assert s.read([("b", 4)]) == []
     counts[4] = 4
     assert s.read([("b", 4)]) == [("b", 1)]
-    assert s.total() == 9
