@@ -138,11 +138,12 @@ GPU_SLOW = 1
 def test_a_rank_slow_on_the_gpu_with_its_host_on_time_is_named_as_a_gpu_straggler(
         bpf_ready: None, twin: TwinEnv, tmp_path: Path) -> None:
     """Rank 1's stream runs 10 ms behind on every step (4 launches of 2.5 ms of modelled device time before
-    each all-reduce), its host calls on time: the gateway raises it once with ``nccl.straggler.kind = gpu``,
-    from the GPU sides of the collectives (the NCCL profiler plugin, which ``otel-ebpf run`` loads), and names
-    nobody as late to arrive."""
+    each all-reduce), its host calls on time (every rank's host varies by up to 3 ms a step: the program's doc):
+    the gateway raises it once with ``nccl.straggler.kind = gpu``, from the GPU sides of the collectives (the
+    NCCL profiler plugin, which ``otel-ebpf run`` loads), and names nobody as late to arrive. With the hosts
+    within 3 ms of each other and the stream 10 ms behind, its late kernels are the stream's (cause gpu_queue)."""
     args = ["--slow-rank", str(GPU_SLOW), "--kernel-us", "2500", "--launches", "4", "--host-ms", "20",
-            "--steps-gpu", "250"]
+            "--noise-ms", "3", "--steps-gpu", "250"]
     logs, output = _run("wl_gpu_slow.py", tmp_path, args)
     records = rank_records(tmp_path, 4)
     events = [r for r in logs if r.event_name == STRAGGLER]
@@ -154,7 +155,8 @@ def test_a_rank_slow_on_the_gpu_with_its_host_on_time_is_named_as_a_gpu_straggle
     me = records[GPU_SLOW]
     assert (a["host.name"], a["process.pid"]) == (me["host"], me["pid"]), a
     assert a["nccl.straggler.gpu.share"] >= 0.8 and a["nccl.straggler.p"] < 1e-5 and a["nccl.straggler.steps"] >= 4, a
-    assert a["nccl.straggler.gpu.queued_count"] * 2 > a["nccl.straggler.gpu.last_count"], a
+    # the stream's, all but at most one (a 10 ms scheduler stall of its host on this 2-core VM would be the host's)
+    assert a["nccl.straggler.gpu.queued_count"] >= a["nccl.straggler.gpu.last_count"] - 1, a
     assert 5_000_000 <= a["nccl.straggler.gpu.lead_ns"] <= 40_000_000, a  # ~10 ms of queued device time
     (note,) = [json.loads((tmp_path / f"gpu_slow{GPU_SLOW}.json").read_text())]
     print(f"\nrank {GPU_SLOW} 10 ms behind on its stream: raised as a GPU straggler "

@@ -7,8 +7,9 @@ kernel stop.
 It says who was late on the GPU and why: ``nccl.gpu.skew_ns`` (first to last kernel start),
 ``nccl.gpu.late.rank`` (the rank whose kernel started last), ``nccl.gpu.late.queue_ns`` (how long that rank's
 collective waited on its stream after its host call returned: ``nccl.gpu.queue_ns`` of its span) and
-``nccl.gpu.late.cause``: ``host`` when that rank's host call also ended last (it arrived late), ``gpu_queue``
-when its host call was not last but its stream was still busy with earlier work (it ran slow on the GPU). Also
+``nccl.gpu.late.cause``: of that rank's lead over the next-to-last kernel start, ``host`` when more of it was its
+host call returning after that start (it arrived late), ``gpu_queue`` when more of it was its stream still busy
+with earlier work (it ran slow on the GPU; also ``host`` when its queue was no longer than its peers'). Also
 ``nccl.gpu.duration_ns``, ``nccl.gpu.ranks.arrived``, ``nccl.algo`` / ``nccl.proto`` (the first rank's), and
 ``nccl.partial`` + ``nccl.missing_ranks`` when ranks are missing at ``timeout``.
 
@@ -107,10 +108,12 @@ class GpuJoin:
                                                                      int)}
             if late in queues:
                 attrs["nccl.gpu.late.queue_ns"] = queues[late]
-                host_end = {r: starts[r] - q for r, q in queues.items()}  # when each rank's host call returned
+                # its lead over the next-to-last kernel = (its host call's end - that kernel's start) + its queue:
+                # the cause is the larger part. A host call that returned last by less than its stream was busy
+                # (hosts in step within a millisecond, its stream 10 ms behind) is the GPU's, not the host's.
                 others = [q for r, q in queues.items() if r != late]
-                host_late = all(host_end[late] > t for r, t in host_end.items() if r != late)
-                if host_late or (others and queues[late] <= statistics.median(others)):
+                host_part = starts[late] - queues[late] - max(t for r, t in starts.items() if r != late)
+                if host_part >= queues[late] or (others and queues[late] <= statistics.median(others)):
                     attrs["nccl.gpu.late.cause"] = "host"
                 else:
                     attrs["nccl.gpu.late.cause"] = "gpu_queue"

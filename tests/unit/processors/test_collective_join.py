@@ -323,6 +323,15 @@ def test_every_ranks_gpu_span_joins_into_the_collectives_gpu_span_naming_who_was
     join.consume([gpu_span(10, r, 2000 if r != 1 else 8000, 1000, 1000) for r in range(4)])
     (g,) = [s for s in spans(sink.take()) if s.name == "nccl AllReduce gpu"]
     assert (g.attributes["nccl.gpu.late.rank"], g.attributes["nccl.gpu.late.cause"]) == (1, "host")
+    # rank 3's host call returned last, 500 after the others' kernels started, but its stream then held its
+    # kernel 5000 more: most of its lead (5500) was the stream's (hosts in step, one GPU behind)
+    join.consume([gpu_span(11, r, 2000 if r != 3 else 7500, 1000, 1000 if r != 3 else 5000) for r in range(4)])
+    (g,) = [s for s in spans(sink.take()) if s.name == "nccl AllReduce gpu"]
+    assert (g.attributes["nccl.gpu.late.rank"], g.attributes["nccl.gpu.late.cause"]) == (3, "gpu_queue")
+    # the same lead, 4000 of it its host call's lateness and 1500 its queue: it arrived late
+    join.consume([gpu_span(12, r, 2000 if r != 3 else 7500, 1000, 1000 if r != 3 else 1500) for r in range(4)])
+    (g,) = [s for s in spans(sink.take()) if s.name == "nccl AllReduce gpu"]
+    assert (g.attributes["nccl.gpu.late.rank"], g.attributes["nccl.gpu.late.cause"]) == (3, "host")
 
 
 def test_a_gpu_span_missing_ranks_is_released_partial_at_timeout(sink, clock):
