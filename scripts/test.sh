@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check otel_ebpf
+.venv/bin/ruff check otel_ebpf tests bench  # the tests and benchmarks too: they are the code the claims rest on
 .venv/bin/mypy otel_ebpf
 .venv/bin/lint-imports --no-cache  # the layers in pyproject.toml [tool.importlinter] (docs/architecture.md, "Code layout")
 if [ "$#" -gt 0 ]; then  # what was asked, in one run

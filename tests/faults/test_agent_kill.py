@@ -139,7 +139,8 @@ def test_agent_sigkill_leaves_no_probes_and_a_restart_traces_the_same_process(bp
         (tmp_path / "stop").touch()
         assert second.wait(timeout=120) == 0, (tmp_path / "agent2.err").read_text()
         assert bpf_ids(second.pid) == {"prog": set(), "map": set(), "link": set()}  # it exited
-        print(f"agent SIGKILL: {len(held['prog'])} progs, {len(held['map'])} maps, {perf_fds} perf-event fds and uprobe links, "
+        print(f"agent SIGKILL: {len(held['prog'])} progs, {len(held['map'])} maps, {perf_fds} perf-event fds and "
+              "uprobe links, "
               f"uprobes on {sorted(libs)}; all released {released_s:.2f}s after the kill; "
               f"restarted agent traced pid {target}: {len(_spans_of(out2, target))} spans")
     finally:

@@ -185,7 +185,8 @@ def test_spans_of_one_trace_and_parent_share_their_id_and_parent_objects_and_rep
     t1, t2 = 0x0123456789ABCDEF0123456789ABCDEF, 0xFEDCBA98765432100123456789ABCDEF
     parents = [SpanContext(t1, 0x51, False)] * 3 + [SpanContext(t1, 0x52, False), SpanContext(t1, 0x52, True),
                                                       SpanContext(t2, 0x52, True), None, SpanContext(t2, 0x52, True)]
-    spans = [direct_span(f"s{i}", {"count": 1 << 20, "nranks": 1024, "rank": 300 + i % 2, "small": 7, "neg": -(1 << 40)},
+    spans = [direct_span(f"s{i}", {"count": 1 << 20, "nranks": 1024, "rank": 300 + i % 2, "small": 7,
+                                   "neg": -(1 << 40)},
                          resource=res, scope=None, parent=p, trace_id=p.trace_id if p else t1, span_id=i + 1)
              for i, p in enumerate(parents)]
     spans += [direct_span(f"v{v}", {"v": v, "w": -v}, resource=res, scope=None, trace_id=t2, span_id=100 + v)

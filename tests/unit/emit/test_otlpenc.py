@@ -125,6 +125,14 @@ def test_a_resource_is_encoded_once_and_its_bytes_kept_for_every_batch_after(fmt
     assert (b"kept" if fmt == "proto" else "kept") in native(spans[:1], fmt)
 
 
+def _nested(depth: int) -> object:
+    """``(((1,),),)`` ``depth`` tuples deep."""
+    value: object = 1
+    for _ in range(depth):
+        value = (value,)
+    return value
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_it_hands_back_what_it_does_not_write(fmt: str):
     res = resources()[0]
@@ -134,7 +142,7 @@ def test_it_hands_back_what_it_does_not_write(fmt: str):
              direct_span("int65", {"i": 2**63}, resource=res, scope=None),
              direct_span("object", {"o": object()}, resource=res, scope=None),
              direct_span("negative start", {}, resource=res, scope=None, start=-1),
-             direct_span("too deep", {"a": ((((((((((((((((((((((((((((((((((1,),),),),),),),),),),),),),),),),),),),),),),),),),),),),),),),),),)}, resource=res, scope=None)]
+             direct_span("too deep", {"a": _nested(34)}, resource=res, scope=None)]
     for span in cases:
         assert native([span], fmt) is None, span.name
 
@@ -211,7 +219,7 @@ def test_a_span_off_the_fast_path_is_left_as_it_is_and_its_batch_still_written_e
 
     spans = direct_spans()
     ahead = encode_ahead(spans)
-    assert [a is s for a, s in zip(ahead, spans)] == [not on_fast_path(s) for s in spans]
+    assert [a is s for a, s in zip(ahead, spans, strict=True)] == [not on_fast_path(s) for s in spans]
     assert native(ahead) is None
     fast = [s for s in spans if on_fast_path(s)]
     assert spans_to_otlp_proto(ahead) == reference(spans, "proto") and native(_ahead(fast)) == reference(fast, "proto")

@@ -52,7 +52,8 @@ CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
     (["--header=X-Api-Key: abc"], ["--header=X-Api-Key: <redacted>"]),
     (["--header", "Bearer abc"], ["--header", "Bearer <redacted>"]),
     # a script in one argument (sh -c, bash -lc, su -c): its words too, as the lifecycle spans' argv
-    (["sh", "-c", "tool --token t1 && HF_TOKEN=x run"], ["sh", "-c", "tool --token <redacted> && HF_TOKEN=<redacted> run"]),
+    (["sh", "-c", "tool --token t1 && HF_TOKEN=x run"],
+     ["sh", "-c", "tool --token <redacted> && HF_TOKEN=<redacted> run"]),
     (["bash", "-lc", "curl -u a https://u:pw@h/x  --api-key=k"],
      ["bash", "-lc", "curl -u a https://u:<redacted>@h/x  --api-key=<redacted>"]),
 ])

@@ -35,7 +35,8 @@ from otel_ebpf.bpf.records import Mirror, format_offsets
 from otel_ebpf.core.telemetry import DROPPED
 
 CUDA_DIR = Path(cuda_receiver.__file__).resolve().parent
-SHIM = "typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32; typedef int s32; typedef unsigned long long u64;\n"
+SHIM = ("typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32; typedef int s32; "
+        "typedef unsigned long long u64;\n")
 
 
 @pytest.fixture(scope="module")
