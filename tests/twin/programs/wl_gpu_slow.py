@@ -2,22 +2,21 @@
 tests/twin/test_hang_forensics.py under torchrun.
 
 Each step: ``--host-ms`` of host work (a sleep, the same on every rank) plus its noise, ``U(0, noise-ms)`` drawn
-per rank and step (as wl_straggle.py's), ``--launches`` elementwise kernels on
-the current stream, a world all-reduce, then ``torch.cuda.synchronize()``. On rank ``--slow-rank`` the twin's
-libcudart makes every kernel launch occupy its stream ``--kernel-us`` (``OTEL_EBPF_TWIN_KERNEL_US``, set before
-the first launch): its host calls the all-reduce on time, but its stream reaches the collective
-``launches x kernel-us`` later than its peers' do, as a throttled or overloaded GPU would. The synchronize
-brings every host back in step (the peers' all-reduce ends only once the slow rank's has run), so no rank's host
-is late to the next step.
+per rank and step (as wl_straggle.py's), ``--launches`` elementwise kernels on the current stream, a world
+all-reduce, then ``torch.cuda.synchronize()``. On rank ``--slow-rank`` the twin's libcudart makes every kernel
+launch occupy its stream ``--kernel-us`` (``OTEL_EBPF_TWIN_KERNEL_US``, set before the first launch): its host
+calls the all-reduce on time, but its stream reaches the collective ``launches x kernel-us`` later than its
+peers' do, as a throttled or overloaded GPU would. The synchronize brings every host back in step (the peers'
+all-reduce ends only once the slow rank's has run), so no rank's host is late to the next step.
 
 Why the noise: without it the hosts arrive in lock-step, within the call's jitter, and which of them arrives
 last is drawn anew only when the scheduler happens to delay one by a millisecond or more. The gateway counts
-those new draws to learn the job's step, and does not name anyone before it has measured 8 steps between them
-(collective_join/straggler_window.py, MIN_RUNS). Measured without the noise: the 8th came 5 s into the 7.5 s
-of 250 steps in one run, and rank 1 was named in 10 of 12 runs, in neither of the others (nor in one CI run):
-the test failed on the machine's quiet, not on the gateway. Real jobs' hosts vary from
-step to step (data, Python, the allocator); the noise, the same for every rank, gives a new draw on most steps
-and keeps the slow rank's host on time.
+those new draws to learn the job's step, and names nobody before it has measured 8 steps between them
+(collective_join/straggler_window.py, MIN_RUNS). Measured without the noise: in one run the 8th came 5 s into
+the 7.5 s of 250 steps; rank 1 was named in 10 of 12 runs and not in the other 2 (nor in one CI run), so the
+test failed on the machine's quiet, not on the gateway. Real jobs' hosts vary from step to step (data, Python,
+the allocator); the noise, the same for every rank, gives a new draw on most steps and keeps the slow rank's
+host on time.
 
 Own options (wl_common's after them): ``--slow-rank``, ``--kernel-us``, ``--launches``, ``--host-ms``,
 ``--noise-ms``, ``--seed``, ``--steps-gpu`` (steps).
